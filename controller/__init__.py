@@ -1,0 +1,1 @@
+"""deathwatch controller: the verdict engine, its policies, replay, and the kopf operator."""

@@ -1,0 +1,120 @@
+"""Read a recorded watch stream: concatenated JSON values, pretty-printed or one per line.
+
+`kubectl get pods --watch --output-watch-events -o json` writes pretty-printed objects one
+after another; JSON Lines writes one per line. Both are read in fixed-size chunks, so memory
+does not grow with the file.
+
+Fast path: find where the next top-level value ends without parsing it (the end of its line
+for a one-line value; a closing brace at column 0 for pretty-printed output, which must be
+the top-level close because JSON strings cannot hold a raw newline), then parse just that
+slice with orjson. Anything the fast path cannot settle goes to the standard library's
+incremental decoder, which is also what names the exact position of an error.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import orjson
+
+CHUNK_SIZE = 1 << 20
+_WHITESPACE = re.compile(rb"[ \t\r\n]*")
+_DECODER = json.JSONDecoder()
+
+
+class StreamError(ValueError):
+    """Malformed or truncated input, at a known event index and byte offset."""
+
+    def __init__(self, index: int, offset: int, message: str) -> None:
+        super().__init__(f"event #{index} at byte offset {offset}: {message}")
+        self.index = index
+        self.offset = offset
+
+
+@dataclass(frozen=True, slots=True)
+class RawValue:
+    index: int  # 1-based position of the value in the stream: "event #1" is the first
+    offset: int  # byte offset of its first byte
+    value: object
+
+
+class _NeedMore(Exception):
+    pass
+
+
+def _slow_decode(buf: bytes, pos: int, eof: bool, index: int, base: int) -> tuple[object, int]:
+    """Decode one value at buf[pos:] with the stdlib; return (value, end position in buf)."""
+    tail = buf[pos:]
+    try:
+        text = tail.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if not eof and exc.start >= len(tail) - 3:
+            raise _NeedMore from None  # a multi-byte character cut by the chunk boundary
+        raise StreamError(index, base + pos + exc.start, "invalid UTF-8") from None
+    try:
+        value, end = _DECODER.raw_decode(text)
+    except json.JSONDecodeError as exc:
+        at_end = exc.pos >= len(text.rstrip()) - 1 or exc.msg.startswith("Unterminated string")
+        if at_end and not eof:
+            raise _NeedMore from None
+        offset = base + pos + len(text[: exc.pos].encode("utf-8"))
+        what = "truncated input" if at_end else "malformed JSON"
+        raise StreamError(index, offset, f"{what}: {exc.msg}") from None
+    return value, pos + len(text[:end].encode("utf-8"))
+
+
+def _candidate_end(buf: bytes, pos: int, eof: bool) -> int:
+    """Where the value starting at `pos` probably ends, or -1 if not in `buf` yet."""
+    newline = buf.find(b"\n", pos)
+    line_end = newline if newline >= 0 else len(buf)
+    first_line = buf[pos:line_end].rstrip()
+    if len(first_line) > 1 and first_line.endswith((b"}", b"]")):
+        if newline < 0 and not eof:
+            return -1  # the line may continue in the next chunk
+        return pos + len(first_line)
+    close = buf.find(b"\n}", pos)
+    if close < 0:
+        return len(buf) if eof else -1
+    return close + 2
+
+
+def read_values(stream: BinaryIO, chunk_size: int = CHUNK_SIZE) -> Iterator[RawValue]:
+    """Yield each top-level JSON value of the stream. Raises StreamError on bad input."""
+    buf = b""
+    base = 0  # absolute offset of buf[0]
+    pos = 0
+    index = 1
+    eof = False
+    while True:
+        match = _WHITESPACE.match(buf, pos)
+        pos = match.end() if match else pos
+        if pos >= len(buf) and eof:
+            return
+        end = -1 if pos >= len(buf) else _candidate_end(buf, pos, eof)
+        value: object = None
+        if end >= 0:
+            try:
+                value = orjson.loads(buf[pos:end])
+            except orjson.JSONDecodeError:
+                end = -1
+                try:
+                    value, end = _slow_decode(buf, pos, eof, index, base)
+                except _NeedMore:
+                    end = -1
+        if end < 0:
+            if eof:  # nothing more will come and the value is incomplete
+                value, end = _slow_decode(buf, pos, True, index, base)
+            else:
+                chunk = stream.read(chunk_size)
+                base += pos
+                buf = buf[pos:] + chunk
+                pos = 0
+                eof = not chunk
+                continue
+        yield RawValue(index, base + pos, value)
+        index += 1
+        pos = end

@@ -1,0 +1,1 @@
+"""deathwatch firewall: the node agent that owns the nftables table `inet deathwatch`."""

@@ -1,0 +1,150 @@
+"""Concise Pod dicts for unit tests, shaped as the API serves them."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from controller.timeutil import UTC, format_time
+
+T0 = datetime(2026, 11, 29, 10, 0, 0, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def ts(seconds: float) -> str:
+    return format_time(at(seconds)) or ""
+
+
+def running(
+    name: str = "agent",
+    since: float = 1,
+    restarts: int = 0,
+    ready: bool = True,
+    last: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "ready": ready,
+        "restartCount": restarts,
+        "state": {"running": {"startedAt": ts(since)}},
+        "lastState": {"terminated": last} if last else {},
+    }
+
+
+def terminated(
+    name: str = "agent",
+    code: int = 1,
+    reason: str = "Error",
+    started: float = 1,
+    finished: float = 50,
+    restarts: int = 0,
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "ready": False,
+        "restartCount": restarts,
+        "state": {
+            "terminated": {
+                "exitCode": code,
+                "reason": reason,
+                "startedAt": ts(started),
+                "finishedAt": ts(finished),
+            }
+        },
+        "lastState": {},
+    }
+
+
+def termination(
+    code: int = 2, reason: str = "Error", started: float = 1, finished: float = 40
+) -> dict[str, Any]:
+    return {
+        "exitCode": code,
+        "reason": reason,
+        "startedAt": ts(started),
+        "finishedAt": ts(finished),
+    }
+
+
+def waiting(name: str = "agent", reason: str = "ContainerCreating") -> dict[str, Any]:
+    return {
+        "name": name,
+        "ready": False,
+        "restartCount": 0,
+        "state": {"waiting": {"reason": reason}},
+    }
+
+
+def exec_probe(period: int = 10, threshold: int = 3, timeout: int = 1) -> dict[str, Any]:
+    return {
+        "exec": {"command": ["true"]},
+        "periodSeconds": period,
+        "failureThreshold": threshold,
+        "timeoutSeconds": timeout,
+    }
+
+
+def tcp_probe(port: int | str = "agent") -> dict[str, Any]:
+    return {"tcpSocket": {"port": port}}
+
+
+def pod(
+    *,
+    uid: str = "uid-1",
+    name: str = "sbx-1",
+    namespace: str = "sandboxes",
+    ready: bool | None = True,
+    ready_at: float = 2,
+    phase: str = "Running",
+    reason: str | None = None,
+    containers: list[dict[str, Any]] | None = None,
+    probe: dict[str, Any] | None = None,
+    deletion_at: float | None = None,
+    grace: int = 30,
+    labels: dict[str, str] | None = None,
+    created: float = 0,
+) -> dict[str, Any]:
+    """A Pod; `deletion_at` is when deletion was requested (the API stores it + grace)."""
+    spec_container: dict[str, Any] = {
+        "name": "agent",
+        "image": "agent:1",
+        "ports": [
+            {"name": "agent", "containerPort": 49983},
+            {"name": "http", "containerPort": 8080},
+        ],
+    }
+    if probe is not None:
+        spec_container["readinessProbe"] = probe
+    meta: dict[str, Any] = {
+        "uid": uid,
+        "name": name,
+        "namespace": namespace,
+        "labels": labels if labels is not None else {"app": "sandbox"},
+        "creationTimestamp": ts(created),
+    }
+    if deletion_at is not None:
+        meta["deletionTimestamp"] = ts(deletion_at + grace)
+        meta["deletionGracePeriodSeconds"] = grace
+    status: dict[str, Any] = {"phase": phase}
+    if reason:
+        status["reason"] = reason
+    if ready is not None:
+        status["conditions"] = [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": ts(created)},
+            {
+                "type": "Ready",
+                "status": "True" if ready else "False",
+                "lastTransitionTime": ts(ready_at),
+            },
+        ]
+    status["containerStatuses"] = containers if containers is not None else [running()]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {"containers": [spec_container]},
+        "status": status,
+    }
