@@ -17,17 +17,17 @@ Order of judgement for each observation (the first that applies wins):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from types import MappingProxyType
+from typing import Any
+
+import msgspec
 
 from controller.podview import ContainerView, PodView
 from controller.policies.base import ContainerDeath, Decision, Policy, PolicySettings, Situation
 from controller.policies.builtin import blocked_probes
 from controller.verdict import Cause, Evidence, State
-
-_EMPTY: Mapping[str, int] = MappingProxyType({})
 
 
 class SignalKind(StrEnum):
@@ -44,9 +44,9 @@ class Signal:
     previous: State | None = None  # for STATE_CHANGED: the state left
 
 
-@dataclass(frozen=True, slots=True)
-class Track:
-    """Everything the engine remembers about one pod (by uid)."""
+class Track(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything the engine remembers about one pod (by uid). Immutable: each step makes a
+    new one (msgspec's replace is C, cheap on the hot path of replay)."""
 
     uid: str
     namespace: str
@@ -59,14 +59,17 @@ class Track:
     last_ready_at: datetime | None = None  # when it last became Ready
     ready_drop_at: datetime | None = None  # start of the current not-Ready spell
     deadline: datetime | None = None  # Suspect: when to judge again without news
-    restart_baseline: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
+    restart_baseline: Mapping[str, int] = msgspec.field(default_factory=dict)  # never mutated
     ready_drops: int = 0
     flaps: int = 0
     false_positive: bool = False
     probe_blocked: bool = False
     evidence: Evidence | None = None
     changed_at: datetime | None = None  # when `state` was entered
-    pod: PodView | None = None  # the latest observation
+
+
+def replace(track: Track, **changes: Any) -> Track:
+    return msgspec.structs.replace(track, **changes) if changes else track
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +88,7 @@ def new_track(pod: PodView, policy: Policy, settings: PolicySettings) -> Track:
         namespace=pod.namespace,
         name=pod.name,
         policy=policy.name,
-        restart_baseline=MappingProxyType(pod.restart_counts()),
+        restart_baseline=pod.restart_counts(),
         probe_blocked=bool(blocked_probes(pod, settings.agent_ports)),
     )
 
@@ -198,87 +201,98 @@ def step(
     now: datetime,
     policy: Policy,
     settings: PolicySettings,
+    *,
+    first: bool = False,
 ) -> Step:
-    """Judge one observation of the pod. `policy` must be the one named by `track.policy`."""
-    signals: list[Signal] = []
+    """Judge one observation of the pod. `policy` must be the one named by `track.policy`;
+    `first` marks the first observation since the track was made or restored."""
     before = track.state
 
     # 1-2. Terminal states are final; only the false-positive fact can still be learned.
-    if track.state is State.DEAD:
+    if before is State.DEAD:
         if pod.ready and not track.false_positive:
-            signals.append(Signal(SignalKind.FALSE_POSITIVE))
-            return Step(replace(track, false_positive=True, ready=True), tuple(signals))
+            fp = replace(track, false_positive=True, ready=True)
+            return Step(fp, (Signal(SignalKind.FALSE_POSITIVE),))
         return Step(track if track.ready == pod.ready else replace(track, ready=pod.ready))
-    if track.state is State.GONE:
+    if before is State.GONE:
         return Step(track)
 
+    signals: list[Signal] = []
+    changes: dict[str, Any] = {}
     # Ready edges, whatever the policy: drops, recoveries (flaps), the last Ready time.
     ready_at = pod.ready_changed_at or now
+    ever_ready = track.ever_ready
+    ready_drop_at = track.ready_drop_at
+    baseline = track.restart_baseline
     if pod.ready:
         if not track.ready:
-            if track.ever_ready and track.ready_drop_at is not None:
+            if ever_ready and ready_drop_at is not None:
                 signals.append(Signal(SignalKind.FLAPPED))
-                track = replace(track, flaps=track.flaps + 1)
-            if not track.ever_ready:
+                changes["flaps"] = track.flaps + 1
+            if not ever_ready:
                 # Restarts before the first Ready were start-up; count from here.
-                track = replace(track, restart_baseline=MappingProxyType(pod.restart_counts()))
-            track = replace(track, ready=True, ever_ready=True, last_ready_at=ready_at)
-        track = replace(track, ready_drop_at=None)
+                baseline = changes["restart_baseline"] = pod.restart_counts()
+            ever_ready = changes["ever_ready"] = True
+            changes.update(ready=True, last_ready_at=ready_at)
+        if ready_drop_at is not None:
+            ready_drop_at = changes["ready_drop_at"] = None
     elif track.ready:
         drop_at = ready_at
         if track.last_ready_at is not None and drop_at < track.last_ready_at:
             drop_at = now  # a stale transition time cannot predate the Ready we saw
         signals.append(Signal(SignalKind.READY_DROPPED))
-        track = replace(
-            track, ready=False, ready_drop_at=drop_at, ready_drops=track.ready_drops + 1
-        )
-    elif not track.ever_ready and track.pod is None and policy.name == "no-probe":
+        ready_drop_at = drop_at
+        changes.update(ready=False, ready_drop_at=drop_at, ready_drops=track.ready_drops + 1)
+    elif not ever_ready and first and policy.name == "no-probe":
         # First sight of a pod with no record: did it run and stop while nobody watched?
         inferred = _ran_and_stopped(pod)
         if inferred is not None:
             started = [
-                c.running_since or (c.terminated and c.terminated.started_at)
+                c.running_since or (c.terminated.started_at if c.terminated else None)
                 for c in pod.containers
             ]
-            track = replace(
-                track,
+            ever_ready = True
+            ready_drop_at = inferred.finished_at or ready_at
+            baseline = {}
+            changes.update(
                 ever_ready=True,
-                last_ready_at=max((s for s in started if s), default=None),
-                ready_drop_at=inferred.finished_at or ready_at,
-                restart_baseline=_EMPTY,
+                last_ready_at=max((t for t in started if t), default=None),
+                ready_drop_at=ready_drop_at,
+                restart_baseline=baseline,
             )
 
-    if not track.probe_blocked and blocked_probes(pod, settings.agent_ports):
-        track = replace(track, probe_blocked=True)
-    if track.probe_blocked and track.pod is None:
+    if (
+        not track.probe_blocked
+        and pod.readiness_probes
+        and blocked_probes(pod, settings.agent_ports)
+    ):
+        changes["probe_blocked"] = True
+    if first and (track.probe_blocked or changes.get("probe_blocked")):
         signals.append(Signal(SignalKind.PROBE_BLOCKED))
-    track = replace(track, pod=pod)
+    track = replace(track, **changes)
 
-    death = _container_death(pod, track.restart_baseline) if track.ever_ready else None
+    death = _container_death(pod, baseline) if ever_ready else None
     after = _judge_lifecycle(track, pod, now, death)
     if after is None:
         # The policy judges; for a pod whose deletion was requested after its Ready drop, it
         # judges the pod as of the request: only a death complete by then stands.
-        judge_at = now
-        deleting = pod.deletion_requested_at is not None
-        if pod.deletion_requested_at is not None and pod.deletion_requested_at < now:
-            judge_at = pod.deletion_requested_at
+        deleting = pod.deletion_requested_at
         situation = Situation(
             pod=pod,
-            now=judge_at,
-            ready_drop_at=track.ready_drop_at,
+            now=deleting if deleting is not None and deleting < now else now,
+            ready_drop_at=ready_drop_at,
             container_death=death,
-            node_lost=pod.node_lost,
             settings=settings,
         )
         decision = policy.judge(situation)
-        if deleting and decision.state is not State.DEAD:
+        if deleting is not None and decision.state is not State.DEAD:
             after = _bury(track, now, Cause.DELETED, pod)
         else:
             after = _apply(track, pod, now, decision, death)
 
     if after.state is not before:
-        after = replace(after, changed_at=now)
+        if after.changed_at != now:
+            after = replace(after, changed_at=now)
         signals.append(Signal(SignalKind.STATE_CHANGED, before))
     return Step(after, tuple(signals))
 
@@ -305,7 +319,10 @@ def _judge_lifecycle(
         return _bury(track, now, Cause.FAILED_BEFORE_READY, pod)
     if not track.ever_ready:
         # Restarts and exits before the first Ready are start-up, not death.
-        return replace(track, restart_baseline=MappingProxyType(pod.restart_counts()))
+        counts = pod.restart_counts()
+        return (
+            track if counts == track.restart_baseline else replace(track, restart_baseline=counts)
+        )
     return None
 
 
@@ -315,15 +332,26 @@ def _apply(
     if decision.state is State.DEAD:
         return _kill(track, pod, now, decision.cause or Cause.UNKNOWN, death)
     if decision.state is State.SUSPECT:
+        if (track.state, track.cause, track.deadline) == (
+            State.SUSPECT,
+            decision.cause,
+            decision.deadline,
+        ):
+            return track
         return replace(track, state=State.SUSPECT, cause=decision.cause, deadline=decision.deadline)
+    if track.state is State.ALIVE and track.cause is None and track.deadline is None:
+        return track
     return replace(track, state=State.ALIVE, cause=None, deadline=None)
 
 
-def expire(track: Track, now: datetime, policy: Policy, settings: PolicySettings) -> Step:
-    """Judge again with no new observation: a Suspect's window may have closed."""
-    if track.state is not State.SUSPECT or track.pod is None:
+def expire(
+    track: Track, last: PodView | None, now: datetime, policy: Policy, settings: PolicySettings
+) -> Step:
+    """Judge again with no new observation (`last` is the latest): a Suspect's window may
+    have closed."""
+    if track.state is not State.SUSPECT or last is None:
         return Step(track)
-    return step(track, track.pod, now, policy, settings)
+    return step(track, last, now, policy, settings)
 
 
 def remove(

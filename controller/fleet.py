@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from datetime import datetime
 
 from controller import engine
@@ -23,6 +22,9 @@ class Fleet:
     def __init__(self, registry: PolicyRegistry) -> None:
         self.registry = registry
         self.tracks: dict[str, Track] = {}
+        # The latest observation of each pod that is not yet Dead or Gone: what a Suspect is
+        # judged on when its window closes. Terminal pods keep only their evidence.
+        self.pods: dict[str, PodView] = {}
         self._settings: dict[str, PolicySettings] = {}
         self._deadlines: list[tuple[datetime, str]] = []
 
@@ -51,8 +53,10 @@ class Fleet:
             track = engine.new_track(pod, policy, settings)
         else:
             policy = self.registry.get(track.policy)
+        first = pod.uid not in self.pods and not track.state.terminal
         self._settings[pod.uid] = settings
-        return self._keep(engine.step(track, pod, now, policy, settings))
+        step = engine.step(track, pod, now, policy, settings, first=first)
+        return self._keep(step, pod)
 
     def remove(self, uid: str, now: datetime, last: PodView | None) -> Step | None:
         """The pod is gone from the API. Returns None for a pod never tracked."""
@@ -60,11 +64,12 @@ class Fleet:
         if track is None:
             return None
         policy = self.registry.get(track.policy)
-        return self._keep(engine.remove(track, now, last, policy, self._settings[uid]))
+        return self._keep(engine.remove(track, now, last, policy, self._settings[uid]), None)
 
     def forget(self, uid: str) -> Track | None:
         """Drop a track entirely (its verdict has been retired)."""
         self._settings.pop(uid, None)
+        self.pods.pop(uid, None)
         return self.tracks.pop(uid, None)
 
     def next_deadline(self) -> datetime | None:
@@ -83,6 +88,8 @@ class Fleet:
     def expire_before(self, clock: datetime) -> list[Step]:
         """Replay: windows that closed before `clock` are judged at their own deadline, as a
         live controller's timer would have; a recovery stamped exactly at the deadline wins."""
+        if not self._deadlines or self._deadlines[0][0] >= clock:
+            return []  # the common case, checked without a call (replay's hot path)
         return self._expire(lambda deadline: deadline < clock, lambda deadline: deadline)
 
     def _expire(
@@ -97,21 +104,25 @@ class Fleet:
         for deadline, uid in due:
             track = self.tracks[uid]
             policy = self.registry.get(track.policy)
-            steps.append(
-                self._keep(engine.expire(track, at(deadline), policy, self._settings[uid]))
-            )
+            last = self.pods.get(uid)
+            step = engine.expire(track, last, at(deadline), policy, self._settings[uid])
+            steps.append(self._keep(step, last))
         return steps
 
-    def _keep(self, step: Step) -> Step:
+    def _keep(self, step: Step, pod: PodView | None) -> Step:
         track = step.track
-        if track.state.terminal and track.pod is not None:
-            # A verdict's evidence is captured; the last PodView is dead weight from here on.
-            track = replace(track, pod=None)
-            step = replace(step, track=track)
         previous = self.tracks.get(track.uid)
-        self.tracks[track.uid] = track
-        if track.deadline is not None and (previous is None or previous.deadline != track.deadline):
-            self._schedule(track)
+        if track is not previous:
+            self.tracks[track.uid] = track
+            if track.deadline is not None and (
+                previous is None or previous.deadline != track.deadline
+            ):
+                self._schedule(track)
+        if track.state.terminal:
+            # A verdict's evidence is captured; the last PodView is dead weight from here on.
+            self.pods.pop(track.uid, None)
+        elif pod is not None:
+            self.pods[track.uid] = pod
         return step
 
     def _schedule(self, track: Track) -> None:

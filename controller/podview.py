@@ -1,20 +1,22 @@
-"""The facts of a Pod object that a verdict depends on, read leniently from API dicts.
+"""The facts of a Pod object that a verdict depends on, read strictly from API data.
 
 Everything downstream (engine, policies, replay, operator) sees a `PodView`, never the raw
-dict, so the rules about odd input live in one place: a missing optional field takes the
-API's default; a field of the wrong type or an unparseable timestamp makes the whole object
-`MalformedPod`, naming the field path and the value, so that callers can count it as skipped
-and say why instead of crashing or guessing.
+object, so the rules about odd input live in one place: `raw.py` declares the fields we read
+with their types (msgspec validates them in C and skips every other field); a missing
+optional field takes the API's default; a field of the wrong type or an unparseable
+timestamp makes the whole object `MalformedPod`, naming the field path and the problem, so
+callers count it as skipped and say why instead of crashing or guessing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
-from controller.timeutil import parse_time
+import msgspec
+
+from controller import raw
 
 ProbeKind = Literal["exec", "tcpSocket", "httpGet", "grpc", "unknown"]
 NETWORK_PROBES: Final = frozenset({"tcpSocket", "httpGet", "grpc"})
@@ -29,17 +31,25 @@ DEFAULT_GRACE_SECONDS: Final = 30
 class MalformedPod(ValueError):
     """A Pod object with a field of the wrong type or an invalid value."""
 
-    def __init__(self, field: str, value: object, expected: str) -> None:
-        shown = repr(value)
-        if len(shown) > 80:
-            shown = shown[:77] + "..."
-        super().__init__(f"{field}: expected {expected}, got {shown}")
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
         self.field = field
-        self.value = value
+        self.problem = problem
+
+    @classmethod
+    def from_validation(cls, exc: msgspec.ValidationError, prefix: str = "$") -> MalformedPod:
+        # msgspec says "Expected `int | null`, got `str` - at `$.status.containerStatuses[0]...`"
+        text = str(exc)
+        problem, sep, where = text.rpartition(" - at `")
+        if not sep:
+            return cls("object", text)
+        field = where.rstrip("`")
+        if field.startswith(prefix):
+            field = field[len(prefix) :].lstrip(".")
+        return cls(field or "object", problem.replace("`", ""))
 
 
-@dataclass(frozen=True, slots=True)
-class Termination:
+class Termination(msgspec.Struct, frozen=True, gc=False):
     """A container's terminated state: the evidence a death verdict carries."""
 
     exit_code: int | None
@@ -48,8 +58,7 @@ class Termination:
     finished_at: datetime | None
 
 
-@dataclass(frozen=True, slots=True)
-class ContainerView:
+class ContainerView(msgspec.Struct, frozen=True, gc=False):
     name: str
     running_since: datetime | None
     terminated: Termination | None
@@ -59,8 +68,7 @@ class ContainerView:
     ready: bool
 
 
-@dataclass(frozen=True, slots=True)
-class ProbeView:
+class ProbeView(msgspec.Struct, frozen=True, gc=False):
     """A container's readinessProbe: its handler kind, target port and timing."""
 
     container: str
@@ -78,8 +86,7 @@ class ProbeView:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class PodView:
+class PodView(msgspec.Struct, frozen=True):
     uid: str
     namespace: str
     name: str
@@ -103,10 +110,6 @@ class PodView:
     @property
     def ready(self) -> bool:
         return self.ready_status == "True"
-
-    @property
-    def deleting(self) -> bool:
-        return self.deletion_requested_at is not None
 
     @property
     def node_lost(self) -> bool:
@@ -140,68 +143,6 @@ class PodView:
         return None
 
 
-# --- reading helpers: each names the field path it reads --------------------------------
-
-
-def _obj(parent: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
-    value = parent.get(key)
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise MalformedPod(f"{path}.{key}", value, "an object")
-    return value
-
-
-def _list(parent: Mapping[str, Any], key: str, path: str) -> list[Any]:
-    value = parent.get(key)
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise MalformedPod(f"{path}.{key}", value, "a list")
-    return value
-
-
-def _str(parent: Mapping[str, Any], key: str, path: str) -> str | None:
-    value = parent.get(key)
-    if value is None or isinstance(value, str):
-        return value
-    raise MalformedPod(f"{path}.{key}", value, "a string")
-
-
-def _int(parent: Mapping[str, Any], key: str, path: str, default: int | None = None) -> int | None:
-    value = parent.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise MalformedPod(f"{path}.{key}", value, "an integer")
-    return value
-
-
-def _time(parent: Mapping[str, Any], key: str, path: str) -> datetime | None:
-    value = parent.get(key)
-    if value is None:
-        return None
-    parsed = parse_time(value)
-    if parsed is None:
-        raise MalformedPod(f"{path}.{key}", value, "an RFC 3339 timestamp")
-    return parsed
-
-
-def _termination(state: Mapping[str, Any], path: str) -> Termination | None:
-    term = state.get("terminated")
-    if term is None:
-        return None
-    if not isinstance(term, Mapping):
-        raise MalformedPod(f"{path}.terminated", term, "an object")
-    p = f"{path}.terminated"
-    return Termination(
-        exit_code=_int(term, "exitCode", p),
-        reason=_str(term, "reason", p),
-        started_at=_time(term, "startedAt", p),
-        finished_at=_time(term, "finishedAt", p),
-    )
-
-
 def _later(a: datetime | None, b: datetime | None) -> datetime | None:
     if a is None:
         return b
@@ -210,153 +151,127 @@ def _later(a: datetime | None, b: datetime | None) -> datetime | None:
     return b
 
 
-def _probe(container: Mapping[str, Any], path: str) -> ProbeView | None:
-    probe = container.get("readinessProbe")
+def _termination(state: raw.ContainerState | None) -> Termination | None:
+    if state is None or state.terminated is None:
+        return None
+    t = state.terminated
+    return Termination(t.exit_code, t.reason, t.started_at, t.finished_at)
+
+
+def _probe(container: raw.Container) -> ProbeView | None:
+    probe = container.readiness_probe
     if probe is None:
         return None
-    p = f"{path}.readinessProbe"
-    if not isinstance(probe, Mapping):
-        raise MalformedPod(p, probe, "an object")
     kind: ProbeKind = "unknown"
     port: int | str | None = None
-    for handler in ("exec", "tcpSocket", "httpGet", "grpc"):
-        spec = probe.get(handler)
-        if spec is not None:
-            if not isinstance(spec, Mapping):
-                raise MalformedPod(f"{p}.{handler}", spec, "an object")
-            kind = handler
-            raw_port = spec.get("port")
-            if raw_port is not None and (
-                isinstance(raw_port, bool) or not isinstance(raw_port, int | str)
-            ):
-                raise MalformedPod(f"{p}.{handler}.port", raw_port, "a port number or name")
-            port = raw_port
-            break
+    if probe.exec is not None:
+        kind = "exec"
+    elif probe.tcp_socket is not None:
+        kind, port = "tcpSocket", probe.tcp_socket.port
+    elif probe.http_get is not None:
+        kind, port = "httpGet", probe.http_get.port
+    elif probe.grpc is not None:
+        kind, port = "grpc", probe.grpc.port
     return ProbeView(
-        container=_str(container, "name", path) or "",
+        container=container.name or "",
         kind=kind,
         port=port,
-        failure_threshold=_int(probe, "failureThreshold", p, DEFAULT_FAILURE_THRESHOLD)
-        or DEFAULT_FAILURE_THRESHOLD,
-        period_seconds=_int(probe, "periodSeconds", p, DEFAULT_PERIOD_SECONDS)
-        or DEFAULT_PERIOD_SECONDS,
-        timeout_seconds=_int(probe, "timeoutSeconds", p, DEFAULT_TIMEOUT_SECONDS)
-        or DEFAULT_TIMEOUT_SECONDS,
+        failure_threshold=probe.failure_threshold or DEFAULT_FAILURE_THRESHOLD,
+        period_seconds=probe.period_seconds or DEFAULT_PERIOD_SECONDS,
+        timeout_seconds=probe.timeout_seconds or DEFAULT_TIMEOUT_SECONDS,
     )
 
 
-def read_pod(obj: object) -> PodView:
-    """Read a Pod dict as served by the API. Raises MalformedPod, and nothing else."""
-    if not isinstance(obj, Mapping):
-        raise MalformedPod("object", obj, "a Pod object")
-    try:
-        return _read_pod(obj)
-    except MalformedPod:
-        raise
-    except (TypeError, ValueError, AttributeError, OverflowError) as exc:  # pragma: no cover
-        # Defence in depth: a shape the readers above did not foresee is still "malformed".
-        raise MalformedPod("object", type(exc).__name__, "a readable Pod") from exc
+def view_of(pod: raw.Pod) -> PodView:
+    """Derive the view from a validated raw Pod. Raises MalformedPod for missing identity."""
+    if pod.kind is not None and pod.kind != "Pod":
+        raise MalformedPod("kind", f'expected "Pod", got {pod.kind!r}')
+    meta = pod.metadata or raw.EMPTY_META
+    if not meta.uid:
+        raise MalformedPod("metadata.uid", "missing: a Pod needs a uid")
+    if not meta.name:
+        raise MalformedPod("metadata.name", "missing: a Pod needs a name")
+    spec = pod.spec or raw.EMPTY_SPEC
+    status = pod.status or raw.EMPTY_STATUS
 
-
-def _read_pod(obj: Mapping[str, Any]) -> PodView:
-    kind = obj.get("kind")
-    if kind is not None and kind != "Pod":
-        raise MalformedPod("kind", kind, '"Pod"')
-    meta = _obj(obj, "metadata", "")
-    spec = _obj(obj, "spec", "")
-    status = _obj(obj, "status", "")
-
-    uid = _str(meta, "uid", "metadata")
-    if not uid:
-        raise MalformedPod("metadata.uid", meta.get("uid"), "a non-empty uid")
-    name = _str(meta, "name", "metadata")
-    if not name:
-        raise MalformedPod("metadata.name", meta.get("name"), "a non-empty name")
-    namespace = _str(meta, "namespace", "metadata") or "default"
-    labels = _obj(meta, "labels", "metadata")
-    for key, value in labels.items():
-        if not isinstance(value, str):
-            raise MalformedPod(f"metadata.labels.{key}", value, "a string")
-
-    latest = _time(meta, "creationTimestamp", "metadata")
-    deletion = _time(meta, "deletionTimestamp", "metadata")
+    latest = meta.creation_timestamp
     deletion_requested_at = None
-    if deletion is not None:
-        grace = _int(meta, "deletionGracePeriodSeconds", "metadata", DEFAULT_GRACE_SECONDS)
-        deletion_requested_at = deletion - timedelta(seconds=grace or 0)
+    if meta.deletion_timestamp is not None:
+        grace = meta.deletion_grace_period_seconds
+        grace = DEFAULT_GRACE_SECONDS if grace is None else grace
+        deletion_requested_at = meta.deletion_timestamp - timedelta(seconds=grace)
         latest = _later(latest, deletion_requested_at)
 
     ready_status = ready_reason = None
     ready_changed_at = None
-    for i, cond in enumerate(_list(status, "conditions", "status")):
-        path = f"status.conditions[{i}]"
-        if not isinstance(cond, Mapping):
-            raise MalformedPod(path, cond, "an object")
-        changed = _time(cond, "lastTransitionTime", path)
-        latest = _later(latest, changed)
-        if cond.get("type") == "Ready":
-            ready_status = _str(cond, "status", path)
-            ready_reason = _str(cond, "reason", path)
-            ready_changed_at = changed
+    for cond in status.conditions or ():
+        latest = _later(latest, cond.last_transition_time)
+        if cond.type == "Ready":
+            ready_status = cond.status
+            ready_reason = cond.reason
+            ready_changed_at = cond.last_transition_time
 
     containers = []
-    for i, cs in enumerate(_list(status, "containerStatuses", "status")):
-        path = f"status.containerStatuses[{i}]"
-        if not isinstance(cs, Mapping):
-            raise MalformedPod(path, cs, "an object")
-        state = _obj(cs, "state", path)
-        running = _obj(state, "running", f"{path}.state")
-        running_since = _time(running, "startedAt", f"{path}.state.running")
-        if "running" in state and running_since is None:
-            running_since = latest  # running, start unknown: at least as old as the object
-        terminated = _termination(state, f"{path}.state")
-        last = _termination(_obj(cs, "lastState", path), f"{path}.lastState")
-        waiting = _obj(state, "waiting", f"{path}.state")
+    for i, cs in enumerate(status.container_statuses or ()):
+        state = cs.state
+        running_since = None
+        if state is not None and state.running is not None:
+            # running with no start time: at least as old as the object
+            running_since = state.running.started_at or latest
+        terminated = _termination(state)
+        last = _termination(cs.last_state)
         for t in (terminated, last):
             if t is not None:
                 latest = _later(_later(latest, t.started_at), t.finished_at)
         latest = _later(latest, running_since)
+        waiting = state.waiting if state is not None else None
         containers.append(
             ContainerView(
-                name=_str(cs, "name", path) or f"#{i}",
+                name=cs.name or f"#{i}",
                 running_since=running_since,
                 terminated=terminated,
                 last_termination=last,
-                waiting_reason=_str(waiting, "reason", f"{path}.state.waiting"),
-                restart_count=_int(cs, "restartCount", path, 0) or 0,
-                ready=cs.get("ready") is True,
+                waiting_reason=waiting.reason if waiting is not None else None,
+                restart_count=cs.restart_count or 0,
+                ready=cs.ready is True,
             )
         )
 
     probes = []
     ports: dict[str, int] = {}
-    for i, c in enumerate(_list(spec, "containers", "spec")):
-        path = f"spec.containers[{i}]"
-        if not isinstance(c, Mapping):
-            raise MalformedPod(path, c, "an object")
-        probe = _probe(c, path)
+    for c in spec.containers or ():
+        probe = _probe(c)
         if probe is not None:
             probes.append(probe)
-        for j, port in enumerate(_list(c, "ports", path)):
-            if isinstance(port, Mapping) and isinstance(port.get("name"), str):
-                number = _int(port, "containerPort", f"{path}.ports[{j}]")
-                if number is not None:
-                    ports[port["name"]] = number
+        for p in c.ports or ():
+            if p.name and p.container_port is not None:
+                ports[p.name] = p.container_port
 
     return PodView(
-        uid=uid,
-        namespace=namespace,
-        name=name,
-        labels=labels,
-        phase=_str(status, "phase", "status"),
-        reason=_str(status, "reason", "status"),
+        uid=meta.uid,
+        namespace=meta.namespace or "default",
+        name=meta.name,
+        labels=meta.labels or {},
+        phase=status.phase,
+        reason=status.reason,
         ready_status=ready_status,
         ready_reason=ready_reason,
         ready_changed_at=ready_changed_at,
         deletion_requested_at=deletion_requested_at,
-        node_name=_str(spec, "nodeName", "spec"),
+        node_name=spec.node_name,
         containers=tuple(containers),
         readiness_probes=tuple(probes),
         container_ports=ports,
         latest_time=latest,
     )
+
+
+def read_pod(obj: object) -> PodView:
+    """Read a Pod as served by the API (a dict, or kopf's Body). Raises MalformedPod only."""
+    if not isinstance(obj, Mapping):
+        raise MalformedPod("object", f"expected a Pod object, got {type(obj).__name__}")
+    try:
+        pod = msgspec.convert(obj, raw.Pod, strict=True)
+    except msgspec.ValidationError as exc:
+        raise MalformedPod.from_validation(exc) from None
+    return view_of(pod)

@@ -19,7 +19,10 @@ class State(StrEnum):
 
     @property
     def terminal(self) -> bool:
-        return self in (State.DEAD, State.GONE)
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset({State.DEAD, State.GONE})
 
 
 class Cause(StrEnum):

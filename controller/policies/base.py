@@ -45,9 +45,12 @@ class Situation:
     # Start of the current not-Ready spell, or None while Ready.
     ready_drop_at: datetime | None
     container_death: ContainerDeath | None
-    # The node, not the kubelet, changed the pod: its kubelet stopped reporting.
-    node_lost: bool
     settings: PolicySettings
+
+    @property
+    def node_lost(self) -> bool:
+        """The node, not the kubelet, changed the pod: its kubelet stopped reporting."""
+        return self.pod.node_lost
 
 
 @dataclass(frozen=True, slots=True)

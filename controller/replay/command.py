@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator
 from typing import BinaryIO, TextIO
 
 from controller.policies import AUTO, PolicySettings, UnknownPolicy, default_registry
-from controller.replay.events import interpret
+from controller.replay.events import DECODER, SkippedEvent, ViewEvent, view_events
+from controller.replay.parallel import ParallelEvents, regular_file
 from controller.replay.render import render_json, render_table
 from controller.replay.run import Replay
 from controller.replay.stream import StreamError, read_values
@@ -51,7 +54,25 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="an agent port the node firewall refuses (flags network probes on it); repeatable",
     )
     p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument(
+        "--jobs",
+        type=_jobs,
+        default=None,
+        metavar="N",
+        help="worker processes decoding a file (default: one per core for files over "
+        f"{PARALLEL_MIN_BYTES >> 20} MB, else none; stdin is read in-process); "
+        "the verdicts are the same either way",
+    )
     p.set_defaults(run=run)
+
+
+PARALLEL_MIN_BYTES = 16 << 20
+
+
+def _jobs(text: str) -> int:
+    if not text.isdigit() or not 0 <= int(text) <= 64:
+        raise argparse.ArgumentTypeError(f"not a number of workers (0-64): {text!r}")
+    return int(text)
 
 
 def _positive_float(text: str) -> float:
@@ -68,6 +89,22 @@ def _port(text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 65535:
         raise argparse.ArgumentTypeError(f"not a TCP port (1-65535): {text!r}")
     return int(text)
+
+
+class _Counting(io.RawIOBase):
+    """Counts the bytes read through it, for the progress line."""
+
+    def __init__(self, inner: BinaryIO) -> None:
+        self.inner = inner
+        self.count = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.inner.read(size)
+        self.count += len(data)
+        return data
 
 
 class _Progress:
@@ -107,7 +144,9 @@ def _open(path: str) -> tuple[BinaryIO, int | None]:
     return stream, size or None
 
 
-def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
     registry = default_registry()
     try:
         registry.validate(args.policy)
@@ -126,11 +165,24 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
         err.write(f"deathwatch replay: cannot read {args.file}: {exc.strerror or exc}\n")
         return EXIT_BAD_INPUT
     progress = _Progress(err, size)
+    jobs = args.jobs
+    if jobs is None:
+        jobs = (os.cpu_count() or 1) if (size or 0) >= PARALLEL_MIN_BYTES else 0
+    events: Iterator[ViewEvent | SkippedEvent]
+    fd = regular_file(stream)
+    position: Callable[[], int]
+    if jobs > 0 and fd is not None:
+        parallel = ParallelEvents(fd, jobs)
+        events, position = iter(parallel), lambda: parallel.position
+    else:
+        counting = _Counting(stream)
+        events = view_events(read_values(counting, decode=DECODER.decode))  # type: ignore[arg-type]
+        position = lambda: counting.count  # noqa: E731
     try:
-        for raw in read_values(stream):
-            for item in interpret(raw.index, raw.value):
-                replay.feed(item)
-            progress.update(raw.offset, replay.events)
+        for n, event in enumerate(events):
+            replay.feed(event)
+            if n & 1023 == 0:
+                progress.update(position(), replay.events)
     except StreamError as exc:
         progress.done()
         err.write(f"deathwatch replay: {args.file}: {exc}; no report, the input is incomplete\n")
@@ -144,8 +196,8 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
             stream.close()
     progress.done()
     report = replay.finish()
-    source = "stdin" if args.file == "-" else args.file
-    out.write(render_json(report) + "\n" if args.format == "json" else render_table(report, source))
+    name = "stdin" if args.file == "-" else args.file
+    out.write(render_json(report) + "\n" if args.format == "json" else render_table(report, name))
     if report.skipped.count:
         err.write(
             f"deathwatch replay: skipped {report.skipped.count} object(s) with missing or odd "

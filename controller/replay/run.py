@@ -17,9 +17,8 @@ from typing import Any
 
 from controller.engine import Step
 from controller.fleet import Fleet
-from controller.podview import MalformedPod, read_pod
 from controller.policies import PolicyRegistry, PolicySettings
-from controller.replay.events import PodEvent, Skipped
+from controller.replay.events import SkippedEvent, ViewEvent
 from controller.selector import Selector
 from controller.verdict import Evidence, State
 
@@ -112,17 +111,13 @@ class Replay:
         self.pod_events = 0
         self.skipped = SkipLog()
 
-    def feed(self, item: PodEvent | Skipped) -> list[Step]:
+    def feed(self, item: ViewEvent | SkippedEvent) -> list[Step]:
         self.events += 1
-        if isinstance(item, Skipped):
+        if isinstance(item, SkippedEvent):
             self.skipped.add(item.index, item.reason)
             return []
-        try:
-            pod = read_pod(item.object)
-        except MalformedPod as exc:
-            self.skipped.add(item.index, str(exc))
-            return []
-        if not self.selector.matches(pod.labels):
+        pod = item.pod
+        if self.selector.requirements and not self.selector.matches(pod.labels):
             return []
         self.pod_events += 1
         if pod.latest_time is not None and (self.clock is None or pod.latest_time > self.clock):

@@ -6,8 +6,10 @@ does not grow with the file.
 
 Fast path: find where the next top-level value ends without parsing it (the end of its line
 for a one-line value; a closing brace at column 0 for pretty-printed output, which must be
-the top-level close because JSON strings cannot hold a raw newline), then parse just that
-slice with orjson. Anything the fast path cannot settle goes to the standard library's
+the top-level close because JSON strings cannot hold a raw newline), then decode just that
+slice with the caller's msgspec decoder (typed: it skips every field nobody reads). A slice
+that is valid JSON of another shape is decoded generically, so the caller can say what is
+odd about it. Anything the fast path cannot settle goes to the standard library's
 incremental decoder, which is also what names the exact position of an error.
 """
 
@@ -15,15 +17,16 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
-import orjson
+import msgspec
 
 CHUNK_SIZE = 1 << 20
 _WHITESPACE = re.compile(rb"[ \t\r\n]*")
 _DECODER = json.JSONDecoder()
+_GENERIC = msgspec.json.Decoder()
 
 
 class StreamError(ValueError):
@@ -33,6 +36,10 @@ class StreamError(ValueError):
         super().__init__(f"event #{index} at byte offset {offset}: {message}")
         self.index = index
         self.offset = offset
+        self.message = message
+
+    def __reduce__(self) -> tuple[type[StreamError], tuple[int, int, str]]:
+        return (StreamError, (self.index, self.offset, self.message))
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +89,16 @@ def _candidate_end(buf: bytes, pos: int, eof: bool) -> int:
     return close + 2
 
 
-def read_values(stream: BinaryIO, chunk_size: int = CHUNK_SIZE) -> Iterator[RawValue]:
-    """Yield each top-level JSON value of the stream. Raises StreamError on bad input."""
+def read_values(
+    stream: BinaryIO,
+    chunk_size: int = CHUNK_SIZE,
+    decode: Callable[[bytes], object] = _GENERIC.decode,
+) -> Iterator[RawValue]:
+    """Yield each top-level JSON value of the stream. Raises StreamError on bad input.
+
+    `decode` (a msgspec decoder's `decode`) gives the values' form; a value it rejects for
+    its shape is yielded as plain Python data instead.
+    """
     buf = b""
     base = 0  # absolute offset of buf[0]
     pos = 0
@@ -97,9 +112,14 @@ def read_values(stream: BinaryIO, chunk_size: int = CHUNK_SIZE) -> Iterator[RawV
         end = -1 if pos >= len(buf) else _candidate_end(buf, pos, eof)
         value: object = None
         if end >= 0:
+            piece = buf[pos:end]
             try:
-                value = orjson.loads(buf[pos:end])
-            except orjson.JSONDecodeError:
+                try:
+                    value = decode(piece)
+                except msgspec.ValidationError:
+                    # an unexpected shape (or a syntax error after it): decode it plainly
+                    value = _GENERIC.decode(piece)
+            except msgspec.DecodeError:
                 end = -1
                 try:
                     value, end = _slow_decode(buf, pos, eof, index, base)

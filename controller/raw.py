@@ -1,0 +1,126 @@
+"""The subset of the Pod API schema deathwatch reads, as typed msgspec Structs.
+
+Declaring only these fields lets msgspec skip the rest of each object (env, volumes,
+managedFields...) without building Python objects for it, and validates the types of the
+ones we read, naming the path of any that is wrong. Every field is optional, as in the API.
+Timestamps must carry a zone, as the API always writes them (RFC 3339, "Z").
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+import msgspec
+
+Time = Annotated[datetime, msgspec.Meta(tz=True)]
+
+
+class ObjectMeta(msgspec.Struct, rename="camel", frozen=True, gc=False):
+    uid: str | None = None
+    name: str | None = None
+    namespace: str | None = None
+    labels: dict[str, str] | None = None
+    creation_timestamp: Time | None = None
+    deletion_timestamp: Time | None = None
+    deletion_grace_period_seconds: int | None = None
+
+
+class PortHandler(msgspec.Struct, rename="camel", frozen=True, gc=False):
+    port: int | str | None = None
+
+
+class Probe(msgspec.Struct, rename="camel", frozen=True, gc=False):
+    exec: dict[str, Any] | None = None
+    tcp_socket: PortHandler | None = None
+    http_get: PortHandler | None = None
+    grpc: PortHandler | None = None
+    failure_threshold: int | None = None
+    period_seconds: int | None = None
+    timeout_seconds: int | None = None
+
+
+class ContainerPort(msgspec.Struct, rename="camel", frozen=True, gc=False):
+    name: str | None = None
+    container_port: int | None = None
+
+
+class Container(msgspec.Struct, rename="camel", frozen=True, gc=False):
+    name: str | None = None
+    readiness_probe: Probe | None = None
+    ports: list[ContainerPort] | None = None
+
+
+class PodSpec(msgspec.Struct, rename="camel", frozen=True, gc=False):
+    containers: list[Container] | None = None
+    node_name: str | None = None
+
+
+class Condition(msgspec.Struct, rename="camel", frozen=True, gc=False):
+    type: str | None = None
+    status: str | None = None
+    reason: str | None = None
+    last_transition_time: Time | None = None
+
+
+class Terminated(msgspec.Struct, rename="camel", frozen=True, gc=False):
+    exit_code: int | None = None
+    reason: str | None = None
+    started_at: Time | None = None
+    finished_at: Time | None = None
+
+
+class Running(msgspec.Struct, rename="camel", frozen=True, gc=False):
+    started_at: Time | None = None
+
+
+class Waiting(msgspec.Struct, rename="camel", frozen=True, gc=False):
+    reason: str | None = None
+
+
+class ContainerState(msgspec.Struct, rename="camel", frozen=True, gc=False):
+    running: Running | None = None
+    terminated: Terminated | None = None
+    waiting: Waiting | None = None
+
+
+class ContainerStatus(msgspec.Struct, rename="camel", frozen=True, gc=False):
+    name: str | None = None
+    ready: bool | None = None
+    restart_count: int | None = None
+    state: ContainerState | None = None
+    last_state: ContainerState | None = None
+
+
+class PodStatus(msgspec.Struct, rename="camel", frozen=True, gc=False):
+    phase: str | None = None
+    reason: str | None = None
+    conditions: list[Condition] | None = None
+    container_statuses: list[ContainerStatus] | None = None
+
+
+class Pod(msgspec.Struct, rename="camel", frozen=True, gc=False):
+    kind: str | None = None
+    metadata: ObjectMeta | None = None
+    spec: PodSpec | None = None
+    status: PodStatus | None = None
+    # Not a Pod field: the Status object of a watch ERROR event decodes here too, and its
+    # message is what a person needs to see ("too old resource version: ...").
+    message: str | None = None
+
+
+EMPTY_META = ObjectMeta()
+EMPTY_SPEC = PodSpec()
+EMPTY_STATUS = PodStatus()
+
+
+class WatchValue(msgspec.Struct, rename="camel", frozen=True, gc=False):
+    """One recorded value: a watch event ({type, object}), a bare Pod, or a List of Pods."""
+
+    type: str | None = None
+    object: Pod | None = None
+    kind: str | None = None
+    metadata: ObjectMeta | None = None
+    spec: PodSpec | None = None
+    status: PodStatus | None = None
+    items: list[Pod] | None = None
