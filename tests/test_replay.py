@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import subprocess
 import sys
@@ -329,3 +330,63 @@ def test_reader_on_garbage_raises_only_stream_error(data: bytes, chunk: int) -> 
     if error is not None:
         assert 0 <= error.offset <= len(data)
         assert error.index >= 1
+
+
+# --- worker processes give the same answers ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name", ["no-probe-morning.json", "exec-probe-flaps.jsonl", "with-junk.json"]
+)
+def test_workers_give_the_same_report(
+    name: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from controller.replay import parallel
+
+    monkeypatch.setattr(parallel, "PIECE_SIZE", 4096)  # many pieces even for small files
+    in_process = replay_json(str(DATA / name), "--jobs", "0", capsys=capsys)
+    for jobs in ("1", "2", "3"):
+        assert replay_json(str(DATA / name), "--jobs", jobs, capsys=capsys) == in_process
+
+
+@pytest.mark.parametrize("cut", [0.3, 0.5, 0.97])
+def test_workers_report_the_same_error_position(
+    tmp_path: Path, cut: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = (DATA / "no-probe-morning.json").read_bytes()
+    broken = tmp_path / "broken.json"
+    # corrupt one byte in the middle of a value, keep the rest
+    at = int(len(data) * cut)
+    at = data.index(b'"', at)
+    broken.write_bytes(data[:at] + b"!" + data[at + 1 :])
+    one = replay(str(broken), "--jobs", "0")
+    many = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, controller.replay.parallel as p; p.PIECE_SIZE = 2048; from controller.cli import main; sys.exit(main(sys.argv[1:]))",
+            "replay",
+            str(broken),
+            "--jobs",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert one.returncode == many.returncode == 2
+    assert one.stderr == many.stderr
+    assert "malformed JSON" in one.stderr
+
+
+def test_pieces_end_between_values() -> None:
+    from controller.replay.parallel import pieces
+
+    data = (DATA / "no-probe-morning.json").read_bytes()
+    spans = pieces(data, 1000)
+    assert spans[0][0] == 0
+    assert spans[-1][1] == len(data)
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert end == start
+        assert data[end - 2 : end + 1] == b"}\n{"

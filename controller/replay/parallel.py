@@ -124,10 +124,10 @@ class ParallelEvents:
     workers. For regular files only (see regular_file). `position` is how far into the file
     the events yielded so far reach."""
 
-    def __init__(self, fd: int, jobs: int, piece_size: int = PIECE_SIZE) -> None:
+    def __init__(self, fd: int, jobs: int, piece_size: int | None = None) -> None:
         self.fd = fd
         self.jobs = max(1, jobs)
-        self.piece_size = piece_size
+        self.piece_size = piece_size or PIECE_SIZE
         self.position = 0
 
     def __iter__(self) -> Iterator[ViewEvent | SkippedEvent]:
