@@ -42,3 +42,81 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             for line in _skipped_real[:20]:
                 reporter.write_line(f"  {line}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# --- the real control plane (marker: apiserver) -------------------------------------------
+
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import uuid  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from hack.localcluster import controlplane  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _binaries_or_skip() -> None:
+    missing = [
+        b
+        for b in ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl")
+        if not (controlplane.bin_dir() / b).exists()
+    ]
+    if not missing:
+        return
+    if shutil.which("go") is None:
+        pytest.skip(
+            f"no Go to build the control plane ({', '.join(missing)} missing); see hack/build-k8s.sh"
+        )
+    # builds once (minutes), then cached in ~/.cache/deathwatch for every later run
+    subprocess.run([str(ROOT / "hack" / "build-k8s.sh")], check=True, timeout=3600)
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[controlplane.ControlPlane]:
+    _binaries_or_skip()
+    with controlplane.running() as cp:
+        cp.kubectl_run("apply", "--server-side", "-f", str(ROOT / "manifests" / "base" / "crds"))
+        cp.kubectl_run(
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/deathwatches.deathwatch.dev",
+            "crd/sandboxverdicts.deathwatch.dev",
+        )
+        yield cp
+
+
+@pytest.fixture(scope="session")
+def api(control_plane: controlplane.ControlPlane) -> Iterator[object]:
+    """An admin kubernetes.client.ApiClient for the test control plane."""
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    config.load_kube_config(
+        config_file=str(control_plane.kubeconfig), client_configuration=configuration
+    )
+    with client.ApiClient(configuration) as api_client:
+        yield api_client
+
+
+@pytest.fixture
+def namespace(control_plane: controlplane.ControlPlane, api: object) -> Iterator[str]:
+    """A fresh namespace whose default ServiceAccount exists (pods can be created at once)."""
+    from kubernetes import client
+
+    from tests.kube import wait_for
+
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    core = client.CoreV1Api(api)  # type: ignore[arg-type]
+    core.create_namespace(
+        client.V1Namespace(metadata=client.V1ObjectMeta(name=name)), _request_timeout=30
+    )
+    wait_for(
+        lambda: core.read_namespaced_service_account("default", name, _request_timeout=10),
+        what=f"ServiceAccount {name}/default",
+        ignore=(client.ApiException,),
+    )
+    yield name
+    core.delete_namespace(name, _request_timeout=30)

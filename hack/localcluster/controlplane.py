@@ -1,0 +1,459 @@
+"""A real, local Kubernetes control plane: etcd, kube-apiserver, kube-controller-manager.
+
+Built from Go modules by hack/build-k8s.sh, started on loopback with random free ports,
+data and freshly generated certificates in a temporary directory, RBAC on, and service
+account signing keys so TokenRequest works. Used by the pytest fixture (tests/conftest.py),
+by `hack/control-plane.sh up|down|env` for people, and by the demo.
+
+No kubelet runs here, so tests play kubelet by writing pods/status. kube-controller-manager
+therefore runs without the two controllers that would fight that:
+  - node-lifecycle-controller marks pods on nodes with no kubelet NotReady after its grace
+    period (and taints/evicts them);
+  - pod-garbage-collector-controller deletes pods bound to nodes that do not exist.
+Everything else (garbage collector for ownerReferences, service accounts and their tokens,
+namespace deletion, root CA publishing, CSR signing for a kubelet) runs as in a cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for line in (ROOT / "hack" / "versions.env").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, value = line.split("=", 1)
+            out[key] = value
+    return out
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("DEATHWATCH_CACHE", Path.home() / ".cache" / "deathwatch"))
+
+
+def bin_dir() -> Path:
+    return cache_dir() / "k8s" / versions()["K8S_VERSION"] / "bin"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+class StartError(RuntimeError):
+    pass
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def make_certs(d: Path) -> None:
+    """CA, apiserver serving cert, client certs, service-account key pair (openssl)."""
+    d.mkdir(parents=True, exist_ok=True)
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
+             "-days", "2", "-subj", "/CN=deathwatch-local-ca", cwd=d)  # fmt: skip
+    (d / "apiserver.ext").write_text(
+        "subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,"
+        "DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\n"
+        "extendedKeyUsage=serverAuth\n"
+    )
+    (d / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
+    certs = [
+        ("apiserver", "/CN=kube-apiserver", "apiserver.ext"),
+        ("admin", "/O=system:masters/CN=deathwatch-admin", "client.ext"),
+        ("controller-manager", "/CN=system:kube-controller-manager", "client.ext"),
+        (
+            "apiserver-kubelet-client",
+            "/O=kubeadm:cluster-admins/CN=kube-apiserver-kubelet-client",
+            "client.ext",
+        ),
+    ]
+    for name, subject, ext in certs:
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                 "-subj", subject, cwd=d)  # fmt: skip
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                 "-CAcreateserial", "-out", f"{name}.crt", "-days", "2", "-extfile", ext, cwd=d)  # fmt: skip
+    _openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
+    _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=d)
+
+
+def kubeconfig(server: str, ca: Path, cert: Path | None, key: Path | None, token: str | None = None,
+               user: str = "admin") -> str:  # fmt: skip
+    user_entry: dict[str, str] = {}
+    if cert and key:
+        user_entry = {"client-certificate": str(cert), "client-key": str(key)}
+    if token:
+        user_entry = {"token": token}
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {"name": "local", "cluster": {"server": server, "certificate-authority": str(ca)}}
+            ],
+            "users": [{"name": user, "user": user_entry}],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
+            "current-context": "local",
+        },
+        indent=2,
+    )
+
+
+@dataclass
+class Process:
+    name: str
+    args: list[str]
+    log: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        logf = self.log.open("ab")
+        # a new session: `hack/control-plane.sh up` leaves it running after the script exits,
+        # and a Ctrl-C in the terminal of a test run does not kill it before teardown does
+        self.popen = subprocess.Popen(
+            self.args, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        logf.close()
+
+    def stop(self, timeout: float = 15) -> None:
+        if self.popen is None:
+            return
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout)
+        self.popen = None
+
+    @property
+    def running(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def tail(self, lines: int = 25) -> str:
+        try:
+            text = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(text[-lines:])
+
+
+@dataclass
+class ControlPlane:
+    workdir: Path
+    binaries: Path = field(default_factory=bin_dir)
+    with_controller_manager: bool = True
+    etcd_port: int = field(default_factory=free_port)
+    etcd_peer_port: int = field(default_factory=free_port)
+    apiserver_port: int = field(default_factory=free_port)
+    processes: dict[str, Process] = field(default_factory=dict)
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.apiserver_port}"
+
+    @property
+    def certs(self) -> Path:
+        return self.workdir / "pki"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.workdir / "admin.kubeconfig"
+
+    @property
+    def kubectl(self) -> Path:
+        return self.binaries / "kubectl"
+
+    def _process(self, name: str, args: list[str]) -> Process:
+        proc = Process(name, args, self.workdir / "logs" / f"{name}.log")
+        self.processes[name] = proc
+        return proc
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def start(self, timeout: float = 60) -> None:
+        for b in ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl"):
+            if not (self.binaries / b).exists():
+                raise StartError(f"{self.binaries / b} is missing: run hack/build-k8s.sh")
+        (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+        make_certs(self.certs)
+        self.kubeconfig.write_text(
+            kubeconfig(
+                self.server,
+                self.certs / "ca.crt",
+                self.certs / "admin.crt",
+                self.certs / "admin.key",
+            )
+        )
+        (self.workdir / "controller-manager.kubeconfig").write_text(
+            kubeconfig(
+                self.server,
+                self.certs / "ca.crt",
+                self.certs / "controller-manager.crt",
+                self.certs / "controller-manager.key",
+                user="system:kube-controller-manager",
+            )
+        )
+        try:
+            self._start_etcd(timeout)
+            self.start_apiserver(timeout)
+            if self.with_controller_manager:
+                self._start_controller_manager()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_etcd(self, timeout: float) -> None:
+        c = f"http://127.0.0.1:{self.etcd_port}"
+        p = f"http://127.0.0.1:{self.etcd_peer_port}"
+        proc = self._process(
+            "etcd",
+            [
+                str(self.binaries / "etcd"),
+                "--name=local",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls={c}",
+                f"--advertise-client-urls={c}",
+                f"--listen-peer-urls={p}",
+                f"--initial-advertise-peer-urls={p}",
+                f"--initial-cluster=local={p}",
+                "--unsafe-no-fsync",  # test data: durability across power loss is not needed
+                "--log-level=warn",
+            ],
+        )
+        proc.start()
+        self._wait(lambda: self._http_ok(f"{c}/health"), timeout, "etcd")
+
+    def apiserver_args(self) -> list[str]:
+        pki = self.certs
+        return [
+            str(self.binaries / "kube-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={self.apiserver_port}",
+            f"--cert-dir={self.workdir / 'apiserver-certs'}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+            f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--authorization-mode=Node,RBAC",
+            "--enable-bootstrap-token-auth",
+            "--allow-privileged=true",
+            "--profiling=false",
+            "--v=1",
+        ]
+
+    def start_apiserver(self, timeout: float = 60) -> None:
+        """Start (or restart, against the same etcd and port) kube-apiserver; wait for /readyz."""
+        proc = self.processes.get("kube-apiserver") or self._process(
+            "kube-apiserver", self.apiserver_args()
+        )
+        self.processes["kube-apiserver"] = proc
+        proc.start()
+        self._wait(lambda: self._http_ok(f"{self.server}/readyz"), timeout, "kube-apiserver")
+
+    def stop_apiserver(self) -> None:
+        """Cut every client off: the process ends, its port closes; etcd keeps the data."""
+        proc = self.processes.get("kube-apiserver")
+        if proc is not None:
+            proc.stop()
+        deadline = time.monotonic() + 10
+        while port_open(self.apiserver_port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def _start_controller_manager(self) -> None:
+        pki = self.certs
+        kc = self.workdir / "controller-manager.kubeconfig"
+        self._process(
+            "kube-controller-manager",
+            [
+                str(self.binaries / "kube-controller-manager"),
+                f"--kubeconfig={kc}",
+                f"--authentication-kubeconfig={kc}",
+                f"--authorization-kubeconfig={kc}",
+                "--bind-address=127.0.0.1",
+                "--secure-port=0",
+                # see the module docstring: no kubelet runs, the tests write pod status
+                "--controllers=*,-node-lifecycle-controller,-pod-garbage-collector-controller",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--root-ca-file={pki / 'ca.crt'}",
+                f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+                f"--cluster-signing-key-file={pki / 'ca.key'}",
+                "--use-service-account-credentials=true",
+                "--leader-elect=false",
+                "--v=1",
+            ],
+        ).start()
+
+    def stop(self) -> None:
+        for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+            proc = self.processes.get(name)
+            if proc is not None:
+                proc.stop()
+
+    def destroy(self) -> None:
+        self.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def _ssl(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.certs / "ca.crt"))
+        ctx.load_cert_chain(str(self.certs / "admin.crt"), str(self.certs / "admin.key"))
+        return ctx
+
+    def _http_ok(self, url: str) -> bool:
+        try:
+            ctx = self._ssl() if url.startswith("https") else None
+            with urllib.request.urlopen(url, timeout=2, context=ctx) as resp:  # noqa: S310
+                return bool(resp.status == 200)
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def _wait(self, ok: object, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ok():  # type: ignore[operator]
+                return
+            dead = [p for p in self.processes.values() if p.popen is not None and not p.running]
+            if dead:
+                break
+            time.sleep(0.1)
+        logs = "\n".join(
+            f"--- {p.name} (last lines of {p.log}) ---\n{p.tail()}" for p in self.processes.values()
+        )
+        raise StartError(f"{what} did not become ready within {timeout:.0f}s\n{logs}")
+
+    def kubectl_run(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:  # noqa: A002
+        return subprocess.run(
+            [str(self.kubectl), f"--kubeconfig={self.kubeconfig}", "--request-timeout=30s", *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=check,
+        )
+
+    def state(self) -> dict[str, object]:
+        return {
+            "workdir": str(self.workdir),
+            "server": self.server,
+            "kubeconfig": str(self.kubeconfig),
+            "pids": {n: p.popen.pid for n, p in self.processes.items() if p.popen is not None},
+            "ports": [self.etcd_port, self.etcd_peer_port, self.apiserver_port],
+        }
+
+
+@contextlib.contextmanager
+def running(timeout: float = 60) -> Iterator[ControlPlane]:
+    workdir = Path(tempfile.mkdtemp(prefix="deathwatch-cp-"))
+    cp = ControlPlane(workdir)
+    try:
+        cp.start(timeout)
+        yield cp
+    finally:
+        cp.destroy()
+
+
+# --- hack/control-plane.sh up|down|env ---------------------------------------------------
+
+STATE = cache_dir() / "run" / "control-plane.json"
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie left for an init that does not reap counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def cli_up() -> int:
+    if STATE.exists():
+        state = json.loads(STATE.read_text())
+        if any(_alive(pid) for pid in state["pids"].values()):
+            print(f"already up: export KUBECONFIG={state['kubeconfig']}")
+            return 0
+    workdir = Path(tempfile.mkdtemp(prefix="deathwatch-cp-"))
+    cp = ControlPlane(workdir)
+    started = time.monotonic()
+    try:
+        cp.start()
+    except StartError as exc:
+        cp.destroy()
+        print(exc)
+        return 1
+    STATE.parent.mkdir(parents=True, exist_ok=True)
+    STATE.write_text(json.dumps(cp.state(), indent=2))
+    for p in cp.processes.values():  # the processes outlive this command (own sessions)
+        p.popen = None
+    print(f"control plane up in {time.monotonic() - started:.1f}s at {cp.server}")
+    print(f"export KUBECONFIG={cp.kubeconfig}")
+    return 0
+
+
+def cli_down() -> int:
+    if not STATE.exists():
+        print("not up")
+        return 0
+    state = json.loads(STATE.read_text())
+    for pid in state["pids"].values():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    while any(_alive(p) for p in state["pids"].values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in state["pids"].values():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(state["workdir"], ignore_errors=True)
+    STATE.unlink()
+    print("control plane down")
+    return 0
+
+
+def cli_env() -> int:
+    if not STATE.exists():
+        print("# not up: run hack/control-plane.sh up")
+        return 1
+    state = json.loads(STATE.read_text())
+    print(f"export KUBECONFIG={state['kubeconfig']}")
+    print(f"export PATH={bin_dir()}:$PATH")
+    return 0

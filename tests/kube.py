@@ -1,0 +1,67 @@
+"""Helpers for tests on the real control plane: explicit waits with deadlines, and kubelet's
+side of pod status (the tests play kubelet by writing pods/status)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class WaitTimeout(AssertionError):
+    pass
+
+
+def wait_for(
+    probe: Callable[[], T | None],
+    *,
+    timeout: float = 30,
+    interval: float = 0.05,
+    what: str = "condition",
+    ignore: tuple[type[BaseException], ...] = (),
+) -> T:
+    """Poll `probe` until it returns a truthy value, or fail after `timeout` seconds naming
+    `what` and the last value seen. Never a bare sleep-and-hope."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            last = probe()
+        except ignore as exc:
+            last = exc
+        else:
+            if last:
+                return last  # type: ignore[return-value]
+        if time.monotonic() >= deadline:
+            raise WaitTimeout(
+                f"timed out after {timeout}s waiting for {what}; last: {last!r}"[:2000]
+            )
+        time.sleep(interval)
+
+
+def pod_body(
+    name: str,
+    labels: dict[str, str] | None = None,
+    probe: dict[str, Any] | None = None,
+    node: str = "node-1",
+) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": "agent",
+        "image": "deathwatch.local/agent:demo",
+        "imagePullPolicy": "Never",
+    }
+    if probe:
+        container["readinessProbe"] = probe
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels or {"app": "sandbox"}},
+        "spec": {
+            "nodeName": node,
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "containers": [container],
+        },
+    }
