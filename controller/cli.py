@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from controller.operator import command as controller_command
     from controller.replay import command as replay_command
 
     parser = argparse.ArgumentParser(
@@ -16,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     replay_command.add_parser(sub)
+    controller_command.add_parser(sub)
     return parser
 
 

@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 
 def versions() -> dict[str, str]:
     out = {}
-    for line in (ROOT / "hack" / "versions.env").read_text().splitlines():
-        line = line.strip()
+    for raw in (ROOT / "hack" / "versions.env").read_text().splitlines():
+        line = raw.strip()
         if line and not line.startswith("#") and "=" in line:
             key, value = line.split("=", 1)
             out[key] = value
@@ -360,7 +360,7 @@ class ControlPlane:
 
     def kubectl_run(
         self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60
-    ) -> subprocess.CompletedProcess[str]:  # noqa: A002
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [str(self.kubectl), f"--kubeconfig={self.kubeconfig}", "--request-timeout=30s", *args],
             input=input,

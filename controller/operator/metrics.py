@@ -1,0 +1,70 @@
+"""Prometheus metrics of the operator (one registry, so tests can read it in isolation)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.verdicts = Counter(
+            "deathwatch_verdicts",
+            "Verdict transitions, by the state entered, policy and cause",
+            ["state", "policy", "cause"],
+            registry=r,
+        )
+        self.ready_drops = Counter(
+            "deathwatch_ready_drops",
+            "Ready True->False transitions of tracked pods",
+            ["policy"],
+            registry=r,
+        )
+        self.flaps = Counter(
+            "deathwatch_flaps",
+            "Ready True->False->True before any death verdict",
+            ["policy"],
+            registry=r,
+        )
+        self.false_positives = Counter(
+            "deathwatch_false_positives",
+            "Pods Ready again after a Dead verdict",
+            ["policy"],
+            registry=r,
+        )
+        self.verdict_latency = Histogram(
+            "deathwatch_verdict_latency_seconds",
+            "From the pod's Ready-drop time (kubelet clock, 1 s precision) to Dead written",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.processing_latency = Histogram(
+            "deathwatch_verdict_processing_seconds",
+            "From the pod event received to the Dead verdict written (the controller's own share)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tracked = Gauge(
+            "deathwatch_tracked_pods", "Tracked pods by verdict state", ["state"], registry=r
+        )
+        self.api_errors = Counter(
+            "deathwatch_api_errors",
+            "Failed Kubernetes API calls",
+            ["operation", "code"],
+            registry=r,
+        )
+        self.api_writes = Counter(
+            "deathwatch_api_writes",
+            "Kubernetes API writes, by operation",
+            ["operation"],
+            registry=r,
+        )
+        self.last_event = Gauge(
+            "deathwatch_watch_last_event_timestamp_seconds",
+            "When the last watch event of a resource arrived (unix time)",
+            ["resource"],
+            registry=r,
+        )

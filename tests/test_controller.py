@@ -1,0 +1,466 @@
+"""The operator on the real control plane, under its own ServiceAccount and the RBAC in
+manifests/. The tests play kubelet by writing pods/status, and wait on explicit conditions
+(poll with a deadline), never on fixed sleeps."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from controller.sandbox_script import Fate, SandboxScript, pod_manifest, timeline
+from controller.timeutil import format_time
+from hack.localcluster import controlplane
+from hack.localcluster.controller import ControllerProcess, service_account_kubeconfig
+from hack.localcluster.kubelet import Kubelet
+from tests.kube import wait_for
+
+pytestmark = pytest.mark.apiserver
+ROOT = Path(__file__).resolve().parent.parent
+GROUP, VERSION = "deathwatch.dev", "v1alpha1"
+
+
+@pytest.fixture(scope="session")
+def controller_rbac(control_plane: controlplane.ControlPlane) -> str:
+    """The controller's ServiceAccount and ClusterRole, exactly as manifests/ ship them."""
+    control_plane.kubectl_run("create", "namespace", "deathwatch-system", check=False)
+    control_plane.kubectl_run(
+        "apply", "-f", str(ROOT / "manifests" / "base" / "rbac" / "controller.yaml")
+    )
+    return "deathwatch-controller"
+
+
+class Env:
+    """One test's namespace: the kubelet player, the API, and the controller process."""
+
+    def __init__(
+        self, cp: controlplane.ControlPlane, api: client.ApiClient, namespace: str, tmp: Path
+    ) -> None:
+        self.cp = cp
+        self.api = api
+        self.ns = namespace
+        self.tmp = tmp
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.kubelet = Kubelet(api)
+        self.controller: ControllerProcess | None = None
+        self.kubeconfig = tmp / "controller.kubeconfig"
+        self.forbidden_expected = False
+
+    def bind_controller(self) -> None:
+        rbac = client.RbacAuthorizationV1Api(self.api)
+        rbac.create_namespaced_role_binding(
+            self.ns,
+            {
+                "metadata": {"name": "deathwatch-controller"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": "deathwatch-controller",
+                },
+                "subjects": [
+                    {
+                        "kind": "ServiceAccount",
+                        "name": "deathwatch-controller",
+                        "namespace": "deathwatch-system",
+                    }
+                ],
+            },
+            _request_timeout=30,
+        )
+        service_account_kubeconfig(
+            self.cp, self.api, "deathwatch-system", "deathwatch-controller", self.kubeconfig
+        )
+
+    def start_controller(self) -> ControllerProcess:
+        self.controller = ControllerProcess(
+            self.kubeconfig, [self.ns], self.tmp / "controller.log"
+        ).start()
+        return self.controller
+
+    def deathwatch(self, name: str = "sandboxes", **spec: Any) -> None:
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "DeathWatch",
+            "metadata": {"name": name},
+            "spec": {
+                "podSelector": {"matchLabels": {"app": "sandbox"}},
+                "agentPorts": [49983],
+                **spec,
+            },
+        }
+        self.custom.create_namespaced_custom_object(
+            GROUP, VERSION, self.ns, "deathwatches", body, _request_timeout=30
+        )
+
+    def sv(self, name: str) -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, self.ns, "sandboxverdicts", name, _request_timeout=10
+            )
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return obj
+
+    def dw(self, name: str = "sandboxes") -> dict[str, Any]:
+        obj: dict[str, Any] = self.custom.get_namespaced_custom_object(
+            GROUP, VERSION, self.ns, "deathwatches", name, _request_timeout=10
+        )
+        return obj
+
+    def wait_state(self, name: str, state: str, timeout: float = 20) -> dict[str, Any]:
+        def probe() -> dict[str, Any] | None:
+            sv = self.sv(name)
+            return sv if sv and (sv.get("status") or {}).get("state") == state else None
+
+        try:
+            return wait_for(
+                probe, timeout=timeout, what=f"SandboxVerdict {self.ns}/{name} state {state}"
+            )
+        except AssertionError:
+            if self.controller is not None:
+                print(self.controller.tail())
+            raise
+
+    def script(self, name: str, **kw: Any) -> SandboxScript:
+        kw.setdefault("start", datetime.now(UTC).replace(microsecond=0))  # the API keeps seconds
+        return SandboxScript(name=name, namespace=self.ns, **kw)
+
+    def create(self, script: SandboxScript) -> str:
+        return self.kubelet.create(script)
+
+    def moments(self, script: SandboxScript) -> list[Any]:
+        return timeline(script)
+
+    def events(self, pod: str, reason: str) -> list[Any]:
+        items = self.core.list_namespaced_event(
+            self.ns,
+            field_selector=f"involvedObject.name={pod},reason={reason}",
+            _request_timeout=10,
+        ).items
+        return list(items)
+
+    def forbidden_calls(self) -> float:
+        return (
+            self.controller.metric("deathwatch_api_errors_total", code="403")
+            if self.controller
+            else 0.0
+        )
+
+
+@pytest.fixture
+def env(
+    control_plane: controlplane.ControlPlane,
+    api: client.ApiClient,
+    namespace: str,
+    controller_rbac: str,
+    tmp_path: Path,
+) -> Iterator[Env]:
+    e = Env(control_plane, api, namespace, tmp_path)
+    e.bind_controller()
+    yield e
+    if e.controller is not None:
+        forbidden = e.forbidden_calls()
+        print(e.controller.tail(60))
+        e.controller.stop()
+        if not e.forbidden_expected:
+            assert forbidden == 0, "the controller was refused an API call its role should allow"
+
+
+def ready_status(script: SandboxScript) -> dict[str, Any]:
+    """The status kubelet writes once the sandbox is Ready."""
+    for m in timeline(script):
+        if m.status and any(
+            c["type"] == "Ready" and c["status"] == "True" for c in m.status["conditions"]
+        ):
+            return m.status
+    raise AssertionError("script never becomes Ready")
+
+
+def fate_status(script: SandboxScript) -> dict[str, Any]:
+    """The last status of the script (its fate)."""
+    statuses = [m.status for m in timeline(script) if m.status is not None]
+    return statuses[-1]
+
+
+# --- lifecycles -----------------------------------------------------------------------------
+
+
+def test_no_probe_death_with_evidence_and_one_event(env: Env) -> None:
+    env.start_controller()
+    env.deathwatch()
+    s = env.script("sbx-exit", fate=Fate.EXITS, exit_code=7, life=timedelta(seconds=1))
+    uid = env.create(s)
+    meta_before = env.core.read_namespaced_pod(s.name, env.ns, _request_timeout=10).metadata
+    env.kubelet.status(env.ns, s.name, ready_status(s))
+    alive = env.wait_state(s.name, "Alive")
+    assert alive["status"]["podUID"] == uid
+    assert alive["status"]["policy"] == "no-probe"
+    written = datetime.now(UTC)
+    env.kubelet.status(env.ns, s.name, fate_status(s))
+    dead = env.wait_state(s.name, "Dead")["status"]
+    took = (datetime.now(UTC) - written).total_seconds()
+    assert (dead["cause"], dead["container"], dead["exitCode"], dead["reason"]) == (
+        "ContainerExited",
+        "agent",
+        7,
+        "Error",
+    )
+    assert dead["readyDropAt"] == format_time(s.start + timedelta(seconds=2))
+    assert dead["lastReadyAt"] == format_time(s.start + timedelta(seconds=1))
+    assert dead["declaredAt"]
+    assert took < 5, f"verdict took {took:.2f}s"
+    events = wait_for(lambda: env.events(s.name, "SandboxDead"), what="SandboxDead event")
+    assert len(events) == 1
+    assert events[0].type == "Warning"
+    assert "ContainerExited" in events[0].message
+    assert "exit code 7" in events[0].message
+    # the SandboxVerdict is owned by its DeathWatch (garbage-collected with it)
+    owners = env.sv(s.name)["metadata"]["ownerReferences"]  # type: ignore[index]
+    assert [(o["kind"], o["name"]) for o in owners] == [("DeathWatch", "sandboxes")]
+    # never a write to the sandbox pod: no annotations, finalizers, labels, owners of ours
+    meta_after = env.core.read_namespaced_pod(s.name, env.ns, _request_timeout=10).metadata
+    for attr in ("labels", "annotations", "finalizers", "owner_references", "generation"):
+        assert getattr(meta_after, attr) == getattr(meta_before, attr), attr
+    managers = {f.manager for f in meta_after.managed_fields}
+    assert managers == {"OpenAPI-Generator"}  # only the test (playing platform and kubelet)
+    # the DeathWatch summary
+    dw = wait_for(
+        lambda: (d := env.dw()).get("status", {}).get("dead") == 1 and d, what="DeathWatch dead=1"
+    )
+    assert dw["status"]["lastDeaths"][0]["name"] == s.name
+    table = env.cp.kubectl_run("get", "dw,sv", "-n", env.ns).stdout
+    assert "sbx-exit" in table
+    assert "Dead" in table
+    assert "ContainerExited" in table
+
+
+def test_oom_and_eviction(env: Env) -> None:
+    env.start_controller()
+    env.deathwatch()
+    oom = env.script("sbx-oom", fate=Fate.OOM)
+    evicted = env.script("sbx-evicted", fate=Fate.EVICTED)
+    for s in (oom, evicted):
+        env.create(s)
+        env.kubelet.status(env.ns, s.name, ready_status(s))
+    for s in (oom, evicted):
+        env.wait_state(s.name, "Alive")
+        env.kubelet.status(env.ns, s.name, fate_status(s))
+    assert env.wait_state(oom.name, "Dead")["status"]["cause"] == "OOMKilled"
+    ev = env.wait_state(evicted.name, "Dead")["status"]
+    assert (ev["cause"], ev["exitCode"]) == ("Evicted", 137)
+
+
+def test_exec_probe_flap_recovers_and_a_hang_dies_after_the_window(env: Env) -> None:
+    env.start_controller()
+    # W = 1 x (1 x 1 s + 1 s) = 2 s
+    env.deathwatch(execProbe={"windowMultiplier": 1})
+    timing = {"probe": "exec", "period_seconds": 1, "failure_threshold": 1, "timeout_seconds": 1}
+    flap = env.script("sbx-flap", **timing)
+    hang = env.script("sbx-hang", **timing)
+    for s in (flap, hang):
+        env.create(s)
+        env.kubelet.status(env.ns, s.name, ready_status(s))
+        env.wait_state(s.name, "Alive")
+    not_ready = copy.deepcopy(ready_status(flap))
+    now = format_time(datetime.now(UTC))
+    for cond in not_ready["conditions"]:
+        if cond["type"] in ("Ready", "ContainersReady"):
+            cond.update(status="False", reason="ContainersNotReady", lastTransitionTime=now)
+    not_ready["containerStatuses"][0]["ready"] = False
+    env.kubelet.status(env.ns, flap.name, not_ready)
+    suspect = env.wait_state(flap.name, "Suspect", timeout=5)["status"]
+    assert suspect["cause"] == "NotReady"
+    assert suspect["deadline"]
+    env.kubelet.status(
+        env.ns,
+        flap.name,
+        ready_status(flap)
+        | {
+            "conditions": [
+                c | {"lastTransitionTime": format_time(datetime.now(UTC))}
+                for c in ready_status(flap)["conditions"]
+            ]
+        },
+    )
+    recovered = env.wait_state(flap.name, "Alive")["status"]
+    assert recovered["flaps"] == 1
+    dropped = time.monotonic()
+    env.kubelet.status(env.ns, hang.name, not_ready)
+    env.wait_state(hang.name, "Suspect", timeout=5)
+    dead = env.wait_state(hang.name, "Dead", timeout=15)["status"]
+    waited = time.monotonic() - dropped
+    assert dead["cause"] == "Unresponsive"
+    assert 1.0 <= waited < 8, f"declared after {waited:.1f}s for a 2 s window"
+    assert env.sv(flap.name)["status"]["state"] == "Alive"  # type: ignore[index]
+
+
+def test_deletion_is_gone_not_dead_and_retention_deletes_the_verdict(env: Env) -> None:
+    env.start_controller()
+    env.deathwatch(verdictRetention="3s")
+    s = env.script("sbx-deleted")
+    env.create(s)
+    env.kubelet.status(env.ns, s.name, ready_status(s))
+    env.wait_state(s.name, "Alive")
+    env.kubelet.request_deletion(env.ns, s.name)
+    gone = env.wait_state(s.name, "Gone")["status"]
+    assert gone["cause"] == "Deleted"
+    # kubelet stops the container (exit 143) and confirms: still not a death
+    stopped = copy.deepcopy(ready_status(s))
+    now = format_time(datetime.now(UTC))
+    stopped.update(phase="Failed")
+    for cond in stopped["conditions"]:
+        if cond["type"] in ("Ready", "ContainersReady"):
+            cond.update(status="False", lastTransitionTime=now)
+    stopped["containerStatuses"][0].update(
+        ready=False, state={"terminated": {"exitCode": 143, "reason": "Error", "finishedAt": now}}
+    )
+    env.kubelet.status(env.ns, s.name, stopped)
+    env.kubelet.finish_deletion(env.ns, s.name)
+    assert env.events(s.name, "SandboxDead") == []
+    assert env.sv(s.name)["status"]["state"] == "Gone"  # type: ignore[index]
+    # kept for verdictRetention, then removed by the controller
+    wait_for(lambda: env.sv(s.name) is None, timeout=25, what="the verdict to be retired")
+
+
+def test_unknown_policy_is_reported_on_the_deathwatch(env: Env) -> None:
+    env.start_controller()
+    env.deathwatch(policy="no-such-policy")
+    dw = wait_for(
+        lambda: (d := env.dw()).get("status", {}).get("conditions") and d,
+        what="DeathWatch conditions",
+    )
+    ready = next(c for c in dw["status"]["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+    assert "spec.policy" in ready["message"]
+    assert "no-such-policy" in ready["message"]
+
+
+def test_probe_blocked_by_firewall_is_flagged(env: Env) -> None:
+    env.start_controller()
+    env.deathwatch()
+    s = env.script("sbx-tcp", probe="tcp")
+    env.create(s)
+    sv = env.wait_state(s.name, "Pending")["status"]
+    assert sv["probeBlockedByFirewall"] is True
+    assert any(
+        c["type"] == "ProbeBlockedByFirewall" and c["status"] == "True" for c in sv["conditions"]
+    )
+    assert sv["policy"] == "container-state"
+    assert len(wait_for(lambda: env.events(s.name, "ProbeBlockedByFirewall"), what="event")) == 1
+
+
+# --- faults ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("round_", [1, 2, 3])
+def test_controller_killed_and_restarted_loses_nothing(env: Env, round_: int) -> None:
+    ctrl = env.start_controller()
+    env.deathwatch()
+    dead_before = env.script("before")
+    dies_while_down = env.script("while-down", fate=Fate.EXITS, exit_code=3)
+    deleted_while_down = env.script("deleted-down")
+    lives = env.script("lives")
+    for s in (dead_before, dies_while_down, deleted_while_down, lives):
+        env.create(s)
+        env.kubelet.status(env.ns, s.name, ready_status(s))
+    for s in (dead_before, dies_while_down, deleted_while_down, lives):
+        env.wait_state(s.name, "Alive")
+    env.kubelet.status(
+        env.ns,
+        dead_before.name,
+        fate_status(env.script("x", fate=Fate.OOM, start=dead_before.start)),
+    )
+    env.wait_state(dead_before.name, "Dead")
+    wait_for(lambda: env.events(dead_before.name, "SandboxDead"), what="first SandboxDead")
+    ctrl.kill()  # SIGKILL: no goodbye
+    env.kubelet.status(env.ns, dies_while_down.name, fate_status(dies_while_down))
+    env.kubelet.request_deletion(env.ns, deleted_while_down.name, grace=0)
+    env.start_controller()
+    dead = env.wait_state(dies_while_down.name, "Dead")["status"]
+    assert (dead["cause"], dead["exitCode"]) == ("ContainerExited", 3)
+    assert env.wait_state(deleted_while_down.name, "Gone")["status"]["cause"] == "Deleted"
+    assert env.sv(dead_before.name)["status"]["state"] == "Dead"  # type: ignore[index]
+    assert env.sv(lives.name)["status"]["state"] == "Alive"  # type: ignore[index]
+    wait_for(
+        lambda: env.events(dies_while_down.name, "SandboxDead"), what="SandboxDead after restart"
+    )
+    # settle, then count: exactly one SandboxDead per death, across the restart
+    wait_for(
+        lambda: env.controller and env.controller.get("/readyz")["details"]["write_backlog"] == 0,
+        what="writes done",
+    )  # type: ignore[index]
+    assert len(env.events(dead_before.name, "SandboxDead")) == 1
+    assert len(env.events(dies_while_down.name, "SandboxDead")) == 1
+
+
+def test_apiserver_restart_under_a_running_controller(env: Env) -> None:
+    ctrl = env.start_controller()
+    env.deathwatch()
+    s = env.script("survivor", fate=Fate.EXITS, exit_code=9)
+    env.create(s)
+    env.kubelet.status(env.ns, s.name, ready_status(s))
+    env.wait_state(s.name, "Alive")
+    # a restarting apiserver answers 403 until its RBAC caches fill; the writer retries those
+    env.forbidden_expected = True
+    env.cp.stop_apiserver()
+    # while the API is down the controller keeps answering /healthz (it is alive) and
+    # /readyz says the API is unreachable once its probe has run
+    assert ctrl.get("/healthz", status_only=True) == 200
+    env.cp.start_apiserver()
+    # after the restart the old watches get 410 Gone; kopf relists; a death is seen
+    env.kubelet.status(env.ns, s.name, fate_status(s))
+    dead = env.wait_state(s.name, "Dead", timeout=60)["status"]
+    assert (dead["cause"], dead["exitCode"]) == ("ContainerExited", 9)
+    assert ctrl.proc is not None and ctrl.proc.poll() is None
+    assert len(wait_for(lambda: env.events(s.name, "SandboxDead"), what="event")) == 1
+
+
+def test_healthz_answers_from_the_process_and_readyz_reports_for_people(env: Env) -> None:
+    ctrl = env.start_controller()
+    env.deathwatch()
+    s = env.script("probe")
+    env.create(s)
+    env.kubelet.status(env.ns, s.name, ready_status(s))
+    env.wait_state(s.name, "Alive")
+    assert ctrl.get("/healthz", status_only=True) == 200
+    report = wait_for(
+        lambda: (r := ctrl.get("/readyz")) and r["api_reachable"] and r["watches_fresh"] and r,
+        what="readyz",
+    )
+    assert set(report) >= {"api_reachable", "watches_fresh", "firewall_covered", "details"}
+    assert report["firewall_covered"] is None  # no firewall DaemonSet configured
+    metrics = ctrl.get("/metrics")
+    assert 'deathwatch_verdicts_total{cause="",policy="no-probe",state="Alive"} 1.0' in metrics
+    assert "deathwatch_verdict_latency_seconds_bucket" in metrics
+
+
+def test_metadata_untouched_for_pods_of_every_fate(env: Env) -> None:
+    """A sandbox pod never gets our annotations, finalizers or labels, whatever happens."""
+    env.start_controller()
+    env.deathwatch()
+    scripts = [
+        env.script(f"m-{f.value}", fate=f, life=timedelta(seconds=1))
+        for f in (Fate.EXITS, Fate.COMPLETES, Fate.EVICTED)
+    ]
+    for s in scripts:
+        env.create(s)
+        for m in timeline(s):
+            if m.status is not None:
+                env.kubelet.status(env.ns, s.name, m.status)
+    env.wait_state("m-exits", "Dead")
+    env.wait_state("m-completes", "Gone")
+    env.wait_state("m-evicted", "Dead")
+    for s in scripts:
+        meta = env.core.read_namespaced_pod(s.name, env.ns, _request_timeout=10).metadata
+        assert meta.annotations is None
+        assert meta.finalizers is None
+        assert meta.labels == pod_manifest(s)["metadata"]["labels"]
