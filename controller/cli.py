@@ -10,6 +10,7 @@ from collections.abc import Sequence
 def build_parser() -> argparse.ArgumentParser:
     from controller.operator import command as controller_command
     from controller.replay import command as replay_command
+    from firewall import cli as firewall_cli
 
     parser = argparse.ArgumentParser(
         prog="deathwatch",
@@ -18,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     replay_command.add_parser(sub)
     controller_command.add_parser(sub)
+    firewall_cli.add_parser(sub)
     return parser
 
 

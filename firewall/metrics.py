@@ -1,0 +1,44 @@
+"""Prometheus metrics of the firewall agent."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class FirewallMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.syncs = Counter(
+            "deathwatch_firewall_syncs",
+            "Syncs of the live table: unchanged, applied (start or new config) or repaired (drift)",
+            ["result"],
+            registry=r,
+        )
+        self.sync_failures = Counter(
+            "deathwatch_firewall_sync_failures",
+            "Failed syncs, by reason (nft, config)",
+            ["reason"],
+            registry=r,
+        )
+        self.rule_present = Gauge(
+            "deathwatch_firewall_rule_present",
+            "1 when the live table matches the configured rule exactly",
+            registry=r,
+        )
+        self.rejected = Counter(
+            "deathwatch_firewall_packets_rejected",
+            "Packets refused with a TCP reset (summed from the rule counters across replacements)",
+            registry=r,
+        )
+        self.last_sync = Gauge(
+            "deathwatch_firewall_last_sync_timestamp_seconds",
+            "When the table was last checked",
+            registry=r,
+        )
+        self.apply_seconds = Histogram(
+            "deathwatch_firewall_apply_seconds",
+            "Time of one atomic table replacement (nft -f)",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+            registry=r,
+        )

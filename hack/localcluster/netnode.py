@@ -1,0 +1,225 @@
+"""A Kubernetes node's networking, built from network namespaces, for firewall tests.
+
+    host       the node's own namespace (where kubelet, hostNetwork pods and the firewall
+               agent live); forwarding on
+    sandbox    a pod namespace: agent port and another port listening
+    ordinary   a pod namespace: a normal pod on the same node
+
+Two wirings, as CNI plugins do it:
+    routed     each pod on its own veth, a /32 (and /128) route per pod on the host side,
+               pods reach everything through a link-local-style gateway (Calico's way)
+    bridge     pods on veths enslaved to a bridge in the host namespace (the bridge plugin)
+
+Names are unique per instance; `destroy()` removes every namespace (and with them the
+veths and the bridge), even after a failure. Needs root and iproute2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TOOL = Path(__file__).resolve().parent / "netns_tool.py"
+AGENT_PORT = 49983
+OTHER_PORT = 8080
+
+
+def run(*args: str, check: bool = True, timeout: float = 10) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        list(args), capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if check and result.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}"
+        )
+    return result
+
+
+@dataclass
+class Pod:
+    ns: str
+    v4: str
+    v6: str
+
+
+@dataclass
+class Node:
+    wiring: str = "routed"  # or "bridge"
+    tag: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
+    host: str = ""
+    sandbox: Pod | None = None
+    ordinary: Pod | None = None
+    listeners: list[subprocess.Popen[str]] = field(default_factory=list)
+    namespaces: list[str] = field(default_factory=list)
+
+    @property
+    def pod_cidrs(self) -> list[str]:
+        return ["10.244.0.0/16", "fd00:10:244::/56"]
+
+    def ns_exec(
+        self, ns: str, *args: str, check: bool = True, timeout: float = 10
+    ) -> subprocess.CompletedProcess[str]:
+        return run("ip", "netns", "exec", ns, *args, check=check, timeout=timeout)
+
+    def _netns(self, name: str) -> str:
+        run("ip", "netns", "add", name)
+        self.namespaces.append(name)
+        self.ns_exec(name, "ip", "link", "set", "lo", "up")
+        return name
+
+    def create(self) -> Node:
+        try:
+            self.host = self._netns(f"dw-host-{self.tag}")
+            for key in ("net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"):
+                self.ns_exec(self.host, "sysctl", "-qw", key)
+            if self.wiring == "bridge":
+                self.ns_exec(self.host, "ip", "link", "add", "br0", "type", "bridge")
+                self.ns_exec(self.host, "ip", "addr", "add", "10.244.1.1/24", "dev", "br0")
+                self.ns_exec(
+                    self.host,
+                    "ip",
+                    "-6",
+                    "addr",
+                    "add",
+                    "fd00:10:244:1::1/64",
+                    "dev",
+                    "br0",
+                    "nodad",
+                )
+                self.ns_exec(self.host, "ip", "link", "set", "br0", "up")
+            self.sandbox = self._pod("s", 2)
+            self.ordinary = self._pod("o", 3)
+            # a route for a Service-like virtual IP: DNAT decides where it really goes
+            self.ns_exec(self.host, "ip", "route", "add", "10.96.0.0/24", "dev", "lo")
+        except BaseException:
+            self.destroy()
+            raise
+        return self
+
+    def _pod(self, role: str, n: int) -> Pod:
+        ns = self._netns(f"dw-{role}-{self.tag}")
+        host_if, pod_if = f"v{role}{self.tag}", "eth0"
+        self.ns_exec(
+            self.host,
+            "ip",
+            "link",
+            "add",
+            host_if,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            pod_if,
+            "netns",
+            ns,
+        )
+        v4, v6 = f"10.244.1.{n}", f"fd00:10:244:1::{n}"
+        if self.wiring == "bridge":
+            self.ns_exec(self.host, "ip", "link", "set", host_if, "master", "br0", "up")
+            self.ns_exec(ns, "ip", "addr", "add", f"{v4}/24", "dev", pod_if)
+            self.ns_exec(ns, "ip", "-6", "addr", "add", f"{v6}/64", "dev", pod_if, "nodad")
+            self.ns_exec(ns, "ip", "link", "set", pod_if, "up")
+            self.ns_exec(ns, "ip", "route", "add", "default", "via", "10.244.1.1")
+            self.ns_exec(ns, "ip", "-6", "route", "add", "default", "via", "fd00:10:244:1::1")
+        else:
+            gw4, gw6 = "169.254.1.1", "fe80::1"
+            self.ns_exec(self.host, "ip", "link", "set", host_if, "up")
+            self.ns_exec(self.host, "ip", "addr", "add", f"{gw4}/32", "dev", host_if)
+            self.ns_exec(self.host, "ip", "-6", "addr", "add", f"{gw6}/64", "dev", host_if, "nodad")
+            self.ns_exec(self.host, "ip", "route", "add", f"{v4}/32", "dev", host_if)
+            self.ns_exec(self.host, "ip", "-6", "route", "add", f"{v6}/128", "dev", host_if)
+            self.ns_exec(ns, "ip", "addr", "add", f"{v4}/32", "dev", pod_if)
+            self.ns_exec(ns, "ip", "-6", "addr", "add", f"{v6}/128", "dev", pod_if, "nodad")
+            self.ns_exec(ns, "ip", "link", "set", pod_if, "up")
+            self.ns_exec(ns, "ip", "route", "add", gw4, "dev", pod_if, "scope", "link")
+            self.ns_exec(ns, "ip", "route", "add", "default", "via", gw4, "dev", pod_if)
+            self.ns_exec(ns, "ip", "-6", "route", "add", "default", "via", gw6, "dev", pod_if)
+        return Pod(ns, v4, v6)
+
+    def listen(self, pod: Pod, ports: tuple[int, ...] = (AGENT_PORT, OTHER_PORT)) -> None:
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", pod.ns, sys.executable, str(TOOL), "listen", *map(str, ports)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.listeners.append(proc)
+        line = proc.stdout.readline() if proc.stdout else ""
+        if line.strip() != "ready":
+            raise RuntimeError(f"listener in {pod.ns} did not start: {line!r}")
+
+    def connect(self, ns: str, host: str, port: int, timeout: float = 2.0) -> str:
+        """connected, refused (TCP reset) or timeout, from namespace `ns`."""
+        out = self.ns_exec(
+            ns,
+            sys.executable,
+            str(TOOL),
+            "connect",
+            host,
+            str(port),
+            str(timeout),
+            timeout=timeout + 10,
+        )
+        return out.stdout.split()[0]
+
+    def wait_reachable(self, ns: str, host: str, port: int, timeout: float = 10) -> None:
+        """Addresses and neighbours settle in milliseconds, but not instantly: wait, bounded."""
+        deadline = time.monotonic() + timeout
+        while True:
+            outcome = self.connect(ns, host, port, timeout=1)
+            if outcome == "connected" or time.monotonic() > deadline:
+                if outcome != "connected":
+                    raise RuntimeError(f"{host}:{port} not reachable from {ns}: {outcome}")
+                return
+            time.sleep(0.05)
+
+    def nft(
+        self, *args: str, check: bool = True, stdin: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            ["ip", "netns", "exec", self.host, "nft", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise RuntimeError(f"nft {' '.join(args)}: {result.stderr.strip()}")
+        return result
+
+    def destroy(self) -> None:
+        for proc in self.listeners:
+            proc.kill()
+            proc.wait(5)
+        self.listeners.clear()
+        for ns in reversed(self.namespaces):
+            run("ip", "netns", "del", ns, check=False)
+        self.namespaces.clear()
+
+
+@contextlib.contextmanager
+def node(wiring: str = "routed") -> Iterator[Node]:
+    n = Node(wiring).create()
+    try:
+        yield n
+    finally:
+        n.destroy()
+
+
+def netns_available() -> str | None:
+    """None if network namespaces and nft can be used here, else why not (one line)."""
+    import os
+    import shutil
+
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, nftables)"
+    for tool in ("ip", "nft"):
+        if shutil.which(tool) is None:
+            return f"{tool} not found (apt-get install iproute2 nftables)"
+    return None

@@ -1,0 +1,264 @@
+"""The firewall on real nftables, in a node built from network namespaces (routed and
+bridge wirings): what the host and hostNetwork pods can reach, what ordinary pods can, and
+the agent keeping the rule through drift, config changes and SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hack.localcluster.netnode import AGENT_PORT, OTHER_PORT, Node, netns_available, node
+from tests.kube import wait_for
+
+pytestmark = pytest.mark.netns
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(params=["routed", "bridge"])
+def host(request: pytest.FixtureRequest) -> Iterator[Node]:
+    reason = netns_available()
+    if reason:
+        pytest.skip(reason)
+    with node(request.param) as n:
+        n.listen(n.sandbox)  # type: ignore[arg-type]
+        n.wait_reachable(n.host, n.sandbox.v4, AGENT_PORT)  # type: ignore[union-attr]
+        n.wait_reachable(n.host, n.sandbox.v6, AGENT_PORT)  # type: ignore[union-attr]
+        yield n
+
+
+def config_file(
+    tmp_path: Path, n: Node, ports: list[int], resync: float = 10, name: str = "fw.yaml"
+) -> Path:
+    path = tmp_path / name
+    path.write_text(
+        json.dumps({"podCIDRs": n.pod_cidrs, "agentPorts": ports, "resyncSeconds": resync})
+    )
+    return path
+
+
+def firewall(n: Node, *args: str) -> subprocess.CompletedProcess[str]:
+    return n.ns_exec(
+        n.host, sys.executable, "-m", "controller.cli", "firewall", *args, check=False, timeout=30
+    )
+
+
+def test_host_is_refused_the_agent_port_and_nothing_else(host: Node, tmp_path: Path) -> None:
+    sbx, other = host.sandbox, host.ordinary
+    assert sbx is not None
+    assert other is not None
+    # without the rule the host reaches the agent: the hole this closes
+    assert host.connect(host.host, sbx.v4, AGENT_PORT) == "connected"
+    cfg = config_file(tmp_path, host, [AGENT_PORT])
+    applied = firewall(host, "apply", "--config", str(cfg))
+    assert applied.returncode == 0, applied.stderr
+    assert firewall(host, "check", "--config", str(cfg)).returncode == 0
+    outcomes = {
+        "host -> agent v4": host.connect(host.host, sbx.v4, AGENT_PORT),
+        "host -> agent v6": host.connect(host.host, sbx.v6, AGENT_PORT),
+        "host -> other port v4": host.connect(host.host, sbx.v4, OTHER_PORT),
+        "host -> other port v6": host.connect(host.host, sbx.v6, OTHER_PORT),
+        "pod -> agent v4": host.connect(other.ns, sbx.v4, AGENT_PORT),
+        "pod -> agent v6": host.connect(other.ns, sbx.v6, AGENT_PORT),
+    }
+    assert outcomes == {
+        "host -> agent v4": "refused",  # a TCP reset, at once (not a timeout)
+        "host -> agent v6": "refused",
+        "host -> other port v4": "connected",
+        "host -> other port v6": "connected",
+        "pod -> agent v4": "connected",
+        "pod -> agent v6": "connected",
+    }
+    listing = json.loads(host.nft("-j", "list", "table", "inet", "deathwatch").stdout)
+    packets = [
+        e["counter"]["packets"]
+        for i in listing["nftables"]
+        if "rule" in i
+        for e in i["rule"]["expr"]
+        if "counter" in e
+    ]
+    assert sum(packets) >= 2  # the two refusals were counted
+
+
+def test_a_service_dnat_to_the_agent_port_is_refused(host: Node, tmp_path: Path) -> None:
+    sbx = host.sandbox
+    assert sbx is not None
+    host.ns_exec(host.host, "ip", "-6", "route", "add", "fd00:96::/64", "dev", "lo")
+    # what kube-proxy does for a ClusterIP, in the host's nat output path
+    host.nft(
+        "-f",
+        "-",
+        stdin=f"""
+table ip svc {{
+  chain out {{
+    type nat hook output priority -100;
+    ip daddr 10.96.0.10 tcp dport 80 dnat to {sbx.v4}:{AGENT_PORT}
+    ip daddr 10.96.0.11 tcp dport 80 dnat to {sbx.v4}:{OTHER_PORT}
+  }}
+}}
+table ip6 svc {{
+  chain out {{
+    type nat hook output priority -100;
+    ip6 daddr fd00:96::10 tcp dport 80 dnat to [{sbx.v6}]:{AGENT_PORT}
+  }}
+}}
+""",
+    )
+    assert host.connect(host.host, "10.96.0.10", 80) == "connected"  # the hole, via a Service
+    assert (
+        firewall(
+            host, "apply", "--config", str(config_file(tmp_path, host, [AGENT_PORT]))
+        ).returncode
+        == 0
+    )
+    assert host.connect(host.host, "10.96.0.10", 80) == "refused"
+    assert host.connect(host.host, "fd00:96::10", 80) == "refused"
+    assert host.connect(host.host, "10.96.0.11", 80) == "connected"
+    # and the agent never touched the other tables
+    assert host.nft("list", "table", "ip", "svc").returncode == 0
+
+
+def test_an_established_connection_is_cut_when_the_rule_arrives(host: Node, tmp_path: Path) -> None:
+    sbx = host.sandbox
+    assert sbx is not None
+    hold = subprocess.Popen(
+        [
+            "ip",
+            "netns",
+            "exec",
+            host.host,
+            sys.executable,
+            str(ROOT / "hack" / "localcluster" / "netns_tool.py"),
+            "hold",
+            sbx.v4,
+            str(AGENT_PORT),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert hold.stdout is not None and hold.stdin is not None
+        assert hold.stdout.readline().strip() == "held"
+        assert (
+            firewall(
+                host, "apply", "--config", str(config_file(tmp_path, host, [AGENT_PORT]))
+            ).returncode
+            == 0
+        )
+        hold.stdin.write("go\n")
+        hold.stdin.flush()
+        result = hold.stdout.readline().strip()
+    finally:
+        hold.kill()
+        hold.wait(5)
+    assert result.startswith("error:"), result
+
+
+def test_agent_repairs_drift_reloads_config_and_leaves_the_rule_on_sigterm(
+    host: Node, tmp_path: Path
+) -> None:
+    sbx = host.sandbox
+    assert sbx is not None
+    cfg = config_file(tmp_path, host, [AGENT_PORT], resync=0.5)
+    host.nft("add", "table", "inet", "someone-else")
+    host.nft("add", "chain", "inet", "someone-else", "c")
+    log = (tmp_path / "agent.log").open("w")
+    agent = subprocess.Popen(
+        [
+            "ip",
+            "netns",
+            "exec",
+            host.host,
+            sys.executable,
+            "-m",
+            "controller.cli",
+            "firewall",
+            "agent",
+            "--config",
+            str(cfg),
+            "--metrics-port",
+            "0",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+    def in_force(config: Path = cfg) -> bool:
+        return firewall(host, "check", "--config", str(config)).returncode == 0
+
+    try:
+        wait_for(in_force, timeout=15, what="the agent's first apply")
+        assert host.connect(host.host, sbx.v4, AGENT_PORT) == "refused"
+        for drift in (
+            ["delete", "table", "inet", "deathwatch"],
+            ["flush", "table", "inet", "deathwatch"],
+            [
+                "insert",
+                "rule",
+                "inet",
+                "deathwatch",
+                "output",
+                "tcp",
+                "dport",
+                str(AGENT_PORT),
+                "accept",
+            ],
+            ["flush", "set", "inet", "deathwatch", "pod_v4"],
+        ):
+            host.nft(*drift)
+            assert not in_force(), drift
+            started = time.monotonic()
+            wait_for(in_force, timeout=10, what=f"repair after nft {' '.join(drift)}")
+            repaired_in = time.monotonic() - started
+            assert repaired_in < 3, f"repair took {repaired_in:.1f}s with a 0.5 s resync"
+            assert host.connect(host.host, sbx.v4, AGENT_PORT) == "refused"
+        # a new config is picked up
+        new = config_file(tmp_path, host, [AGENT_PORT, OTHER_PORT], resync=0.5, name="new.yaml")
+        cfg.write_text(new.read_text())
+        wait_for(
+            in_force,
+            timeout=10,
+            what=f"the new config in force; agent {agent.poll()}; log: {(tmp_path / 'agent.log').read_text()[-600:]}",
+        )
+        assert host.connect(host.host, sbx.v4, OTHER_PORT) == "refused"
+        # a broken config keeps the previous rule
+        cfg.write_text("podCIDRs: [10.244.0.0/16]\nagentPorts: [70000]\n")
+        wait_for(
+            lambda: "config rejected" in (tmp_path / "agent.log").read_text(),
+            timeout=10,
+            what="the bad config logged",
+        )
+        assert in_force(new)
+        assert host.connect(host.host, sbx.v4, OTHER_PORT) == "refused"
+        # SIGTERM: the agent exits, the rule stays (a rollout never opens the hole)
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(15) == 0
+        assert in_force(new)
+        assert host.connect(host.host, sbx.v4, AGENT_PORT) == "refused"
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait(5)
+        log.close()
+    # uninstall: cleanup removes our table, and only ours
+    assert firewall(host, "cleanup").returncode == 0
+    assert host.nft("list", "table", "inet", "deathwatch", check=False).returncode != 0
+    assert host.nft("list", "table", "inet", "someone-else").returncode == 0
+    assert host.connect(host.host, sbx.v4, AGENT_PORT) == "connected"
+    events = [
+        json.loads(line)
+        for line in (tmp_path / "agent.log").read_text().splitlines()
+        if line.startswith("{")
+    ]
+    assert any(e.get("event") == "drift repaired" for e in events)
+    assert any(e.get("event") == "agent stopping; the table stays in place" for e in events)
