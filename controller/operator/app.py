@@ -304,7 +304,6 @@ def configure_kopf(settings: kopf.OperatorSettings, config: Config) -> None:
     settings.watching.client_timeout = 270
     settings.watching.connect_timeout = 10
     settings.watching.inactivity_timeout = 70
-    settings.queueing.idle_timeout = 30  # keep per-pod workers for a pod's busy minutes
     if config.pod_label_selector:  # server-side prefilter: only these pods are ever sent to us
         settings.watching.label_selectors["pods"] = config.pod_label_selector
 

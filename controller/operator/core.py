@@ -62,7 +62,7 @@ class Firewall:
         return out
 
 
-@dataclass
+@dataclass(slots=True)
 class PodRecord:
     """What the controller knows about a tracked pod besides the engine's Track."""
 
@@ -438,7 +438,7 @@ class SandboxController:
         for key in keys:
             if key not in self.watches and key not in self.invalid:
                 continue
-            written = self.writer.written.get(("dw", *key), {})
+            written = self.writer.statuses.get(("dw", *key), {})
             conditions = self._conditions(key, written.get("conditions") or [], stale_after)
             spec = self.watches.get(key)
             generation = spec.body.get("metadata", {}).get("generation") if spec else None
