@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Install what deathwatch needs on a fresh Debian machine; idempotent and quick when done.
-#   hack/setup.sh            Python package + test tools, nftables/iproute2, control plane
+#   hack/setup.sh            Python package + test tools, nftables/iproute2, the control plane
+#                            and a node's parts (containerd, runc, CNI plugins, busybox, kubelet)
 # Heavy outputs (Go-built Kubernetes binaries) live in ~/.cache/deathwatch, outside the repo.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 log() { printf '[setup] %s\n' "$*" >&2; }
 
 missing=()
-for pkg in nftables iproute2; do
+for pkg in nftables iproute2 containerd runc containernetworking-plugins busybox-static openssl; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -16,19 +17,21 @@ if [ ${#missing[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq >/dev/null && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   else
-    log "not root: cannot install ${missing[*]} (firewall tests will skip outside CI)"
+    log "not root: cannot install ${missing[*]} (firewall and node tests will skip outside CI)"
   fi
 fi
 
-stamp=${DEATHWATCH_CACHE:-$HOME/.cache/deathwatch}/pip-$(sha256sum "$root/pyproject.toml" | cut -c1-16)
-if [ ! -f "$stamp" ] || ! python3 -c 'import controller, firewall' 2>/dev/null || ! command -v deathwatch >/dev/null; then
+# keyed by this checkout too: the editable install points at one directory, and each CI run
+# is a fresh clone somewhere else
+stamp=${DEATHWATCH_CACHE:-$HOME/.cache/deathwatch}/pip-$( (cat "$root/pyproject.toml"; echo "$root") | sha256sum | cut -c1-16)
+if [ ! -f "$stamp" ] || ! (cd / && python3 -c 'import controller, firewall') 2>/dev/null || ! command -v deathwatch >/dev/null; then
   log "installing the deathwatch package and test tools (pip)"
   python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore -e "$root[test]"
   mkdir -p "$(dirname "$stamp")" && touch "$stamp"
 fi
 
 if command -v go >/dev/null; then
-  "$root/hack/build-k8s.sh"
+  "$root/hack/build-k8s.sh" etcd kube-apiserver kube-controller-manager kubectl kubelet
 else
   log "go not found: the real control plane cannot be built; apiserver tests will skip outside CI"
 fi

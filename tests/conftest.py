@@ -120,3 +120,37 @@ def namespace(control_plane: controlplane.ControlPlane, api: object) -> Iterator
     )
     yield name
     core.delete_namespace(name, _request_timeout=30)
+
+
+# --- the controller as a process under its ServiceAccount (tests/controller_env.py) ---------
+
+from tests.controller_env import Env  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def controller_rbac(control_plane: controlplane.ControlPlane) -> str:
+    """The controller's ServiceAccount and ClusterRole, exactly as manifests/ ship them."""
+    control_plane.kubectl_run("create", "namespace", "deathwatch-system", check=False)
+    control_plane.kubectl_run(
+        "apply", "-f", str(ROOT / "manifests" / "base" / "rbac" / "controller.yaml")
+    )
+    return "deathwatch-controller"
+
+
+@pytest.fixture
+def env(
+    control_plane: controlplane.ControlPlane,
+    api: object,
+    namespace: str,
+    controller_rbac: str,
+    tmp_path: Path,
+) -> Iterator[Env]:
+    e = Env(control_plane, api, namespace, tmp_path)
+    e.bind_controller()
+    yield e
+    if e.controller is not None:
+        forbidden = e.forbidden_calls()
+        print(e.controller.tail(60))
+        e.controller.stop()
+        if not e.forbidden_expected:
+            assert forbidden == 0, "the controller was refused an API call its role should allow"

@@ -1,0 +1,502 @@
+"""A real Kubernetes node on this machine: containerd + runc + CNI bridge + kubelet.
+
+Built from Debian packages (containerd 1.6, runc 1.1, containernetworking-plugins 1.1,
+busybox-static) and the pinned kubelet (hack/build-k8s.sh kubelet), registered with a
+local control plane (controlplane.py) with a client certificate signed here. Everything
+lives under one temporary directory; `down()` removes every process, mount, cgroup
+(/kubepods in each hierarchy), network namespace, bridge and nft table it created, so a
+second `up()` works.
+
+What this machine kind needs (checked here, see docs/adr/0006):
+- cgroup v1 only and no systemd as PID 1: kubelet with cgroupDriver cgroupfs and
+  failCgroupV1 false (Kubernetes 1.35);
+- no CAP_SYS_RESOURCE: containerd's CRI `restrict_oom_score_adj = true`, or runc fails to
+  set a negative oom_score_adj; kubelet logs about its own oom_score_adj and carries on;
+- no registry: images are imported from OCI layout tarballs (images.py), pulled never.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hack.localcluster import images
+from hack.localcluster.controlplane import (
+    ControlPlane,
+    Process,
+    _openssl,
+    bin_dir,
+    free_port,
+    kubeconfig,
+)
+
+NODE_NAME = "dw-node"
+BRIDGE = "dwcni0"
+POD_SUBNET = "10.88.0.0/24"
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _run(*args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        list(args), capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if check and result.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)}: {result.stderr.strip() or result.stdout.strip()}")
+    return result
+
+
+def _tables() -> set[str]:
+    """The nftables tables of this network namespace, as "family name"."""
+    out = _run("nft", "list", "tables", check=False).stdout
+    return {line.split(" ", 1)[1].strip() for line in out.splitlines() if line.startswith("table ")}
+
+
+def node_available() -> str | None:
+    """None if a node can run here, else why not (one line)."""
+    if os.geteuid() != 0:
+        return "needs root"
+    for tool in ("containerd", "runc", "ctr", "/usr/lib/cni/bridge", "/bin/busybox"):
+        if shutil.which(tool) is None and not Path(tool).exists():
+            return f"{tool} not found (apt-get install containerd runc containernetworking-plugins busybox-static)"
+    if not (bin_dir() / "kubelet").exists():
+        return "kubelet not built (hack/build-k8s.sh kubelet)"
+    return None
+
+
+def _host_ip() -> str:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))
+            return str(s.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"
+
+
+@dataclass
+class Node:
+    cp: ControlPlane
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="deathwatch-node-")))
+    processes: dict[str, Process] = field(default_factory=dict)
+    kubelet_port: int = field(default_factory=free_port)
+    # what existed before up(): down() removes only what appeared after (kubelet creates
+    # iptables-nft tables with its canary and KUBE-FIREWALL chains; containerd /run/containerd)
+    tables_before: set[str] | None = None
+    run_containerd_existed: bool = True
+
+    @property
+    def sock(self) -> Path:
+        return self.workdir / "containerd" / "containerd.sock"
+
+    def ctl(self, pod: str) -> Path:
+        """The host directory mounted at /ctl in the test agent pod `pod`."""
+        path = self.workdir / "ctl" / pod
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    # --- up -------------------------------------------------------------------------------
+
+    def up(self, timeout: float = 90) -> Node:
+        reason = node_available()
+        if reason:
+            raise RuntimeError(f"cannot run a node here: {reason}")
+        self.tables_before = _tables()
+        self.run_containerd_existed = Path("/run/containerd").exists()
+        try:
+            (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+            self._containerd()
+            self._import_images()
+            self._kubelet()
+            self._wait_ready(timeout)
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _containerd(self) -> None:
+        d = self.workdir / "containerd"
+        (d / "root").mkdir(parents=True)
+        (d / "state").mkdir(parents=True)
+        cni = self.workdir / "cni"
+        cni.mkdir()
+        (cni / "10-deathwatch.conflist").write_text(
+            '{"cniVersion": "0.4.0", "name": "deathwatch", "plugins": [{"type": "bridge", '
+            f'"bridge": "{BRIDGE}", "isGateway": true, "ipMasq": false, "hairpinMode": true, '
+            f'"ipam": {{"type": "host-local", "ranges": [[{{"subnet": "{POD_SUBNET}"}}]], '
+            f'"routes": [{{"dst": "0.0.0.0/0"}}], "dataDir": "{self.workdir / "cni-ipam"}"}}}}]}}\n'
+        )
+        config = d / "config.toml"
+        config.write_text(
+            f"""version = 2
+root = "{d / "root"}"
+state = "{d / "state"}"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+[grpc]
+  address = "{self.sock}"
+[ttrpc]
+  address = "{self.sock}.ttrpc"
+[debug]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d / "opt"}"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{images.PAUSE}"
+  # no CAP_SYS_RESOURCE here: runc cannot set a negative oom_score_adj
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{cni}"
+"""
+        )
+        proc = Process(
+            "containerd",
+            ["containerd", "--config", str(config)],
+            self.workdir / "logs" / "containerd.log",
+        )
+        self.processes["containerd"] = proc
+        proc.start()
+        deadline = time.monotonic() + 30
+        while not self.sock.exists():
+            if not proc.running or time.monotonic() > deadline:
+                raise RuntimeError(f"containerd did not start:\n{proc.tail()}")
+            time.sleep(0.1)
+
+    def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return _run("ctr", "--address", str(self.sock), "-n", "k8s.io", *args, check=check)
+
+    def _import_images(self) -> None:
+        for ref, tar in images.build_all(self.workdir / "images").items():
+            self.ctr("images", "import", "--snapshotter", "overlayfs", str(tar))
+            if ref not in self.ctr("images", "ls", "-q").stdout.split():
+                raise RuntimeError(f"image {ref} not imported")
+
+    def _kubelet(self) -> None:
+        pki = self.workdir / "pki"
+        pki.mkdir()
+        ca = self.cp.certs
+        (pki / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
+        (pki / "serving.ext").write_text(
+            f"subjectAltName=IP:127.0.0.1,IP:{_host_ip()},DNS:{NODE_NAME}\nextendedKeyUsage=serverAuth\n"
+        )
+        for name, subject, ext in (
+            ("kubelet-client", f"/O=system:nodes/CN=system:node:{NODE_NAME}", "client.ext"),
+            ("kubelet-serving", f"/CN={NODE_NAME}", "serving.ext"),
+        ):
+            _openssl(
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                f"{name}.key",
+                "-out",
+                f"{name}.csr",
+                "-subj",
+                subject,
+                cwd=pki,
+            )
+            _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", str(ca / "ca.crt"), "-CAkey", str(ca / "ca.key"),
+                     "-CAcreateserial", "-out", f"{name}.crt", "-days", "2", "-extfile", ext, cwd=pki)  # fmt: skip
+        kc = self.workdir / "kubelet.kubeconfig"
+        kc.write_text(
+            kubeconfig(
+                self.cp.server,
+                ca / "ca.crt",
+                pki / "kubelet-client.crt",
+                pki / "kubelet-client.key",
+                user=f"system:node:{NODE_NAME}",
+            )
+        )
+        config = self.workdir / "kubelet-config.yaml"
+        config.write_text(
+            f"""apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+cgroupDriver: cgroupfs
+failCgroupV1: false
+containerRuntimeEndpoint: unix://{self.sock}
+address: 127.0.0.1
+port: {self.kubelet_port}
+readOnlyPort: 0
+healthzPort: 0
+authentication:
+  anonymous: {{enabled: false}}
+  webhook: {{enabled: false}}
+  x509: {{clientCAFile: {ca / "ca.crt"}}}
+authorization: {{mode: AlwaysAllow}}
+tlsCertFile: {pki / "kubelet-serving.crt"}
+tlsPrivateKeyFile: {pki / "kubelet-serving.key"}
+failSwapOn: false
+podLogsDir: {self.workdir / "pod-logs"}
+# images cannot be pulled here: never garbage-collect the imported ones
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {{memory.available: "50Mi", nodefs.available: "2%", imagefs.available: "2%"}}
+registerNode: true
+resolvConf: ""
+"""
+        )
+        proc = Process(
+            "kubelet",
+            [
+                str(bin_dir() / "kubelet"),
+                f"--config={config}",
+                f"--kubeconfig={kc}",
+                f"--root-dir={self.workdir / 'kubelet'}",
+                f"--cert-dir={self.workdir / 'kubelet-certs'}",
+                f"--hostname-override={NODE_NAME}",
+                f"--node-ip={_host_ip()}",
+                "--v=1",
+            ],
+            self.workdir / "logs" / "kubelet.log",
+        )
+        self.processes["kubelet"] = proc
+        proc.start()
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            out = self.cp.kubectl_run(
+                "get",
+                "node",
+                NODE_NAME,
+                "-o",
+                "jsonpath={.status.conditions[?(@.type=='Ready')].status}",
+                check=False,
+            )
+            if out.stdout.strip() == "True":
+                return
+            for name, proc in self.processes.items():
+                if not proc.running:
+                    raise RuntimeError(f"{name} exited:\n{proc.tail(40)}")
+            time.sleep(0.5)
+        raise RuntimeError(
+            f"node {NODE_NAME} not Ready within {timeout:.0f}s\n--- kubelet ---\n{self.processes['kubelet'].tail(40)}"
+        )
+
+    # --- down -----------------------------------------------------------------------------
+
+    def down(self) -> None:
+        """Remove everything this node created. Safe to call more than once, and after a
+        failed up()."""
+        kubelet = self.processes.get("kubelet")
+        if kubelet is not None:
+            kubelet.stop(timeout=20)
+        if self.sock.exists():
+            # stop and remove every pod sandbox and container the node left behind
+            tasks = self.ctr("tasks", "ls", "-q", check=False).stdout.split()
+            for task in tasks:
+                self.ctr("tasks", "kill", "-s", "SIGKILL", task, check=False)
+            deadline = time.monotonic() + 10
+            while (
+                self.ctr("tasks", "ls", "-q", check=False).stdout.split()
+                and time.monotonic() < deadline
+            ):
+                time.sleep(0.1)
+            for task in tasks:
+                self.ctr("tasks", "delete", "-f", task, check=False)
+            for container in self.ctr("containers", "ls", "-q", check=False).stdout.split():
+                self.ctr("containers", "delete", container, check=False)
+        containerd = self.processes.get("containerd")
+        if containerd is not None:
+            containerd.stop(timeout=20)
+        self._kill_strays()
+        self._unmount()
+        self._remove_cgroups()
+        for ns in _run("ip", "netns", "list", check=False).stdout.split("\n"):
+            name = ns.split(" ")[0]
+            if name.startswith("cni-"):
+                _run("ip", "netns", "del", name, check=False)
+        _run("ip", "link", "del", BRIDGE, check=False)
+        _run("nft", "delete", "table", "inet", "deathwatch", check=False)
+        if self.tables_before is not None:
+            for table in sorted(_tables() - self.tables_before):
+                _run("nft", "delete", "table", *table.split(" ", 1), check=False)
+        if not self.run_containerd_existed:
+            shutil.rmtree("/run/containerd", ignore_errors=True)
+        self.cp.kubectl_run(
+            "delete", "node", NODE_NAME, "--ignore-not-found", "--wait=false", check=False
+        )
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        self.processes.clear()
+
+    def _kill_strays(self) -> None:
+        """containerd shims outlive containerd: end the ones serving our socket."""
+        marker = str(self.sock)
+        for pid_dir in Path("/proc").glob("[0-9]*"):
+            try:
+                cmdline = (
+                    (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                )
+            except OSError:
+                continue
+            if marker in cmdline and "containerd-shim" in cmdline:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(pid_dir.name), signal.SIGKILL)
+
+    def _unmount(self) -> None:
+        root = str(self.workdir)
+        for _ in range(3):
+            mounts = [
+                line.split()[1]
+                for line in Path("/proc/mounts").read_text().splitlines()
+                if line.split()[1].startswith(root)
+                or "/run/containerd/io.containerd" in line.split()[1]
+            ]
+            if not mounts:
+                return
+            for mount in sorted(mounts, key=len, reverse=True):
+                _run("umount", "-l", mount, check=False)
+
+    @staticmethod
+    def _remove_cgroups() -> None:
+        for hierarchy in CGROUP_ROOT.iterdir():
+            top = hierarchy / "kubepods"
+            if not top.is_dir():
+                continue
+            for path in sorted(top.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+                if path.is_dir():
+                    with contextlib.suppress(OSError):
+                        path.rmdir()
+            with contextlib.suppress(OSError):
+                top.rmdir()
+
+    def leftovers(self) -> list[str]:
+        """What a down() should have removed and did not (for tests)."""
+        out = []
+        for hierarchy in CGROUP_ROOT.iterdir():
+            if (hierarchy / "kubepods").exists():
+                out.append(f"cgroup {hierarchy / 'kubepods'}")
+        if _run("ip", "link", "show", BRIDGE, check=False).returncode == 0:
+            out.append(f"bridge {BRIDGE}")
+        out += [
+            f"netns {n.split()[0]}"
+            for n in _run("ip", "netns", "list", check=False).stdout.splitlines()
+            if n.startswith("cni-")
+        ]
+        if self.workdir.exists():
+            out.append(f"directory {self.workdir}")
+        if self.tables_before is not None:
+            out += [f"nft table {t}" for t in sorted(_tables() - self.tables_before)]
+        out += [
+            f"mount {m}"
+            for m in Path("/proc/mounts").read_text().split()
+            if m.startswith(str(self.workdir))
+        ]
+        return out
+
+
+@contextlib.contextmanager
+def running(cp: ControlPlane) -> Iterator[Node]:
+    node = Node(cp).up()
+    try:
+        yield node
+    finally:
+        node.down()
+
+
+# --- hack/node.sh up|down ------------------------------------------------------------------
+
+STATE = (
+    Path(os.environ.get("DEATHWATCH_CACHE", Path.home() / ".cache" / "deathwatch"))
+    / "run"
+    / "node.json"
+)
+
+
+class _Pid(Process):
+    """A process started by an earlier `hack/node.sh up`, known only by its pid."""
+
+    def __init__(self, name: str, pid: int, log: Path) -> None:
+        super().__init__(name, [], log)
+        self.pid = pid
+
+    def stop(self, timeout: float = 15) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while Path(f"/proc/{self.pid}").exists() and time.monotonic() < deadline:
+            stat = (
+                Path(f"/proc/{self.pid}/stat").read_text(errors="replace")
+                if Path(f"/proc/{self.pid}/stat").exists()
+                else ""
+            )
+            if stat.rsplit(")", 1)[-1].split()[:1] == ["Z"]:
+                break
+            time.sleep(0.1)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+
+def _control_plane_from_state() -> ControlPlane:
+    from hack.localcluster import controlplane
+
+    if not controlplane.STATE.exists():
+        raise SystemExit("no control plane: run hack/control-plane.sh up first")
+    state = json.loads(controlplane.STATE.read_text())
+    return ControlPlane(
+        Path(state["workdir"]), apiserver_port=int(state["server"].rsplit(":", 1)[1])
+    )
+
+
+def cli_up() -> int:
+    if STATE.exists():
+        print(f"already up: {json.loads(STATE.read_text())['workdir']} (hack/node.sh down first)")
+        return 1
+    cp = _control_plane_from_state()
+    started = time.monotonic()
+    try:
+        node = Node(cp).up()
+    except RuntimeError as exc:
+        print(exc)
+        return 1
+    STATE.parent.mkdir(parents=True, exist_ok=True)
+    STATE.write_text(
+        json.dumps(
+            {
+                "workdir": str(node.workdir),
+                "pids": {n: p.popen.pid for n, p in node.processes.items() if p.popen is not None},
+                "tables_before": sorted(node.tables_before or ()),
+                "run_containerd_existed": node.run_containerd_existed,
+            }
+        )
+    )
+    for p in node.processes.values():
+        p.popen = None  # they outlive this command
+    print(
+        f"node {NODE_NAME} Ready in {time.monotonic() - started:.1f}s; pods use image {images.AGENT} (imagePullPolicy: Never)"
+    )
+    return 0
+
+
+def cli_down() -> int:
+    if not STATE.exists():
+        print("not up")
+        return 0
+    state = json.loads(STATE.read_text())
+    node = Node(_control_plane_from_state(), workdir=Path(state["workdir"]))
+    node.tables_before = set(state["tables_before"])
+    node.run_containerd_existed = state["run_containerd_existed"]
+    node.processes = {
+        n: _Pid(n, pid, node.workdir / "logs" / f"{n}.log") for n, pid in state["pids"].items()
+    }
+    node.down()
+    STATE.unlink()
+    left = node.leftovers()
+    print("node down" + (f"; left over: {left}" if left else ", nothing left over"))
+    return 1 if left else 0

@@ -1,0 +1,370 @@
+"""A real node (containerd, runc, CNI bridge, kubelet) on this machine: real kubelet status
+writes when a real container exits or is OOM-killed, real exec probes flapping, and the
+firewall refusing kubelet's own TCP probe while an exec probe passes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import watch
+
+from hack.localcluster import controlplane, images
+from hack.localcluster.node import NODE_NAME, POD_SUBNET, Node, node_available
+from tests.controller_env import Env
+from tests.kube import wait_for
+
+pytestmark = pytest.mark.node
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS: dict[str, Any] = {}  # measurements, printed at the end of the module (docs/adr/0006)
+
+
+@pytest.fixture(scope="module")
+def node(control_plane: controlplane.ControlPlane) -> Iterator[Node]:
+    reason = node_available()
+    if reason:
+        pytest.skip(reason)
+    started = time.monotonic()
+    n = Node(control_plane).up()
+    RESULTS["node_up_seconds"] = round(time.monotonic() - started, 1)
+    try:
+        yield n
+    finally:
+        n.down()
+        assert n.leftovers() == []
+        print("\nnode lane measurements:", json.dumps(RESULTS, indent=1))
+
+
+@pytest.fixture
+def nenv(env: Env, node: Node) -> Env:
+    env.node = node  # type: ignore[attr-defined]
+    return env
+
+
+def agent_pod(
+    e: Env,
+    name: str,
+    *,
+    probe: dict[str, Any] | None = None,
+    environment: dict[str, str] | None = None,
+    memory: str = "32Mi",
+    labels: dict[str, str] | None = None,
+) -> str:
+    n: Node = e.node  # type: ignore[attr-defined]
+    container: dict[str, Any] = {
+        "name": "agent",
+        "image": images.AGENT,
+        "imagePullPolicy": "Never",
+        "ports": [
+            {"name": "agent", "containerPort": 49983},
+            {"name": "http", "containerPort": 8080},
+        ],
+        "volumeMounts": [{"name": "ctl", "mountPath": "/ctl"}],
+        "resources": {"limits": {"memory": memory}, "requests": {"memory": "8Mi", "cpu": "10m"}},
+    }
+    if probe:
+        container["readinessProbe"] = probe
+    if environment:
+        container["env"] = [{"name": k, "value": v} for k, v in environment.items()]
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels if labels is not None else {"app": "sandbox"}},
+        "spec": {
+            "nodeName": NODE_NAME,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 2,
+            "automountServiceAccountToken": False,
+            "containers": [container],
+            "volumes": [
+                {
+                    "name": "ctl",
+                    "hostPath": {"path": str(n.ctl(f"{e.ns}-{name}")), "type": "Directory"},
+                }
+            ],
+        },
+    }
+    e.core.create_namespaced_pod(e.ns, body, _request_timeout=30)
+    return name
+
+
+def ctl(e: Env, name: str) -> Path:
+    return e.node.ctl(f"{e.ns}-{name}")  # type: ignore[attr-defined, no-any-return]
+
+
+def pod_ready(e: Env, name: str) -> bool:
+    pod = e.core.read_namespaced_pod(name, e.ns, _request_timeout=10)
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+EXEC_PROBE = {
+    "exec": {"command": ["/bin/ready"]},
+    "periodSeconds": 1,
+    "failureThreshold": 1,
+    "timeoutSeconds": 1,
+}
+
+
+class Stamps(threading.Thread):
+    """When this test's own watches saw each change: kubelet's status writes and verdicts."""
+
+    def __init__(self, e: Env) -> None:
+        super().__init__(daemon=True)
+        self.e = e
+        self.terminated: dict[str, float] = {}
+        self.dead: dict[str, float] = {}
+        self.stop = False
+
+    def run(self) -> None:
+        threading.Thread(target=self._verdicts, daemon=True).start()
+        while not self.stop:
+            try:
+                for ev in watch.Watch().stream(
+                    self.e.core.list_namespaced_pod,
+                    self.e.ns,
+                    timeout_seconds=30,
+                    _request_timeout=60,
+                ):
+                    pod = ev["object"]
+                    if any(cs.state.terminated for cs in pod.status.container_statuses or []):
+                        self.terminated.setdefault(pod.metadata.name, time.monotonic())
+            except Exception:
+                time.sleep(0.1)
+
+    def _verdicts(self) -> None:
+        while not self.stop:
+            try:
+                for ev in watch.Watch().stream(
+                    self.e.custom.list_namespaced_custom_object,
+                    "deathwatch.dev",
+                    "v1alpha1",
+                    self.e.ns,
+                    "sandboxverdicts",
+                    timeout_seconds=30,
+                    _request_timeout=60,
+                ):
+                    sv = ev["object"]
+                    if sv.get("status", {}).get("state") == "Dead":
+                        self.dead.setdefault(sv["metadata"]["name"], time.monotonic())
+            except Exception:
+                time.sleep(0.1)
+
+
+def test_up_down_up_leaves_nothing(control_plane: controlplane.ControlPlane) -> None:
+    """Runs first, before the module's node exists: a full cycle twice, nothing left over."""
+    reason = node_available()
+    if reason:
+        pytest.skip(reason)
+    for _ in range(2):
+        started = time.monotonic()
+        n = Node(control_plane).up()
+        took = time.monotonic() - started
+        n.down()
+        assert n.leftovers() == []
+        assert took < 60, f"node up took {took:.1f}s"
+    RESULTS["node_up_down_cycle_up_seconds"] = round(took, 1)
+
+
+def test_killed_sandbox_is_dead_with_its_exit_code(nenv: Env) -> None:
+    e = nenv
+    e.start_controller()
+    e.deathwatch()
+    stamps = Stamps(e)
+    stamps.start()
+    latencies = []
+    for i, code in enumerate((3, 42, 1)):
+        name = agent_pod(e, f"killed-{i}")
+        e.wait_state(name, "Alive", timeout=60)
+        (ctl(e, name) / "exit").write_text(str(code))
+        dead = e.wait_state(name, "Dead", timeout=30)["status"]
+        assert (dead["cause"], dead["exitCode"], dead["container"]) == (
+            "ContainerExited",
+            code,
+            "agent",
+        )
+        wait_for(lambda n=name: n in stamps.dead and n in stamps.terminated, what="both watches")
+        latencies.append((stamps.dead[name] - stamps.terminated[name]) * 1e3)
+    stamps.stop = True
+    RESULTS["kubelet_status_write_to_dead_ms"] = [round(x, 1) for x in latencies]
+    assert max(latencies) < 1000
+
+
+def test_oom_killed_sandbox(nenv: Env) -> None:
+    e = nenv
+    e.start_controller()
+    e.deathwatch()
+    name = agent_pod(e, "hungry", memory="24Mi")
+    e.wait_state(name, "Alive", timeout=60)
+    (ctl(e, name) / "oom").write_text("")
+    dead = e.wait_state(name, "Dead", timeout=30)["status"]
+    assert (dead["cause"], dead["exitCode"], dead["reason"]) == ("OOMKilled", 137, "OOMKilled")
+
+
+def test_exec_probe_flap_then_recovery_then_hang(nenv: Env) -> None:
+    e = nenv
+    e.start_controller()
+    # W = 3 x (1 x 1 s + 1 s) = 6 s, from the pod's own probe spec
+    e.deathwatch(execProbe={"windowMultiplier": 3})
+    name = agent_pod(e, "probed", probe=EXEC_PROBE)
+    e.wait_state(name, "Alive", timeout=60)
+    (ctl(e, name) / "unready").write_text("")
+    flipped = time.monotonic()
+    suspect = e.wait_state(name, "Suspect", timeout=15)["status"]
+    RESULTS["exec_probe_fail_to_suspect_s"] = round(time.monotonic() - flipped, 2)
+    (ctl(e, name) / "unready").unlink()
+    alive = e.wait_state(name, "Alive", timeout=15)["status"]
+    assert alive["flaps"] == 1
+    assert suspect["cause"] == "NotReady"
+    (ctl(e, name) / "unready").write_text("")
+    e.wait_state(name, "Suspect", timeout=15)
+    dropped = time.monotonic()
+    dead = e.wait_state(name, "Dead", timeout=30)["status"]
+    RESULTS["exec_probe_hang_suspect_to_dead_s"] = round(time.monotonic() - dropped, 2)
+    assert dead["cause"] == "Unresponsive"
+    assert dead["flaps"] == 1
+
+
+def test_deletion_of_a_running_sandbox_is_gone(nenv: Env) -> None:
+    e = nenv
+    e.start_controller()
+    e.deathwatch()
+    name = agent_pod(e, "deleted")
+    e.wait_state(name, "Alive", timeout=60)
+    e.core.delete_namespaced_pod(name, e.ns, grace_period_seconds=2, _request_timeout=30)
+    assert e.wait_state(name, "Gone", timeout=30)["status"]["cause"] == "Deleted"
+    wait_for(
+        lambda: (
+            not e.core.list_namespaced_pod(
+                e.ns, field_selector=f"metadata.name={name}", _request_timeout=10
+            ).items
+        ),
+        timeout=30,
+        what="pod gone",
+    )
+    assert e.sv(name)["status"]["state"] == "Gone"  # type: ignore[index]
+    assert e.events(name, "SandboxDead") == []
+
+
+def _connect(host: str, port: int) -> str:
+    import socket
+
+    s = socket.socket()
+    s.settimeout(2)
+    try:
+        s.connect((host, port))
+    except ConnectionRefusedError:
+        return "refused"
+    except OSError as exc:
+        return f"error:{exc}"
+    finally:
+        s.close()
+    return "connected"
+
+
+def test_firewall_on_the_node_refuses_kubelets_tcp_probe_but_not_an_exec_probe(
+    nenv: Env, tmp_path: Path
+) -> None:
+    e = nenv
+    e.start_controller()
+    e.deathwatch()
+    target = agent_pod(e, "target")
+    wait_for(lambda: pod_ready(e, target), timeout=60, what="target Ready")
+    ip = e.core.read_namespaced_pod(target, e.ns, _request_timeout=10).status.pod_ip
+    assert _connect(ip, 49983) == "connected"  # the hole, before the firewall
+    config = tmp_path / "firewall.yaml"
+    config.write_text(
+        json.dumps({"podCIDRs": [POD_SUBNET], "agentPorts": [49983], "resyncSeconds": 1})
+    )
+    agent = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "controller.cli",
+            "firewall",
+            "agent",
+            "--config",
+            str(config),
+            "--metrics-port",
+            "0",
+        ],
+        stdout=(tmp_path / "agent.log").open("w"),
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        check = [
+            sys.executable,
+            "-m",
+            "controller.cli",
+            "firewall",
+            "check",
+            "--config",
+            str(config),
+        ]
+        wait_for(
+            lambda: (
+                subprocess.run(
+                    check, capture_output=True, cwd=ROOT, timeout=30, check=False
+                ).returncode
+                == 0
+            ),
+            timeout=20,
+            what="rule in force",
+        )
+        # from the node's own network namespace (kubelet, hostNetwork pods)
+        assert _connect(ip, 49983) == "refused"
+        assert _connect(ip, 8080) == "connected"
+        # an ordinary pod on the same node still reaches the agent port
+        client_pod = agent_pod(
+            e, "ordinary", environment={"TARGET": f"{ip}:49983"}, labels={"app": "client"}
+        )
+        result = ctl(e, client_pod) / "result"
+        wait_for(
+            lambda: result.exists() and result.read_text().strip() == "connected",
+            timeout=60,
+            what=f"ordinary pod result, last {result.read_text() if result.exists() else None}",
+        )
+        # kubelet's tcpSocket probe comes from the host: refused, so never Ready, and flagged
+        tcp = agent_pod(
+            e,
+            "tcp-probed",
+            probe={"tcpSocket": {"port": "agent"}, "periodSeconds": 1, "failureThreshold": 1},
+        )
+        execp = agent_pod(e, "exec-probed", probe=EXEC_PROBE)
+        wait_for(lambda: pod_ready(e, execp), timeout=60, what="the exec-probe sandbox Ready")
+        sv = e.wait_state(tcp, "Pending", timeout=30)["status"]
+        assert sv["probeBlockedByFirewall"] is True
+        assert sv["policy"] == "container-state"
+        assert len(wait_for(lambda: e.events(tcp, "ProbeBlockedByFirewall"), what="event")) == 1
+        # and it stays not Ready while kubelet keeps probing (each probe refused at once)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            assert not pod_ready(e, tcp)
+            time.sleep(0.5)
+        pod = e.core.read_namespaced_pod(tcp, e.ns, _request_timeout=10)
+        assert pod.status.container_statuses[0].state.running is not None  # running, not Ready
+        assert e.sv(execp)["status"]["state"] == "Alive"  # type: ignore[index]
+        started = time.perf_counter()
+        refusals = [_connect(ip, 49983) for _ in range(200)]
+        RESULTS["node_refusal_mean_us"] = round((time.perf_counter() - started) / 200 * 1e6, 1)
+        assert set(refusals) == {"refused"}
+    finally:
+        agent.terminate()
+        agent.wait(15)
+        subprocess.run(
+            [sys.executable, "-m", "controller.cli", "firewall", "cleanup"],
+            cwd=ROOT,
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+    assert _connect(ip, 49983) == "connected"
