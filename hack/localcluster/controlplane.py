@@ -396,7 +396,7 @@ def running(timeout: float = 60) -> Iterator[ControlPlane]:
 STATE = cache_dir() / "run" / "control-plane.json"
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     """Running (a zombie left for an init that does not reap counts as gone)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -405,10 +405,23 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
+def stop_pids(pids: list[int], timeout: float = 15) -> None:
+    """SIGTERM, wait up to `timeout`, then SIGKILL: for processes an earlier command started."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def cli_up() -> int:
     if STATE.exists():
         state = json.loads(STATE.read_text())
-        if any(_alive(pid) for pid in state["pids"].values()):
+        if any(alive(pid) for pid in state["pids"].values()):
             print(f"already up: export KUBECONFIG={state['kubeconfig']}")
             return 0
     workdir = Path(tempfile.mkdtemp(prefix="deathwatch-cp-"))
@@ -434,15 +447,7 @@ def cli_down() -> int:
         print("not up")
         return 0
     state = json.loads(STATE.read_text())
-    for pid in state["pids"].values():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 15
-    while any(_alive(p) for p in state["pids"].values()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pid in state["pids"].values():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    stop_pids(list(state["pids"].values()))
     shutil.rmtree(state["workdir"], ignore_errors=True)
     STATE.unlink()
     print("control plane down")

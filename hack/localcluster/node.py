@@ -38,6 +38,7 @@ from hack.localcluster.controlplane import (
     bin_dir,
     free_port,
     kubeconfig,
+    stop_pids,
 )
 
 NODE_NAME = "dw-node"
@@ -427,20 +428,7 @@ class _Pid(Process):
         self.pid = pid
 
     def stop(self, timeout: float = 15) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while Path(f"/proc/{self.pid}").exists() and time.monotonic() < deadline:
-            stat = (
-                Path(f"/proc/{self.pid}/stat").read_text(errors="replace")
-                if Path(f"/proc/{self.pid}/stat").exists()
-                else ""
-            )
-            if stat.rsplit(")", 1)[-1].split()[:1] == ["Z"]:
-                break
-            time.sleep(0.1)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGKILL)
+        stop_pids([self.pid], timeout)
 
 
 def _control_plane_from_state() -> ControlPlane:
