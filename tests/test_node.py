@@ -18,6 +18,7 @@ import pytest
 from kubernetes import watch
 
 from hack.localcluster import controlplane, images
+from hack.localcluster.netns_tool import connect_once
 from hack.localcluster.node import NODE_NAME, POD_SUBNET, Node, node_available
 from tests.controller_env import Env
 from tests.kube import wait_for
@@ -254,19 +255,7 @@ def test_deletion_of_a_running_sandbox_is_gone(nenv: Env) -> None:
 
 
 def _connect(host: str, port: int) -> str:
-    import socket
-
-    s = socket.socket()
-    s.settimeout(2)
-    try:
-        s.connect((host, port))
-    except ConnectionRefusedError:
-        return "refused"
-    except OSError as exc:
-        return f"error:{exc}"
-    finally:
-        s.close()
-    return "connected"
+    return connect_once(host, port, 2.0)[0]
 
 
 def test_firewall_on_the_node_refuses_kubelets_tcp_probe_but_not_an_exec_probe(

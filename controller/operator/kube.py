@@ -72,8 +72,11 @@ def status_code(exc: BaseException) -> str:
 
 
 def retryable(exc: BaseException) -> bool:
+    """Whether a failed call can succeed later. 403 counts: it is a configuration error (the
+    caller logs it as one) but also what a restarting apiserver answers until its RBAC
+    caches fill."""
     if isinstance(exc, client.ApiException):
-        return exc.status in (0, 408, 429) or exc.status >= 500
+        return exc.status in (0, 403, 408, 429) or exc.status >= 500
     return True  # connection refused/reset, timeouts: the API may come back
 
 

@@ -216,38 +216,22 @@ class Writer:
                 self._update_idle()
 
     def _failed(self, desired: Desired, exc: Exception) -> None:
-        if status_code(exc) == "403":
-            # Forbidden is a configuration error (logged loudly) but also what a restarting
-            # apiserver answers until its RBAC caches fill: keep the desire and retry.
-            log.error(
-                "write forbidden, will retry",
-                kind=desired.kind,
-                namespace=desired.namespace,
-                name=desired.name,
-                error=api_message(exc),
-            )
-        elif not retryable(exc):
-            log.error(
-                "write refused",
-                kind=desired.kind,
-                namespace=desired.namespace,
-                name=desired.name,
-                code=status_code(exc),
-                error=api_message(exc),
-            )
+        code = status_code(exc)
+        where = {"kind": desired.kind, "namespace": desired.namespace, "name": desired.name}
+        if not retryable(exc):
+            log.error("write refused", **where, code=code, error=api_message(exc))
             return
         delay = BACKOFF[min(desired.attempt, len(BACKOFF) - 1)]
         desired.attempt += 1
-        if status_code(exc) != "403":
-            log.warning(
-                "write failed, will retry",
-                kind=desired.kind,
-                namespace=desired.namespace,
-                name=desired.name,
-                code=status_code(exc),
-                error=api_message(exc)[:200],
-                retry_in=delay,
-            )
+        # forbidden is retried too, but logged as the configuration error it usually is
+        report = log.error if code == "403" else log.warning
+        report(
+            "write failed, will retry",
+            **where,
+            code=code,
+            error=api_message(exc)[:200],
+            retry_in=delay,
+        )
         key = desired.key
         loop = asyncio.get_running_loop()
 
