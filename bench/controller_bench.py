@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The controller on the real local control plane: verdict latency, API writes, memory.
 
-    python3 bench/controller_bench.py [--pods N] [--rate R] [--seconds S] [--scale M] [--json]
+    python3 -m bench.controller_bench [--pods N] [--rate R] [--seconds S] [--scale M] [--json]
 
 1. Latency at load: N sandbox pods are made Ready, then the bench plays kubelet at R pod
    status writes per second for S seconds; one write in 10 kills a pod (terminated, exit 1),
@@ -28,14 +28,13 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from kubernetes import client, config, watch  # noqa: E402
 
-from controller.sandbox_script import Fate, SandboxScript, pod_manifest, timeline  # noqa: E402
-from controller.timeutil import format_time  # noqa: E402
+from deathwatch._engine.timeutil import format_time  # noqa: E402
 from hack.localcluster import controlplane  # noqa: E402
-from hack.localcluster.controller import ControllerProcess  # noqa: E402
+from hack.localcluster.controller_process import ControllerProcess  # noqa: E402
+from hack.localcluster.sandbox_script import Fate, SandboxScript, pod_manifest, timeline  # noqa: E402
 
 NS = "bench"
 TIMEOUT = (5, 30)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Firewall benchmark on real nftables in network namespaces (needs root).
 
-    python3 bench/firewall_bench.py [--connects N] [--rounds R] [--json]
+    python3 -m bench.firewall_bench [--connects N] [--rounds R] [--json]
 
 Measures, on a node built like tests/test_firewall_netns.py (routed wiring):
 - refusal latency: host -> sandbox agent port with the rule in force, N connects, p50/p95/p99
@@ -24,10 +24,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from firewall.config import parse_config  # noqa: E402
-from firewall.ruleset import render  # noqa: E402
+from deathwatch.firewall.config import parse_config  # noqa: E402
+from deathwatch.firewall.ruleset import render  # noqa: E402
 from hack.localcluster.netnode import AGENT_PORT, TOOL, Node, netns_available, node  # noqa: E402
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Replay throughput and memory, each against a baseline run in the same invocation.
 
-    python3 bench/replay_bench.py [--pods N] [--rounds R] [--json]
+    python3 -m bench.replay_bench [--pods N] [--rounds R] [--json]
 
 Builds a recording of N sandboxes (every fate, no-probe and exec-probe) in kubectl's
 pretty-printed layout, then measures:
@@ -25,7 +25,6 @@ import io
 import json
 import os
 import random
-import sys
 import tempfile
 import time
 import tracemalloc
@@ -34,14 +33,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from controller.policies import AUTO, PolicySettings, default_registry
-from controller.replay.events import DECODER, view_events
-from controller.replay.parallel import ParallelEvents, regular_file
-from controller.replay.run import Replay
-from controller.replay.stream import read_values
-from controller.sandbox_script import Fate, SandboxScript, recording
+from deathwatch._policies import AUTO, PolicySettings, default_registry
+from deathwatch._replay.events import DECODER, view_events
+from deathwatch._replay.parallel import ParallelEvents, regular_file
+from deathwatch._replay.run import Replay
+from deathwatch._replay.stream import read_values
+from hack.localcluster.sandbox_script import Fate, SandboxScript, recording
 
 START = datetime(2026, 11, 29, 0, 0, 0, tzinfo=UTC)
 PADDING: dict[str, Any] = {

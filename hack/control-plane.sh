@@ -5,9 +5,9 @@
 #   hack/control-plane.sh down   stop everything and remove its files
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
 case ${1:-} in
-  up) "$root/hack/build-k8s.sh" >&2 && exec python3 -c "import sys; sys.path.insert(0, '$root'); from hack.localcluster import controlplane as c; sys.exit(c.cli_up())" ;;
-  down) exec python3 -c "import sys; sys.path.insert(0, '$root'); from hack.localcluster import controlplane as c; sys.exit(c.cli_down())" ;;
-  env) exec python3 -c "import sys; sys.path.insert(0, '$root'); from hack.localcluster import controlplane as c; sys.exit(c.cli_env())" ;;
+  up) hack/build-k8s.sh >&2 && exec python3 -m hack.localcluster.controlplane up ;;
+  down | env) exec python3 -m hack.localcluster.controlplane "$1" ;;
   *) echo "usage: $0 up|down|env" >&2; exit 2 ;;
 esac

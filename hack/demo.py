@@ -24,14 +24,13 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from kubernetes import client, config
 
-from controller.sandbox_script import Fate, SandboxScript
 from hack.localcluster import controlplane
-from hack.localcluster.controller import ControllerProcess, service_account_kubeconfig
+from hack.localcluster.controller_process import ControllerProcess, service_account_kubeconfig
 from hack.localcluster.kubelet import Kubelet
+from hack.localcluster.sandbox_script import Fate, SandboxScript
 
 NS = "sandboxes"
 DEATHWATCH = f"""

@@ -7,8 +7,9 @@
 # (hack/setup.sh installs them) and the kubelet (hack/build-k8s.sh kubelet).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
 case ${1:-} in
-  up) "$root/hack/build-k8s.sh" kubelet >&2 && exec python3 -c "import sys; sys.path.insert(0, '$root'); from hack.localcluster import node; sys.exit(node.cli_up())" ;;
-  down) exec python3 -c "import sys; sys.path.insert(0, '$root'); from hack.localcluster import node; sys.exit(node.cli_down())" ;;
+  up) hack/build-k8s.sh kubelet >&2 && exec python3 -m hack.localcluster.node up ;;
+  down) exec python3 -m hack.localcluster.node down ;;
   *) echo "usage: $0 up|down" >&2; exit 2 ;;
 esac

@@ -21,12 +21,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
-# keyed by this checkout too: the editable install points at one directory, and each CI run
+# keyed by this checkout too: the editable installs point at one directory, and each CI run
 # is a fresh clone somewhere else
-stamp=${DEATHWATCH_CACHE:-$HOME/.cache/deathwatch}/pip-$( (cat "$root/pyproject.toml"; echo "$root") | sha256sum | cut -c1-16)
-if [ ! -f "$stamp" ] || ! (cd / && python3 -c 'import controller, firewall') 2>/dev/null || ! command -v deathwatch >/dev/null; then
-  log "installing the deathwatch package and test tools (pip)"
-  python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore -e "$root[test]"
+stamp=${DEATHWATCH_CACHE:-$HOME/.cache/deathwatch}/pip-$( (cat "$root/requirements-dev.txt" "$root"/controller/pyproject.toml "$root"/firewall/pyproject.toml; echo "$root") | sha256sum | cut -c1-16)
+if [ ! -f "$stamp" ] || ! (cd / && python3 -c 'import deathwatch.policy, deathwatch.firewall.cli') 2>/dev/null \
+    || ! command -v deathwatch >/dev/null || ! command -v deathwatch-firewall >/dev/null; then
+  log "installing the deathwatch distributions (editable) and test tools (pip)"
+  (cd "$root" && python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore -r requirements-dev.txt)
   mkdir -p "$(dirname "$stamp")" && touch "$stamp"
 fi
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from controller.timeutil import UTC, format_time
+from deathwatch._engine.timeutil import UTC, format_time
 
 T0 = datetime(2026, 11, 29, 10, 0, 0, tzinfo=UTC)
 

@@ -10,10 +10,10 @@ from typing import Any
 
 from kubernetes import client
 
-from controller.sandbox_script import SandboxScript, timeline
 from hack.localcluster import controlplane
-from hack.localcluster.controller import ControllerProcess, service_account_kubeconfig
+from hack.localcluster.controller_process import ControllerProcess, service_account_kubeconfig
 from hack.localcluster.kubelet import Kubelet
+from hack.localcluster.sandbox_script import SandboxScript, timeline
 from tests.kube import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent

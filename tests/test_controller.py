@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from controller.sandbox_script import Fate, SandboxScript, pod_manifest, timeline
-from controller.timeutil import format_time
+from deathwatch._engine.timeutil import format_time
+from hack.localcluster.sandbox_script import Fate, SandboxScript, pod_manifest, timeline
 from tests.controller_env import Env
 from tests.kube import wait_for
 

@@ -29,7 +29,8 @@ def _ours() -> set[str]:
 def test_demo_runs_to_the_expected_verdicts_and_cleans_up() -> None:
     _binaries_or_skip()
     result = subprocess.run(
-        [sys.executable, str(ROOT / "hack" / "demo.py")],
+        [sys.executable, "-m", "hack.demo"],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,

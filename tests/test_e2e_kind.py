@@ -25,7 +25,11 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = "deathwatch-e2e"
 CONTEXT = f"kind-{CLUSTER}"
-IMAGES = {"controller": "deathwatch/controller:0.1.0", "firewall": "deathwatch/firewall:0.1.0"}
+VERSION = (ROOT / "VERSION").read_text().strip()
+IMAGES = {
+    "controller": f"deathwatch/controller:{VERSION}",
+    "firewall": f"deathwatch/firewall:{VERSION}",
+}
 NS = "sandboxes"
 # the controller image has Python: sandboxes listen on the agent port and another one
 LISTEN = "import socket,threading\nfor p in (49983, 8080):\n s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('0.0.0.0', p)); s.listen(64)\n threading.Thread(target=lambda s=s: [s.accept()[0].close() for _ in iter(int, 1)], daemon=True).start()\nthreading.Event().wait()\n"

@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from controller.engine import SignalKind, Step, Track
-from controller.fleet import Fleet
-from controller.podview import read_pod
-from controller.policies import AUTO, PolicySettings, UnknownPolicy, default_registry
-from controller.policies.builtin import exec_window
-from controller.verdict import Cause, State
+from deathwatch._engine.engine import SignalKind, Step, Track
+from deathwatch._engine.fleet import Fleet
+from deathwatch._engine.podview import read_pod
+from deathwatch._engine.verdict import Cause, State
+from deathwatch._policies import AUTO, PolicySettings, UnknownPolicy, default_registry
+from deathwatch._policies.builtin import exec_window
 from tests.builders import at, exec_probe, pod, running, tcp_probe, terminated, termination, waiting
 
 AGENT = frozenset({49983})

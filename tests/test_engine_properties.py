@@ -9,12 +9,12 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.fleet import Fleet
-from controller.podview import MalformedPod, read_pod
-from controller.policies import AUTO, PolicySettings, default_registry
-from controller.policies.builtin import exec_window
-from controller.timeutil import format_time
-from controller.verdict import State
+from deathwatch._engine.fleet import Fleet
+from deathwatch._engine.podview import MalformedPod, read_pod
+from deathwatch._engine.timeutil import format_time
+from deathwatch._engine.verdict import State
+from deathwatch._policies import AUTO, PolicySettings, default_registry
+from deathwatch._policies.builtin import exec_window
 from tests.builders import at, exec_probe, pod, running, terminated, termination, waiting
 
 SETTINGS = PolicySettings(agent_ports=frozenset({49983}))

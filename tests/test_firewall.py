@@ -11,10 +11,17 @@ from typing import Any
 
 import pytest
 
-from firewall.agent import Agent
-from firewall.config import ConfigError, FirewallConfig, load_config, parse_config
-from firewall.nft import NftError
-from firewall.ruleset import COMMENT, desired, differences, live, rejected_packets, render
+from deathwatch.firewall.agent import Agent
+from deathwatch.firewall.config import ConfigError, FirewallConfig, load_config, parse_config
+from deathwatch.firewall.nft import NftError
+from deathwatch.firewall.ruleset import (
+    COMMENT,
+    desired,
+    differences,
+    live,
+    rejected_packets,
+    render,
+)
 
 DATA = Path(__file__).parent / "data" / "nft"
 GOOD = {"podCIDRs": ["10.244.0.0/16", "fd00:10:244::/56"], "agentPorts": [49983]}
@@ -272,7 +279,7 @@ def test_cli_render_and_bad_config_exit_codes(tmp_path: Path) -> None:
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "controller.cli", "firewall", *args],
+            [sys.executable, "-m", "deathwatch.firewall.cli", *args],
             capture_output=True,
             text=True,
             timeout=60,

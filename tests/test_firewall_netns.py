@@ -46,7 +46,7 @@ def config_file(
 
 def firewall(n: Node, *args: str) -> subprocess.CompletedProcess[str]:
     return n.ns_exec(
-        n.host, sys.executable, "-m", "controller.cli", "firewall", *args, check=False, timeout=30
+        n.host, sys.executable, "-m", "deathwatch.firewall.cli", *args, check=False, timeout=30
     )
 
 
@@ -179,8 +179,7 @@ def test_agent_repairs_drift_reloads_config_and_leaves_the_rule_on_sigterm(
             host.host,
             sys.executable,
             "-m",
-            "controller.cli",
-            "firewall",
+            "deathwatch.firewall.cli",
             "agent",
             "--config",
             str(cfg),

@@ -116,12 +116,12 @@ def test_firewall_daemonset_has_net_admin_only_and_an_exec_readiness_check() -> 
     assert sc["privileged"] is False
     assert sc["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN"]}
     assert sc["readOnlyRootFilesystem"] is True
-    assert c["readinessProbe"]["exec"]["command"][:3] == ["deathwatch", "firewall", "check"]
+    assert c["readinessProbe"]["exec"]["command"][:2] == ["deathwatch-firewall", "check"]
     assert c["resources"]["limits"]
     volume = next(v for v in pod["volumes"] if v["name"] == "config")
     assert volume["configMap"]["name"] == "deathwatch-firewall"
     # the shipped config is one the agent accepts
-    from firewall.config import parse_config
+    from deathwatch.firewall.config import parse_config
 
     cm = by_kind(kustomize(MANIFESTS), "ConfigMap", "deathwatch-firewall")
     parse_config(yaml.safe_load(cm["data"]["config.yaml"]))
@@ -187,10 +187,32 @@ def test_dockerfiles_pass_hadolint() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_one_version_for_both_distributions_and_the_shipped_images() -> None:
+    """VERSION is the one place: both distributions read it (through links), the manifests'
+    image tags must say the same."""
+    from importlib.metadata import version
+
+    want = (ROOT / "VERSION").read_text().strip()
+    for dist in ("controller", "firewall"):
+        link = ROOT / dist / "VERSION"
+        assert link.is_symlink() and link.resolve() == (ROOT / "VERSION").resolve()
+    assert version("deathwatch") == version("deathwatch-firewall") == want
+    images = [
+        c["image"]
+        for obj in kustomize(MANIFESTS)
+        if obj["kind"] in ("Deployment", "DaemonSet")
+        for c in obj["spec"]["template"]["spec"]["containers"]
+    ]
+    assert sorted(images) == [f"deathwatch/controller:{want}", f"deathwatch/firewall:{want}"]
+
+
 def test_controller_image_is_non_root_and_multi_stage() -> None:
-    text = (ROOT / "controller" / "Dockerfile").read_text()
-    assert text.count("FROM python:3.11.11-slim-bookworm") == 2  # pinned base, build stage apart
-    assert "USER 65532:65532" in text
+    for dist in ("controller", "firewall"):
+        text = (ROOT / dist / "Dockerfile").read_text()
+        # a pinned public base by default, replaceable (hack/build-images.sh), build stage apart
+        assert "ARG BASE=python:3.11.11-slim-bookworm" in text
+        assert text.count("FROM ${BASE}") == 2
+    assert "USER 65532:65532" in (ROOT / "controller" / "Dockerfile").read_text()
     assert "nftables=1.0.6" in (ROOT / "firewall" / "Dockerfile").read_text()
 
 

@@ -276,8 +276,7 @@ def test_firewall_on_the_node_refuses_kubelets_tcp_probe_but_not_an_exec_probe(
         [
             sys.executable,
             "-m",
-            "controller.cli",
-            "firewall",
+            "deathwatch.firewall.cli",
             "agent",
             "--config",
             str(config),
@@ -293,8 +292,7 @@ def test_firewall_on_the_node_refuses_kubelets_tcp_probe_but_not_an_exec_probe(
         check = [
             sys.executable,
             "-m",
-            "controller.cli",
-            "firewall",
+            "deathwatch.firewall.cli",
             "check",
             "--config",
             str(config),
@@ -350,7 +348,7 @@ def test_firewall_on_the_node_refuses_kubelets_tcp_probe_but_not_an_exec_probe(
         agent.terminate()
         agent.wait(15)
         subprocess.run(
-            [sys.executable, "-m", "controller.cli", "firewall", "cleanup"],
+            [sys.executable, "-m", "deathwatch.firewall.cli", "cleanup"],
             cwd=ROOT,
             capture_output=True,
             timeout=30,

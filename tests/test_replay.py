@@ -15,16 +15,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.cli import main
-from controller.replay.stream import StreamError, read_values
+from deathwatch._cli import main
+from deathwatch._replay.stream import StreamError, read_values
 
 DATA = Path(__file__).parent / "data"
-SAMPLE = Path(__file__).parent.parent / "controller" / "data" / "sample-watch.json"
+SAMPLE = Path(__file__).parent / "data" / "sample-watch.json"
 
 
 def replay(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "controller.cli", "replay", *args],
+        [sys.executable, "-m", "deathwatch._cli", "replay", *args],
         input=stdin.decode() if stdin is not None else None,
         capture_output=True,
         text=True,
@@ -221,8 +221,8 @@ def test_a_plugin_policy_is_installed_and_selected(tmp_path: Path) -> None:
         textwrap.dedent(
             """
             from dataclasses import dataclass
-            from controller.policies.base import Decision
-            from controller.verdict import State
+            from deathwatch._policies.base import Decision
+            from deathwatch._engine.verdict import State
 
             @dataclass(frozen=True)
             class NeverDies:
@@ -244,7 +244,7 @@ def test_a_plugin_policy_is_installed_and_selected(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "controller.cli",
+            "deathwatch._cli",
             "replay",
             str(DATA / "no-probe-morning.json"),
             "--policy",
@@ -269,7 +269,7 @@ def test_a_plugin_policy_is_installed_and_selected(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "controller.cli",
+            "deathwatch._cli",
             "replay",
             str(DATA / "no-probe-morning.json"),
             "--format",
@@ -341,7 +341,7 @@ def test_reader_on_garbage_raises_only_stream_error(data: bytes, chunk: int) -> 
 def test_workers_give_the_same_report(
     name: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from controller.replay import parallel
+    from deathwatch._replay import parallel
 
     monkeypatch.setattr(parallel, "PIECE_SIZE", 4096)  # many pieces even for small files
     in_process = replay_json(str(DATA / name), "--jobs", "0", capsys=capsys)
@@ -364,7 +364,7 @@ def test_workers_report_the_same_error_position(
         [
             sys.executable,
             "-c",
-            "import sys, controller.replay.parallel as p; p.PIECE_SIZE = 2048; from controller.cli import main; sys.exit(main(sys.argv[1:]))",
+            "import sys, deathwatch._replay.parallel as p; p.PIECE_SIZE = 2048; from deathwatch._cli import main; sys.exit(main(sys.argv[1:]))",
             "replay",
             str(broken),
             "--jobs",
@@ -381,7 +381,7 @@ def test_workers_report_the_same_error_position(
 
 
 def test_pieces_end_between_values() -> None:
-    from controller.replay.parallel import pieces
+    from deathwatch._replay.parallel import pieces
 
     data = (DATA / "no-probe-morning.json").read_bytes()
     spans = pieces(data, 1000)

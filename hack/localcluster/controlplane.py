@@ -462,3 +462,17 @@ def cli_env() -> int:
     print(f"export KUBECONFIG={state['kubeconfig']}")
     print(f"export PATH={bin_dir()}:$PATH")
     return 0
+
+
+def main(argv: list[str]) -> int:
+    commands = {"up": cli_up, "down": cli_down, "env": cli_env}
+    if len(argv) != 1 or argv[0] not in commands:
+        print("usage: python3 -m hack.localcluster.controlplane up|down|env")
+        return 2
+    return commands[argv[0]]()
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

@@ -15,8 +15,14 @@ from typing import Any
 
 from kubernetes import client
 
-from controller.sandbox_script import GRACE_SECONDS, Moment, SandboxScript, pod_manifest, timeline
-from controller.timeutil import UTC
+from deathwatch._engine.timeutil import UTC
+from hack.localcluster.sandbox_script import (
+    GRACE_SECONDS,
+    Moment,
+    SandboxScript,
+    pod_manifest,
+    timeline,
+)
 
 TIMEOUT = (5, 30)
 

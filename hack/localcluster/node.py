@@ -488,3 +488,17 @@ def cli_down() -> int:
     left = node.leftovers()
     print("node down" + (f"; left over: {left}" if left else ", nothing left over"))
     return 1 if left else 0
+
+
+def main(argv: list[str]) -> int:
+    commands = {"up": cli_up, "down": cli_down}
+    if len(argv) != 1 or argv[0] not in commands:
+        print("usage: python3 -m hack.localcluster.node up|down")
+        return 2
+    return commands[argv[0]]()
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

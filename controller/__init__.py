@@ -1,1 +1,0 @@
-"""deathwatch controller: the verdict engine, its policies, replay, and the kopf operator."""

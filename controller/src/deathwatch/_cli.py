@@ -1,0 +1,52 @@
+"""The `deathwatch` command: one entry point, a subcommand per job (`replay`, `controller`).
+
+The node firewall is its own distribution and command, `deathwatch-firewall`: the privileged
+agent image carries nothing of this one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
+
+
+def _version() -> str:
+    try:
+        return version("deathwatch")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from deathwatch._operator import command as controller_command
+    from deathwatch._replay import command as replay_command
+
+    parser = argparse.ArgumentParser(
+        prog="deathwatch",
+        description="Sandbox death verdicts for Kubernetes (firewall: deathwatch-firewall).",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    replay_command.add_parser(sub)
+    controller_command.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.run(args)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # `deathwatch replay ... | head`: the reader left; that is not an error of ours
+        sys.stderr.close()
+        return 0
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,369 @@
+"""The verdict engine: one pod's observed states in, its verdict and signals out.
+
+Pure and deterministic: `step` takes the previous `Track`, the latest `PodView` and `now`,
+and returns the next `Track` and what happened. No clock, no I/O; the operator and replay
+feed it and act on the signals.
+
+Order of judgement for each observation (the first that applies wins):
+1. Dead is sticky. A Dead pod seen Ready again stays Dead; it is a false positive (once).
+2. Gone is terminal.
+3. Eviction by the kubelet (phase Failed, reason Evicted): Dead (Evicted).
+4. Deletion requested: Gone (Deleted), unless the pod had already died before the request.
+5. phase Succeeded: Gone (Completed). phase Failed: Dead (from the container evidence).
+6. Never Ready yet: Pending. No death is counted for a pod that was never Ready.
+7. Otherwise the pod's policy decides Alive, Suspect (with a deadline) or Dead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+import msgspec
+
+from deathwatch._engine.podview import ContainerView, PodView
+from deathwatch._engine.verdict import Cause, Evidence, State
+from deathwatch._policies.base import ContainerDeath, Decision, Policy, PolicySettings, Situation
+from deathwatch._policies.builtin import blocked_probes
+
+
+class SignalKind(StrEnum):
+    STATE_CHANGED = "StateChanged"
+    READY_DROPPED = "ReadyDropped"
+    FLAPPED = "Flapped"  # Ready True -> False -> True before any death verdict
+    FALSE_POSITIVE = "FalsePositive"  # Ready True after a Dead verdict
+    PROBE_BLOCKED = "ProbeBlockedByFirewall"
+
+
+@dataclass(frozen=True, slots=True)
+class Signal:
+    kind: SignalKind
+    previous: State | None = None  # for STATE_CHANGED: the state left
+
+
+class Track(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything the engine remembers about one pod (by uid). Immutable: each step makes a
+    new one (msgspec's replace is C, cheap on the hot path of replay)."""
+
+    uid: str
+    namespace: str
+    name: str
+    policy: str
+    state: State = State.PENDING
+    cause: Cause | None = None
+    ever_ready: bool = False
+    ready: bool = False
+    last_ready_at: datetime | None = None  # when it last became Ready
+    ready_drop_at: datetime | None = None  # start of the current not-Ready spell
+    deadline: datetime | None = None  # Suspect: when to judge again without news
+    restart_baseline: Mapping[str, int] = msgspec.field(default_factory=dict)  # never mutated
+    ready_drops: int = 0
+    flaps: int = 0
+    false_positive: bool = False
+    probe_blocked: bool = False
+    evidence: Evidence | None = None
+    changed_at: datetime | None = None  # when `state` was entered
+
+
+def replace(track: Track, **changes: Any) -> Track:
+    return msgspec.structs.replace(track, **changes) if changes else track
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    track: Track
+    signals: tuple[Signal, ...] = ()
+
+    @property
+    def changed_state(self) -> bool:
+        return any(s.kind is SignalKind.STATE_CHANGED for s in self.signals)
+
+
+def new_track(pod: PodView, policy: Policy, settings: PolicySettings) -> Track:
+    return Track(
+        uid=pod.uid,
+        namespace=pod.namespace,
+        name=pod.name,
+        policy=policy.name,
+        restart_baseline=pod.restart_counts(),
+        probe_blocked=bool(blocked_probes(pod, settings.agent_ports)),
+    )
+
+
+def _container_death(pod: PodView, baseline: Mapping[str, int]) -> ContainerDeath | None:
+    """The container whose termination or restart ends the sandbox, most telling first."""
+    found: list[tuple[int, ContainerView, ContainerDeath]] = []
+    for c in pod.containers:
+        term = c.terminated
+        if term is None and c.restart_count > baseline.get(c.name, c.restart_count):
+            term = c.last_termination  # restarted since we last saw it: its previous life
+            if term is None:  # restart counted but the kubelet kept no lastState
+                found.append((3, c, ContainerDeath(c.name, None, None, None, c.restart_count)))
+                continue
+        if term is None:
+            continue
+        rank = 0 if term.reason == "OOMKilled" else 1 if term.exit_code != 0 else 2
+        found.append(
+            (
+                rank,
+                c,
+                ContainerDeath(
+                    c.name, term.exit_code, term.reason, term.finished_at, c.restart_count
+                ),
+            )
+        )
+    if not found:
+        return None
+    return min(found, key=lambda f: f[0])[2]
+
+
+def _ran_and_stopped(pod: PodView) -> ContainerDeath | None:
+    """For a pod first seen not Ready with no record: proof that it ran and then stopped.
+
+    Used only under no-probe, where Ready means "running": every container started and one
+    is terminated now, so the pod was Ready and is not. A pod that restarted and runs again
+    is not inferred dead: nothing says the restart was not during its start-up.
+    """
+    if not pod.containers:
+        return None
+    for c in pod.containers:
+        started = c.running_since or (c.terminated.started_at if c.terminated else None)
+        if started is None:
+            return None
+    return _container_death(pod, pod.restart_counts())
+
+
+def _kill(
+    track: Track,
+    pod: PodView,
+    now: datetime,
+    cause: Cause,
+    death: ContainerDeath | None,
+) -> Track:
+    evidence = Evidence(
+        state=State.DEAD,
+        cause=cause,
+        policy=track.policy,
+        pod_uid=track.uid,
+        namespace=track.namespace,
+        name=track.name,
+        container=death.container if death else None,
+        exit_code=death.exit_code if death else None,
+        reason=(death.reason if death else None) or pod.reason,
+        restart_count=death.restart_count if death else None,
+        last_ready_at=track.last_ready_at,
+        ready_drop_at=track.ready_drop_at or (death.finished_at if death else None) or now,
+        declared_at=now,
+    )
+    return replace(
+        track,
+        state=State.DEAD,
+        cause=cause,
+        deadline=None,
+        evidence=evidence,
+        ready_drop_at=evidence.ready_drop_at,
+        changed_at=now,
+    )
+
+
+def _bury(track: Track, now: datetime, cause: Cause, pod: PodView | None) -> Track:
+    evidence = Evidence(
+        state=State.GONE,
+        cause=cause,
+        policy=track.policy,
+        pod_uid=track.uid,
+        namespace=track.namespace,
+        name=track.name,
+        container=None,
+        exit_code=None,
+        reason=pod.reason if pod else None,
+        restart_count=None,
+        last_ready_at=track.last_ready_at,
+        ready_drop_at=track.ready_drop_at,
+        declared_at=now,
+    )
+    return replace(
+        track, state=State.GONE, cause=cause, deadline=None, evidence=evidence, changed_at=now
+    )
+
+
+def _died_before(death_at: datetime | None, deletion_requested_at: datetime) -> bool:
+    # Equal (the API stores seconds) counts as after: a death verdict needs proof.
+    return death_at is not None and death_at < deletion_requested_at
+
+
+def step(
+    track: Track,
+    pod: PodView,
+    now: datetime,
+    policy: Policy,
+    settings: PolicySettings,
+    *,
+    first: bool = False,
+) -> Step:
+    """Judge one observation of the pod. `policy` must be the one named by `track.policy`;
+    `first` marks the first observation since the track was made or restored."""
+    before = track.state
+
+    # 1-2. Terminal states are final; only the false-positive fact can still be learned.
+    if before is State.DEAD:
+        if pod.ready and not track.false_positive:
+            fp = replace(track, false_positive=True, ready=True)
+            return Step(fp, (Signal(SignalKind.FALSE_POSITIVE),))
+        return Step(track if track.ready == pod.ready else replace(track, ready=pod.ready))
+    if before is State.GONE:
+        return Step(track)
+
+    signals: list[Signal] = []
+    changes: dict[str, Any] = {}
+    # Ready edges, whatever the policy: drops, recoveries (flaps), the last Ready time.
+    ready_at = pod.ready_changed_at or now
+    ever_ready = track.ever_ready
+    ready_drop_at = track.ready_drop_at
+    baseline = track.restart_baseline
+    if pod.ready:
+        if not track.ready:
+            if ever_ready and ready_drop_at is not None:
+                signals.append(Signal(SignalKind.FLAPPED))
+                changes["flaps"] = track.flaps + 1
+            if not ever_ready:
+                # Restarts before the first Ready were start-up; count from here.
+                baseline = changes["restart_baseline"] = pod.restart_counts()
+            ever_ready = changes["ever_ready"] = True
+            changes.update(ready=True, last_ready_at=ready_at)
+        if ready_drop_at is not None:
+            ready_drop_at = changes["ready_drop_at"] = None
+    elif track.ready:
+        drop_at = ready_at
+        if track.last_ready_at is not None and drop_at < track.last_ready_at:
+            drop_at = now  # a stale transition time cannot predate the Ready we saw
+        signals.append(Signal(SignalKind.READY_DROPPED))
+        ready_drop_at = drop_at
+        changes.update(ready=False, ready_drop_at=drop_at, ready_drops=track.ready_drops + 1)
+    elif not ever_ready and first and policy.name == "no-probe":
+        # First sight of a pod with no record: did it run and stop while nobody watched?
+        inferred = _ran_and_stopped(pod)
+        if inferred is not None:
+            started = [
+                c.running_since or (c.terminated.started_at if c.terminated else None)
+                for c in pod.containers
+            ]
+            ever_ready = True
+            ready_drop_at = inferred.finished_at or ready_at
+            baseline = {}
+            changes.update(
+                ever_ready=True,
+                last_ready_at=max((t for t in started if t), default=None),
+                ready_drop_at=ready_drop_at,
+                restart_baseline=baseline,
+            )
+
+    if (
+        not track.probe_blocked
+        and pod.readiness_probes
+        and blocked_probes(pod, settings.agent_ports)
+    ):
+        changes["probe_blocked"] = True
+    if first and (track.probe_blocked or changes.get("probe_blocked")):
+        signals.append(Signal(SignalKind.PROBE_BLOCKED))
+    track = replace(track, **changes)
+
+    death = _container_death(pod, baseline) if ever_ready else None
+    after = _judge_lifecycle(track, pod, now, death)
+    if after is None:
+        # The policy judges; for a pod whose deletion was requested after its Ready drop, it
+        # judges the pod as of the request: only a death complete by then stands.
+        deleting = pod.deletion_requested_at
+        situation = Situation(
+            pod=pod,
+            now=deleting if deleting is not None and deleting < now else now,
+            ready_drop_at=ready_drop_at,
+            container_death=death,
+            settings=settings,
+        )
+        decision = policy.judge(situation)
+        if deleting is not None and decision.state is not State.DEAD:
+            after = _bury(track, now, Cause.DELETED, pod)
+        else:
+            after = _apply(track, pod, now, decision, death)
+
+    if after.state is not before:
+        if after.changed_at != now:
+            after = replace(after, changed_at=now)
+        signals.append(Signal(SignalKind.STATE_CHANGED, before))
+    return Step(after, tuple(signals))
+
+
+def _judge_lifecycle(
+    track: Track, pod: PodView, now: datetime, death: ContainerDeath | None
+) -> Track | None:
+    """Steps 3-6: the facts no policy may reinterpret. None: the policy decides."""
+    evicted = pod.phase == "Failed" and pod.reason == "Evicted"
+    if pod.deletion_requested_at is not None and not evicted:
+        died_at = track.ready_drop_at or (death.finished_at if death else None)
+        if track.ever_ready and not pod.ready and _died_before(died_at, pod.deletion_requested_at):
+            return None  # it dropped before the request: the policy says whether that was death
+        return _bury(track, now, Cause.DELETED, pod)
+    if evicted:
+        if track.ever_ready:
+            return _kill(track, pod, now, Cause.EVICTED, death)
+        return _bury(track, now, Cause.FAILED_BEFORE_READY, pod)
+    if pod.phase == "Succeeded":
+        return _bury(track, now, Cause.COMPLETED, pod)
+    if pod.phase == "Failed":
+        if track.ever_ready:
+            return _kill(track, pod, now, death.cause if death else Cause.UNKNOWN, death)
+        return _bury(track, now, Cause.FAILED_BEFORE_READY, pod)
+    if not track.ever_ready:
+        # Restarts and exits before the first Ready are start-up, not death.
+        counts = pod.restart_counts()
+        return (
+            track if counts == track.restart_baseline else replace(track, restart_baseline=counts)
+        )
+    return None
+
+
+def _apply(
+    track: Track, pod: PodView, now: datetime, decision: Decision, death: ContainerDeath | None
+) -> Track:
+    if decision.state is State.DEAD:
+        return _kill(track, pod, now, decision.cause or Cause.UNKNOWN, death)
+    if decision.state is State.SUSPECT:
+        if (track.state, track.cause, track.deadline) == (
+            State.SUSPECT,
+            decision.cause,
+            decision.deadline,
+        ):
+            return track
+        return replace(track, state=State.SUSPECT, cause=decision.cause, deadline=decision.deadline)
+    if track.state is State.ALIVE and track.cause is None and track.deadline is None:
+        return track
+    return replace(track, state=State.ALIVE, cause=None, deadline=None)
+
+
+def expire(
+    track: Track, last: PodView | None, now: datetime, policy: Policy, settings: PolicySettings
+) -> Step:
+    """Judge again with no new observation (`last` is the latest): a Suspect's window may
+    have closed."""
+    if track.state is not State.SUSPECT or last is None:
+        return Step(track)
+    return step(track, last, now, policy, settings)
+
+
+def remove(
+    track: Track, now: datetime, last: PodView | None, policy: Policy, settings: PolicySettings
+) -> Step:
+    """The pod object is gone from the API (DELETED event, or missing at a resync).
+
+    The final object is judged first, so a death it shows before the deletion request is
+    kept; anything not terminal by then is Gone (Deleted).
+    """
+    result = step(track, last, now, policy, settings) if last is not None else Step(track)
+    if result.track.state.terminal:
+        return result
+    gone = _bury(result.track, now, Cause.DELETED, last)
+    return Step(gone, (*result.signals, Signal(SignalKind.STATE_CHANGED, result.track.state)))

@@ -1,0 +1,130 @@
+"""A set of tracked pods and their Suspect deadlines: the engine's state, held for a caller.
+
+Shared by replay (fed from a recording) and the operator (fed from watches); both decide
+what to do with the returned steps. Not thread-safe: the operator uses it from its event
+loop only.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterator
+from datetime import datetime
+
+from deathwatch._engine import engine
+from deathwatch._engine.engine import Step, Track
+from deathwatch._engine.podview import PodView
+from deathwatch._engine.verdict import State
+from deathwatch._policies import PolicyRegistry, PolicySettings
+
+
+class Fleet:
+    def __init__(self, registry: PolicyRegistry) -> None:
+        self.registry = registry
+        self.tracks: dict[str, Track] = {}
+        # The latest observation of each pod that is not yet Dead or Gone: what a Suspect is
+        # judged on when its window closes. Terminal pods keep only their evidence.
+        self.pods: dict[str, PodView] = {}
+        self._settings: dict[str, PolicySettings] = {}
+        self._deadlines: list[tuple[datetime, str]] = []
+
+    def __len__(self) -> int:
+        return len(self.tracks)
+
+    def __iter__(self) -> Iterator[Track]:
+        return iter(self.tracks.values())
+
+    def get(self, uid: str) -> Track | None:
+        return self.tracks.get(uid)
+
+    def restore(self, track: Track, settings: PolicySettings) -> None:
+        """Adopt a track rebuilt from a persisted verdict (operator restart)."""
+        self.registry.get(track.policy)  # fail loudly on a policy that no longer exists
+        self.tracks[track.uid] = track
+        self._settings[track.uid] = settings
+        self._schedule(track)
+
+    def observe(
+        self, pod: PodView, now: datetime, configured_policy: str, settings: PolicySettings
+    ) -> Step:
+        track = self.tracks.get(pod.uid)
+        if track is None:
+            policy = self.registry.select(pod, configured_policy, settings)
+            track = engine.new_track(pod, policy, settings)
+        else:
+            policy = self.registry.get(track.policy)
+        first = pod.uid not in self.pods and not track.state.terminal
+        self._settings[pod.uid] = settings
+        step = engine.step(track, pod, now, policy, settings, first=first)
+        return self._keep(step, pod)
+
+    def remove(self, uid: str, now: datetime, last: PodView | None) -> Step | None:
+        """The pod is gone from the API. Returns None for a pod never tracked."""
+        track = self.tracks.get(uid)
+        if track is None:
+            return None
+        policy = self.registry.get(track.policy)
+        return self._keep(engine.remove(track, now, last, policy, self._settings[uid]), None)
+
+    def forget(self, uid: str) -> Track | None:
+        """Drop a track entirely (its verdict has been retired)."""
+        self._settings.pop(uid, None)
+        self.pods.pop(uid, None)
+        return self.tracks.pop(uid, None)
+
+    def next_deadline(self) -> datetime | None:
+        while self._deadlines:
+            deadline, uid = self._deadlines[0]
+            track = self.tracks.get(uid)
+            if track is not None and track.state is State.SUSPECT and track.deadline == deadline:
+                return deadline
+            heapq.heappop(self._deadlines)  # stale entry: recovered, dead, or re-scheduled
+        return None
+
+    def expire_due(self, now: datetime) -> list[Step]:
+        """Live use: judge every Suspect whose deadline has come, at `now`."""
+        return self._expire(lambda deadline: deadline <= now, lambda deadline: now)
+
+    def expire_before(self, clock: datetime) -> list[Step]:
+        """Replay: windows that closed before `clock` are judged at their own deadline, as a
+        live controller's timer would have; a recovery stamped exactly at the deadline wins."""
+        if not self._deadlines or self._deadlines[0][0] >= clock:
+            return []  # the common case, checked without a call (replay's hot path)
+        return self._expire(lambda deadline: deadline < clock, lambda deadline: deadline)
+
+    def _expire(
+        self, is_due: Callable[[datetime], bool], at: Callable[[datetime], datetime]
+    ) -> list[Step]:
+        # Take every due entry first: a policy that answers with another past deadline is
+        # judged again on the next call, never looped on here.
+        due: list[tuple[datetime, str]] = []
+        while (deadline := self.next_deadline()) is not None and is_due(deadline):
+            due.append(heapq.heappop(self._deadlines))
+        steps: list[Step] = []
+        for deadline, uid in due:
+            track = self.tracks[uid]
+            policy = self.registry.get(track.policy)
+            last = self.pods.get(uid)
+            step = engine.expire(track, last, at(deadline), policy, self._settings[uid])
+            steps.append(self._keep(step, last))
+        return steps
+
+    def _keep(self, step: Step, pod: PodView | None) -> Step:
+        track = step.track
+        previous = self.tracks.get(track.uid)
+        if track is not previous:
+            self.tracks[track.uid] = track
+            if track.deadline is not None and (
+                previous is None or previous.deadline != track.deadline
+            ):
+                self._schedule(track)
+        if track.state.terminal:
+            # A verdict's evidence is captured; the last PodView is dead weight from here on.
+            self.pods.pop(track.uid, None)
+        elif pod is not None:
+            self.pods[track.uid] = pod
+        return step
+
+    def _schedule(self, track: Track) -> None:
+        if track.state is State.SUSPECT and track.deadline is not None:
+            heapq.heappush(self._deadlines, (track.deadline, track.uid))

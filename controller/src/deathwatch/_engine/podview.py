@@ -1,0 +1,277 @@
+"""The facts of a Pod object that a verdict depends on, read strictly from API data.
+
+Everything downstream (engine, policies, replay, operator) sees a `PodView`, never the raw
+object, so the rules about odd input live in one place: `raw.py` declares the fields we read
+with their types (msgspec validates them in C and skips every other field); a missing
+optional field takes the API's default; a field of the wrong type or an unparseable
+timestamp makes the whole object `MalformedPod`, naming the field path and the problem, so
+callers count it as skipped and say why instead of crashing or guessing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Final, Literal
+
+import msgspec
+
+from deathwatch._engine import raw
+
+ProbeKind = Literal["exec", "tcpSocket", "httpGet", "grpc", "unknown"]
+NETWORK_PROBES: Final = frozenset({"tcpSocket", "httpGet", "grpc"})
+
+# Kubernetes defaults for a probe's timing fields (core/v1 Probe).
+DEFAULT_FAILURE_THRESHOLD: Final = 3
+DEFAULT_PERIOD_SECONDS: Final = 10
+DEFAULT_TIMEOUT_SECONDS: Final = 1
+DEFAULT_GRACE_SECONDS: Final = 30
+
+
+class MalformedPod(ValueError):
+    """A Pod object with a field of the wrong type or an invalid value."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+    @classmethod
+    def from_validation(cls, exc: msgspec.ValidationError, prefix: str = "$") -> MalformedPod:
+        # msgspec says "Expected `int | null`, got `str` - at `$.status.containerStatuses[0]...`"
+        text = str(exc)
+        problem, sep, where = text.rpartition(" - at `")
+        if not sep:
+            return cls("object", text)
+        field = where.rstrip("`")
+        if field.startswith(prefix):
+            field = field[len(prefix) :].lstrip(".")
+        return cls(field or "object", problem.replace("`", ""))
+
+
+class Termination(msgspec.Struct, frozen=True, gc=False):
+    """A container's terminated state: the evidence a death verdict carries."""
+
+    exit_code: int | None
+    reason: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class ContainerView(msgspec.Struct, frozen=True, gc=False):
+    name: str
+    running_since: datetime | None
+    terminated: Termination | None
+    last_termination: Termination | None
+    waiting_reason: str | None
+    restart_count: int
+    ready: bool
+
+
+class ProbeView(msgspec.Struct, frozen=True, gc=False):
+    """A container's readinessProbe: its handler kind, target port and timing."""
+
+    container: str
+    kind: ProbeKind
+    port: int | str | None
+    failure_threshold: int
+    period_seconds: int
+    timeout_seconds: int
+
+    @property
+    def failing_for(self) -> timedelta:
+        """How long a healthy container's probe can fail before kubelet marks it not ready."""
+        return timedelta(
+            seconds=self.failure_threshold * self.period_seconds + self.timeout_seconds
+        )
+
+
+class PodView(msgspec.Struct, frozen=True):
+    uid: str
+    namespace: str
+    name: str
+    labels: Mapping[str, str]
+    phase: str | None
+    reason: str | None
+    # Ready condition: status as written ("True", "False", "Unknown") or None when absent.
+    ready_status: str | None
+    ready_reason: str | None
+    ready_changed_at: datetime | None
+    # When deletion was requested: deletionTimestamp minus the grace period, because the
+    # API writes deletionTimestamp as the deadline by which the pod must be gone.
+    deletion_requested_at: datetime | None
+    node_name: str | None
+    containers: tuple[ContainerView, ...]
+    readiness_probes: tuple[ProbeView, ...]
+    container_ports: Mapping[str, int]
+    # The latest instant the object itself proves has passed (replay's clock).
+    latest_time: datetime | None
+
+    @property
+    def ready(self) -> bool:
+        return self.ready_status == "True"
+
+    @property
+    def node_lost(self) -> bool:
+        """The node controller, not the kubelet, took Ready away: the kubelet went silent.
+
+        The node lifecycle controller flips only the pod's Ready condition (MarkPodsNotReady)
+        and leaves containerStatuses as the kubelet last wrote them, ready and running; the
+        kubelet itself always writes both together. It also sets reason NodeLost when it
+        gives up on the pod.
+        """
+        if self.reason == "NodeLost":
+            return True
+        return (
+            self.ready_status is not None
+            and self.ready_status != "True"
+            and bool(self.containers)
+            and all(c.ready and c.running_since is not None for c in self.containers)
+        )
+
+    def restart_counts(self) -> dict[str, int]:
+        return {c.name: c.restart_count for c in self.containers}
+
+    def probe_port_number(self, probe: ProbeView) -> int | None:
+        """The numeric port a network probe targets, resolving named container ports."""
+        if isinstance(probe.port, int):
+            return probe.port
+        if isinstance(probe.port, str):
+            if probe.port.isdigit():
+                return int(probe.port)
+            return self.container_ports.get(probe.port)
+        return None
+
+
+def _later(a: datetime | None, b: datetime | None) -> datetime | None:
+    if a is None:
+        return b
+    if b is None or a >= b:
+        return a
+    return b
+
+
+def _termination(state: raw.ContainerState | None) -> Termination | None:
+    if state is None or state.terminated is None:
+        return None
+    t = state.terminated
+    return Termination(t.exit_code, t.reason, t.started_at, t.finished_at)
+
+
+def _probe(container: raw.Container) -> ProbeView | None:
+    probe = container.readiness_probe
+    if probe is None:
+        return None
+    kind: ProbeKind = "unknown"
+    port: int | str | None = None
+    if probe.exec is not None:
+        kind = "exec"
+    elif probe.tcp_socket is not None:
+        kind, port = "tcpSocket", probe.tcp_socket.port
+    elif probe.http_get is not None:
+        kind, port = "httpGet", probe.http_get.port
+    elif probe.grpc is not None:
+        kind, port = "grpc", probe.grpc.port
+    return ProbeView(
+        container=container.name or "",
+        kind=kind,
+        port=port,
+        failure_threshold=probe.failure_threshold or DEFAULT_FAILURE_THRESHOLD,
+        period_seconds=probe.period_seconds or DEFAULT_PERIOD_SECONDS,
+        timeout_seconds=probe.timeout_seconds or DEFAULT_TIMEOUT_SECONDS,
+    )
+
+
+def view_of(pod: raw.Pod) -> PodView:
+    """Derive the view from a validated raw Pod. Raises MalformedPod for missing identity."""
+    if pod.kind is not None and pod.kind != "Pod":
+        raise MalformedPod("kind", f'expected "Pod", got {pod.kind!r}')
+    meta = pod.metadata or raw.EMPTY_META
+    if not meta.uid:
+        raise MalformedPod("metadata.uid", "missing: a Pod needs a uid")
+    if not meta.name:
+        raise MalformedPod("metadata.name", "missing: a Pod needs a name")
+    spec = pod.spec or raw.EMPTY_SPEC
+    status = pod.status or raw.EMPTY_STATUS
+
+    latest = meta.creation_timestamp
+    deletion_requested_at = None
+    if meta.deletion_timestamp is not None:
+        grace = meta.deletion_grace_period_seconds
+        grace = DEFAULT_GRACE_SECONDS if grace is None else grace
+        deletion_requested_at = meta.deletion_timestamp - timedelta(seconds=grace)
+        latest = _later(latest, deletion_requested_at)
+
+    ready_status = ready_reason = None
+    ready_changed_at = None
+    for cond in status.conditions or ():
+        latest = _later(latest, cond.last_transition_time)
+        if cond.type == "Ready":
+            ready_status = cond.status
+            ready_reason = cond.reason
+            ready_changed_at = cond.last_transition_time
+
+    containers = []
+    for i, cs in enumerate(status.container_statuses or ()):
+        state = cs.state
+        running_since = None
+        if state is not None and state.running is not None:
+            # running with no start time: at least as old as the object
+            running_since = state.running.started_at or latest
+        terminated = _termination(state)
+        last = _termination(cs.last_state)
+        for t in (terminated, last):
+            if t is not None:
+                latest = _later(_later(latest, t.started_at), t.finished_at)
+        latest = _later(latest, running_since)
+        waiting = state.waiting if state is not None else None
+        containers.append(
+            ContainerView(
+                name=cs.name or f"#{i}",
+                running_since=running_since,
+                terminated=terminated,
+                last_termination=last,
+                waiting_reason=waiting.reason if waiting is not None else None,
+                restart_count=cs.restart_count or 0,
+                ready=cs.ready is True,
+            )
+        )
+
+    probes = []
+    ports: dict[str, int] = {}
+    for c in spec.containers or ():
+        probe = _probe(c)
+        if probe is not None:
+            probes.append(probe)
+        for p in c.ports or ():
+            if p.name and p.container_port is not None:
+                ports[p.name] = p.container_port
+
+    return PodView(
+        uid=meta.uid,
+        namespace=meta.namespace or "default",
+        name=meta.name,
+        labels=meta.labels or {},
+        phase=status.phase,
+        reason=status.reason,
+        ready_status=ready_status,
+        ready_reason=ready_reason,
+        ready_changed_at=ready_changed_at,
+        deletion_requested_at=deletion_requested_at,
+        node_name=spec.node_name,
+        containers=tuple(containers),
+        readiness_probes=tuple(probes),
+        container_ports=ports,
+        latest_time=latest,
+    )
+
+
+def read_pod(obj: object) -> PodView:
+    """Read a Pod as served by the API (a dict, or kopf's Body). Raises MalformedPod only."""
+    if not isinstance(obj, Mapping):
+        raise MalformedPod("object", f"expected a Pod object, got {type(obj).__name__}")
+    try:
+        pod = msgspec.convert(obj, raw.Pod, strict=True)
+    except msgspec.ValidationError as exc:
+        raise MalformedPod.from_validation(exc) from None
+    return view_of(pod)

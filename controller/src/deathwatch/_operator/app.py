@@ -1,0 +1,363 @@
+"""Wiring: kopf handlers, background loops and the HTTP endpoints around Tracker.
+
+Handlers stay small: they hand pods and DeathWatches to the controller. Pods are watched with
+`kopf.on.event` and indexed with `kopf.index` only: no change-detecting handlers, so kopf has
+no reason to write annotations or finalizers onto a sandbox pod (a finalizer would block a
+pod's deletion whenever the controller is down). kopf runs non-index handlers only after every
+index is filled by the initial listings, so no pod is judged before the DeathWatches are known.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import kopf
+import structlog
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from deathwatch._engine.podview import MalformedPod, PodView, read_pod
+from deathwatch._engine.timeutil import UTC
+from deathwatch._operator.kube import Api, api_message, load_configuration, status_code
+from deathwatch._operator.metrics import Metrics
+from deathwatch._operator.spec import GROUP, VERSION, DeathWatchSpec, SpecError, read_deathwatch
+from deathwatch._operator.tracker import Tracker
+from deathwatch._operator.writer import SV_PLURAL, Writer
+from deathwatch._policies import default_registry
+
+log = structlog.get_logger("deathwatch.app")
+
+
+@dataclass(frozen=True)
+class Config:
+    namespaces: tuple[str, ...] = ()  # empty: all namespaces
+    kubeconfig: str | None = None
+    http_host: str = "0.0.0.0"  # noqa: S104 - the probe and Prometheus reach it from outside
+    http_port: int = 8080
+    firewall_daemonset: str | None = None  # "namespace/name"
+    pod_label_selector: str | None = None  # optional server-side prefilter of watched pods
+    probe_interval: float = 15.0  # /readyz and firewall coverage: one light API call per interval
+    publish_interval: float = 1.0  # DeathWatch status, at most once per interval
+    stale_after: float = 600.0  # no pod event for this long: report watches as not fresh
+    writers: int = 8
+
+    @property
+    def clusterwide(self) -> bool:
+        return not self.namespaces
+
+
+@dataclass
+class Readiness:
+    """What /readyz reports; filled by the probe loop, read by the handler (no API call)."""
+
+    api_reachable: bool | None = None
+    api_error: str | None = None
+    checked_at: datetime | None = None
+    checked_mono: float = 0.0
+
+
+@dataclass
+class App:
+    config: Config
+    metrics: Metrics = field(default_factory=Metrics)
+    readiness: Readiness = field(default_factory=Readiness)
+    tracker: Tracker | None = None
+    writer: Writer | None = None
+    api: Api | None = None
+    probe_api: Api | None = None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    runner: web.AppRunner | None = None
+
+    # --- startup and shutdown ------------------------------------------------------------
+
+    async def start(self, settings: kopf.OperatorSettings) -> None:
+        configure_kopf(settings, self.config)
+        configuration = load_configuration(self.config.kubeconfig)
+        self.api = Api(configuration, self.config.writers + 2, "deathwatch-api")
+        # /readyz and firewall coverage use their own client and thread: they can never
+        # queue behind, or take a slot from, the controller's own API work
+        self.probe_api = Api(load_configuration(self.config.kubeconfig), 1, "deathwatch-probe")
+        self.writer = Writer(self.api, self.metrics, workers=self.config.writers)
+        self.tracker = Tracker(default_registry(), self.writer, self.metrics)
+        self.tracker.firewall.daemonset = self.config.firewall_daemonset
+        await self.serve_http()
+        restored = self.tracker.restore(await self.list_verdicts())
+        log.info(
+            "restored verdicts", count=restored, namespaces=list(self.config.namespaces) or "all"
+        )
+        self.writer.start()
+        for coro in (
+            self.deadline_loop(),
+            self.publish_loop(),
+            self.vanished_loop(),
+            self.probe_loop(),
+        ):
+            self.tasks.append(asyncio.create_task(coro))
+
+    async def list_verdicts(self) -> list[dict[str, Any]]:
+        assert self.api is not None  # noqa: S101 - set in start()
+        custom = self.api.custom
+        items: list[dict[str, Any]] = []
+        try:
+            if self.config.clusterwide:
+                items.extend(
+                    (
+                        await self.api.call(
+                            custom.list_cluster_custom_object, GROUP, VERSION, SV_PLURAL
+                        )
+                    )["items"]
+                )
+            else:
+                for ns in self.config.namespaces:
+                    items.extend(
+                        (
+                            await self.api.call(
+                                custom.list_namespaced_custom_object, GROUP, VERSION, ns, SV_PLURAL
+                            )
+                        )["items"]
+                    )
+        except Exception as exc:
+            self.metrics.api_errors.labels("list_verdicts", status_code(exc)).inc()
+            # kopf retries the startup handler; no pod is judged until this succeeds
+            raise kopf.TemporaryError(
+                f"cannot list SandboxVerdicts: {api_message(exc)}", delay=2
+            ) from exc
+        return items
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.writer is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.writer.idle(), 10)  # finish what was decided
+            await self.writer.stop()
+        if self.runner is not None:
+            await self.runner.cleanup()
+        for api in (self.api, self.probe_api):
+            if api is not None:
+                api.close()
+
+    # --- loops ------------------------------------------------------------------------------
+
+    async def deadline_loop(self) -> None:
+        """Judge Suspects when their window closes, not when the next event happens to come."""
+        c = self.tracker
+        assert c is not None  # noqa: S101
+        while True:
+            c.wake.clear()
+            c.expire()
+            deadline = c.fleet.next_deadline()
+            timeout = (
+                None
+                if deadline is None
+                else max(0.0, (deadline - datetime.now(UTC)).total_seconds())
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(c.wake.wait(), timeout)
+
+    async def publish_loop(self) -> None:
+        c = self.tracker
+        assert c is not None  # noqa: S101
+        last_retire = 0.0
+        while True:
+            await asyncio.sleep(self.config.publish_interval)
+            if time.monotonic() - last_retire > 10:
+                c.retire()
+                last_retire = time.monotonic()
+            c.publish(self.config.stale_after)
+
+    async def vanished_loop(self) -> None:
+        """Pods deleted while we were down or while a watch was broken produce no DELETED
+        event; find them and confirm each with a GET before calling them gone."""
+        c, api = self.tracker, self.api
+        assert c is not None  # noqa: S101
+        assert api is not None  # noqa: S101
+        while True:
+            await asyncio.sleep(5)
+            for uid in c.vanished()[:50]:
+                record = c.records.get(uid)
+                if record is None:
+                    continue
+                try:
+                    pod = await api.call(
+                        api.core.read_namespaced_pod, record.name, record.namespace
+                    )
+                except Exception as exc:
+                    if status_code(exc) == "404":
+                        c.gone(uid)
+                    else:
+                        self.metrics.api_errors.labels("read_pod", status_code(exc)).inc()
+                    continue
+                if pod.metadata.uid == uid:
+                    c.still_there(uid)
+                else:
+                    c.gone(uid)  # the name belongs to a newer pod
+
+    async def probe_loop(self) -> None:
+        """One light API call per interval, on its own client: API reachability and the
+        firewall DaemonSet's coverage, cached for /readyz and the DeathWatch status."""
+        c, api = self.tracker, self.probe_api
+        assert c is not None  # noqa: S101
+        assert api is not None  # noqa: S101
+        while True:
+            fw = c.firewall
+            try:
+                if fw.daemonset:
+                    ns, name = fw.daemonset.split("/", 1)
+                    try:
+                        ds = await api.call(api.apps.read_namespaced_daemon_set_status, name, ns)
+                    except Exception as exc:
+                        if status_code(exc) != "404":
+                            raise
+                        fw.desired = fw.ready = None
+                        fw.error = f"DaemonSet {fw.daemonset} not found"
+                    else:
+                        fw.desired = ds.status.desired_number_scheduled or 0
+                        fw.ready = ds.status.number_ready or 0
+                        fw.error = None
+                    fw.observed_at = datetime.now(UTC)
+                else:
+                    await api.call(api.version.get_code)
+                self.readiness.api_reachable, self.readiness.api_error = True, None
+            except Exception as exc:
+                self.readiness.api_reachable, self.readiness.api_error = (
+                    False,
+                    api_message(exc)[:300],
+                )
+                self.metrics.api_errors.labels("probe", status_code(exc)).inc()
+            self.readiness.checked_at = datetime.now(UTC)
+            self.readiness.checked_mono = time.monotonic()
+            await asyncio.sleep(self.config.probe_interval)
+
+    # --- HTTP: /healthz, /readyz, /metrics ----------------------------------------------------
+
+    async def serve_http(self) -> None:
+        app = web.Application()
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/metrics", self.metrics_handler)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, self.config.http_host, self.config.http_port).start()
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        # The process alone: answering at all proves the event loop is not blocked. A liveness
+        # probe that checked the API would restart a healthy controller during an API outage.
+        return web.Response(text="ok\n")
+
+    def readyz_report(self) -> tuple[bool, dict[str, Any]]:
+        c, r = self.tracker, self.readiness
+        fresh = c.watches_fresh(self.config.stale_after) if c else False
+        fw = c.firewall if c else None
+        covered: bool | None = None
+        if fw is not None and fw.daemonset and fw.desired is not None and fw.ready is not None:
+            covered = fw.desired > 0 and fw.ready >= fw.desired
+        checks = {
+            "api_reachable": bool(r.api_reachable),
+            "watches_fresh": fresh,
+            "firewall_covered": covered,
+        }
+        last_pod_event = c.last_event.get("pods") if c else None
+        details = {
+            "api_error": r.api_error,
+            "api_checked_at": r.checked_at.isoformat() if r.checked_at else None,
+            "seconds_since_pod_event": round(time.monotonic() - last_pod_event, 1)
+            if last_pod_event
+            else None,
+            "firewall": fw.as_status() if fw else None,
+            "tracked": len(c.fleet) if c else 0,
+            "write_backlog": self.writer.backlog if self.writer else 0,
+        }
+        ok = all(v is not False for v in checks.values())
+        return ok, {**checks, "details": details}
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        # For people, wired to no probe: a dependency outage must not restart or unroute us.
+        # Served from the probe loop's cache: costs no API call, takes no controller slot.
+        ok, report = self.readyz_report()
+        return web.json_response(report, status=200 if ok else 503)
+
+    async def metrics_handler(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(self.metrics.registry),
+            headers={"Content-Type": CONTENT_TYPE_LATEST},
+        )
+
+
+def configure_kopf(settings: kopf.OperatorSettings, config: Config) -> None:
+    settings.posting.enabled = False  # our Events are posted by the writer, once each
+    settings.peering.standalone = True  # one replica (Deployment strategy Recreate)
+    settings.scanning.disabled = True  # fixed resources: no CRD or namespace watching needed
+    settings.networking.request_timeout = 30
+    settings.networking.connect_timeout = 10
+    # A watch request ends server-side after server_timeout; the client gives up after
+    # client_timeout; no event and no bookmark for inactivity_timeout means a dead stream
+    # (a silently dropped connection): kopf reconnects, resuming from the last version.
+    settings.watching.server_timeout = 240
+    settings.watching.client_timeout = 270
+    settings.watching.connect_timeout = 10
+    settings.watching.inactivity_timeout = 70
+    if config.pod_label_selector:  # server-side prefilter: only these pods are ever sent to us
+        settings.watching.label_selectors["pods"] = config.pod_label_selector
+
+
+def register(registry: kopf.OperatorRegistry, app: App) -> None:
+    """Attach the handlers to a kopf registry. Small and declarative: the work is elsewhere."""
+
+    @kopf.on.login(id="login", registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+    @kopf.on.startup(id="startup", registry=registry, backoff=2)
+    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        await app.start(settings)
+
+    @kopf.on.cleanup(id="cleanup", registry=registry)
+    async def cleanup(**_: Any) -> None:
+        await app.stop()
+
+    @kopf.index(GROUP, VERSION, "deathwatches", id="deathwatches_by_namespace", registry=registry)
+    def deathwatches_by_namespace(
+        namespace: str | None, body: kopf.Body, **_: Any
+    ) -> dict[str, DeathWatchSpec]:
+        try:
+            return {namespace or "": read_deathwatch(body, default_registry())}
+        except SpecError:
+            return {}  # reported on the DeathWatch's status by the event handler
+
+    @kopf.index("", "v1", "pods", id="pods_by_namespace", registry=registry)
+    def pods_by_namespace(namespace: str | None, body: kopf.Body, **_: Any) -> dict[str, PodView]:
+        try:
+            return {namespace or "": read_pod(body)}
+        except MalformedPod:
+            return {}
+
+    @kopf.on.event("", "v1", "pods", id="pod_event", registry=registry)
+    async def pod_event(
+        event: kopf.RawEvent, body: kopf.Body, namespace: str | None, **kwargs: Any
+    ) -> None:
+        if app.tracker is not None:
+            watches = _values(kwargs["deathwatches_by_namespace"], namespace or "")
+            app.tracker.on_pod(event.get("type"), body, watches)
+
+    @kopf.on.event(GROUP, VERSION, "deathwatches", id="deathwatch_event", registry=registry)
+    async def deathwatch_event(
+        event: kopf.RawEvent, body: kopf.Body, namespace: str | None, **kwargs: Any
+    ) -> None:
+        if app.tracker is not None:
+            pods = _values(kwargs["pods_by_namespace"], namespace or "")
+            app.tracker.on_deathwatch(event.get("type"), body, pods)
+
+
+def _values(index: kopf.Index[str, Any], key: str) -> Iterable[Any]:
+    try:
+        return list(index[key])
+    except KeyError:
+        return []

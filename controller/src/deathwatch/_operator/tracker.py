@@ -1,0 +1,512 @@
+"""The operator's state and decisions between the watches and the writer.
+
+kopf handlers (handlers.py) call in here with pods and DeathWatches; this module feeds the
+engine, decides which verdicts to persist and which Events to post, and keeps the
+bookkeeping the engine does not: which DeathWatch owns a pod, when a pod vanished, when a
+pod was last seen by a watch. All calls happen on the event loop; nothing here blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import structlog
+
+from deathwatch._engine.engine import SignalKind, Step, Track
+from deathwatch._engine.fleet import Fleet
+from deathwatch._engine.podview import MalformedPod, PodView, read_pod
+from deathwatch._engine.timeutil import UTC, format_time
+from deathwatch._engine.verdict import State
+from deathwatch._operator.documents import (
+    PROBE_BLOCKED_MESSAGE,
+    deathwatch_status,
+    track_from_status,
+    verdict_status,
+)
+from deathwatch._operator.metrics import Metrics
+from deathwatch._operator.spec import DeathWatchSpec, SpecError, read_deathwatch
+from deathwatch._operator.writer import LOW, NORMAL, URGENT, Desired, PodEvent, Writer
+from deathwatch._policies import PolicyRegistry, PolicySettings
+
+log = structlog.get_logger("deathwatch.tracker")
+Key = tuple[str, str]
+
+
+@dataclass
+class Firewall:
+    """Coverage of the node firewall DaemonSet, as last read (None: never read)."""
+
+    daemonset: str | None
+    desired: int | None = None
+    ready: int | None = None
+    observed_at: datetime | None = None
+    error: str | None = None
+
+    def as_status(self) -> dict[str, Any] | None:
+        if self.daemonset is None:
+            return None
+        out: dict[str, Any] = {"daemonSet": self.daemonset}
+        if self.desired is not None and self.ready is not None:
+            out.update(
+                desired=self.desired, ready=self.ready, summary=f"{self.ready}/{self.desired}"
+            )
+        else:
+            out["summary"] = "unknown"
+        if self.observed_at is not None:
+            out["observedAt"] = format_time(self.observed_at)
+        return out
+
+
+@dataclass(slots=True)
+class PodRecord:
+    """What the controller knows about a tracked pod besides the engine's Track."""
+
+    namespace: str
+    name: str
+    watch: Key
+    node: str | None = None
+    last_seen: float = 0.0  # monotonic; 0: restored from a verdict, not seen by a watch yet
+    deleted_at: datetime | None = None  # when we learned the pod is gone (retention clock)
+    persisted: bool = False  # a SandboxVerdict exists (or is being created) for it
+
+
+@dataclass
+class Tracker:
+    registry: PolicyRegistry
+    writer: Writer
+    metrics: Metrics
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    fleet: Fleet = field(init=False)
+    watches: dict[Key, DeathWatchSpec] = field(default_factory=dict)
+    invalid: dict[Key, str] = field(default_factory=dict)  # DeathWatch -> why it is unusable
+    generations: dict[Key, Any] = field(default_factory=dict)
+    records: dict[str, PodRecord] = field(default_factory=dict)  # pod uid -> record
+    by_name: dict[Key, str] = field(default_factory=dict)  # (namespace, pod name) -> uid
+    dirty: set[Key] = field(default_factory=set)  # DeathWatches whose status must be recomputed
+    firewall: Firewall = field(default_factory=lambda: Firewall(None))
+    last_event: dict[str, float] = field(default_factory=dict)  # resource -> monotonic time
+    listing_started: float = 0.0  # monotonic time the latest (re)listing of pods began
+    _in_listing: bool = False
+    started: float = field(default_factory=time.monotonic)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)  # a new deadline to wait for
+    malformed: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.fleet = Fleet(self.registry)
+
+    # --- restart: rebuild from the verdicts in the API ------------------------------------
+
+    def restore(self, verdicts: Iterable[Mapping[str, Any]]) -> int:
+        """Adopt existing SandboxVerdicts before any pod event is handled. Returns the count."""
+        restored = 0
+        for sv in verdicts:
+            meta = sv.get("metadata") or {}
+            namespace, name = meta.get("namespace"), meta.get("name")
+            status = sv.get("status") or {}
+            if not namespace or not name:
+                continue
+            self.writer.knows("sv", namespace, name, status)
+            track = track_from_status(namespace, name, status)
+            if track is None:
+                continue
+            watch = ((sv.get("spec") or {}).get("deathWatch")) or ""
+            try:
+                self.fleet.restore(track, PolicySettings())
+            except ValueError as exc:  # a policy that is no longer installed
+                log.error("verdict not restored", namespace=namespace, pod=name, error=str(exc))
+                continue
+            self.records[track.uid] = PodRecord(
+                namespace, name, (namespace, watch), status.get("node"), persisted=True
+            )
+            self.by_name[(namespace, name)] = track.uid
+            self.dirty.add((namespace, watch))
+            restored += 1
+        self.wake.set()
+        return restored
+
+    # --- pods -----------------------------------------------------------------------------
+
+    def on_pod(
+        self, event_type: str | None, body: Mapping[str, Any], watches: Iterable[DeathWatchSpec]
+    ) -> None:
+        now_mono = time.monotonic()
+        self._note_event("pods", event_type, now_mono)
+        try:
+            pod = read_pod(body)
+        except MalformedPod as exc:
+            uid = str((body.get("metadata") or {}).get("uid"))
+            if uid not in self.malformed:
+                self.malformed.add(uid)
+                meta = body.get("metadata") or {}
+                log.warning(
+                    "pod skipped: malformed",
+                    namespace=meta.get("namespace"),
+                    pod=meta.get("name"),
+                    error=str(exc),
+                )
+            return
+        # The DeathWatch index (filled by kopf before any handler runs) is the authority on
+        # which DeathWatches exist: the DeathWatch handler may not have run yet at start-up.
+        current = {w.key: w for w in watches}
+        self.watches.update(current)
+        record = self.records.get(pod.uid)
+        watch = current.get(record.watch) if record else self._match(pod, current.values())
+        if watch is None:
+            return  # not a sandbox (or its DeathWatch is gone or invalid)
+        now = self.clock()
+        if event_type == "DELETED":
+            step = self.fleet.remove(pod.uid, now, pod)
+            if step is None:
+                return
+            record = self._record(pod, watch)
+            record.deleted_at = record.deleted_at or now
+        else:
+            step = self.fleet.observe(pod, now, watch.policy, watch.settings)
+            record = self._record(pod, watch)
+        record.last_seen = now_mono
+        self._after(step, watch, received=now_mono)
+
+    def _note_event(self, resource: str, event_type: str | None, now_mono: float) -> None:
+        self.last_event[resource] = now_mono
+        self.metrics.last_event.labels(resource).set(time.time())
+        if resource == "pods":
+            # kopf (re)lists with event type None: a listing began if the last event was not one
+            listing = event_type is None
+            if listing and not self._in_listing:
+                self.listing_started = now_mono
+            self._in_listing = listing
+
+    @staticmethod
+    def _match(pod: PodView, watches: Iterable[DeathWatchSpec]) -> DeathWatchSpec | None:
+        candidates = sorted(
+            (w for w in watches if w.selector.matches(pod.labels)), key=DeathWatchSpec.sort_key
+        )
+        return candidates[0] if candidates else None
+
+    def _record(self, pod: PodView, watch: DeathWatchSpec) -> PodRecord:
+        record = self.records.get(pod.uid)
+        if record is None:
+            previous = self.by_name.get((pod.namespace, pod.name))
+            if previous is not None and previous != pod.uid:
+                # a new pod took the name: its verdict replaces the old one's
+                self.fleet.forget(previous)
+                self.records.pop(previous, None)
+            record = self.records[pod.uid] = PodRecord(pod.namespace, pod.name, watch.key)
+            self.by_name[(pod.namespace, pod.name)] = pod.uid
+        record.node = pod.node_name or record.node
+        return record
+
+    def _after(self, step: Step, watch: DeathWatchSpec, received: float | None = None) -> None:
+        track = step.track
+        record = self.records[track.uid]
+        events: list[PodEvent] = []
+        for signal in step.signals:
+            if signal.kind is SignalKind.STATE_CHANGED:
+                log.info(
+                    "verdict",
+                    namespace=track.namespace,
+                    pod=track.name,
+                    uid=track.uid,
+                    **{"from": str(signal.previous), "to": str(track.state)},
+                    policy=track.policy,
+                    cause=str(track.cause) if track.cause else None,
+                )
+                self.metrics.verdicts.labels(
+                    str(track.state), track.policy, str(track.cause or "")
+                ).inc()
+                if track.state is State.DEAD:
+                    events.append(self._dead_event(track))
+            elif signal.kind is SignalKind.READY_DROPPED:
+                self.metrics.ready_drops.labels(track.policy).inc()
+            elif signal.kind is SignalKind.FLAPPED:
+                self.metrics.flaps.labels(track.policy).inc()
+            elif signal.kind is SignalKind.FALSE_POSITIVE:
+                self.metrics.false_positives.labels(track.policy).inc()
+                log.warning(
+                    "false positive",
+                    namespace=track.namespace,
+                    pod=track.name,
+                    uid=track.uid,
+                    policy=track.policy,
+                )
+                events.append(
+                    PodEvent(
+                        track.namespace,
+                        track.name,
+                        track.uid,
+                        "SandboxFalsePositive",
+                        f"Ready again after being declared dead at {_declared(track)}; "
+                        "the Dead verdict stands",
+                    )
+                )
+            elif signal.kind is SignalKind.PROBE_BLOCKED:
+                events.append(
+                    PodEvent(
+                        track.namespace,
+                        track.name,
+                        track.uid,
+                        "ProbeBlockedByFirewall",
+                        PROBE_BLOCKED_MESSAGE,
+                    )
+                )
+        if not track.ever_ready and track.state.terminal and not record.persisted:
+            # never a running sandbox and never written: nothing to keep
+            self.fleet.forget(track.uid)
+            self.records.pop(track.uid, None)
+            self.dirty.add(watch.key)
+            return
+        if track.ever_ready or track.probe_blocked or record.persisted:
+            record.persisted = True
+            dead = track.state is State.DEAD
+            self.writer.want(
+                Desired(
+                    kind="sv",
+                    namespace=track.namespace,
+                    name=track.name,
+                    status=verdict_status(track, record.node),
+                    owner=watch.body,
+                    events=events,
+                    priority=URGENT if dead else NORMAL,
+                    received=received if dead else None,
+                    ready_drop_at=track.ready_drop_at if dead else None,
+                )
+            )
+        self.dirty.add(watch.key)
+        if track.deadline is not None:
+            self.wake.set()
+
+    @staticmethod
+    def _dead_event(track: Track) -> PodEvent:
+        e = track.evidence
+        detail = []
+        if e is not None:
+            if e.container:
+                detail.append(f"container {e.container}")
+            if e.exit_code is not None:
+                detail.append(f"exit code {e.exit_code}")
+            if e.reason:
+                detail.append(f"reason {e.reason}")
+        return PodEvent(
+            track.namespace,
+            track.name,
+            track.uid,
+            "SandboxDead",
+            f"Sandbox dead: {track.cause}"
+            + (f" ({', '.join(detail)})" if detail else "")
+            + f"; Ready dropped at {format_time(track.ready_drop_at)}, policy {track.policy}",
+        )
+
+    # --- DeathWatches -----------------------------------------------------------------------
+
+    def on_deathwatch(
+        self, event_type: str | None, body: Mapping[str, Any], pods: Iterable[PodView]
+    ) -> None:
+        self._note_event("deathwatches", event_type, time.monotonic())
+        meta = body.get("metadata") or {}
+        key: Key = (meta.get("namespace") or "default", meta.get("name") or "")
+        if event_type == "DELETED" or meta.get("deletionTimestamp"):
+            self._drop_watch(key)
+            return
+        generation = (meta.get("uid"), meta.get("generation"))
+        if self.generations.get(key) == generation:
+            return  # our own status write coming back: the spec is unchanged
+        self.generations[key] = generation
+        try:
+            spec = read_deathwatch(body, self.registry)
+        except SpecError as exc:
+            log.error("deathwatch invalid", namespace=key[0], deathwatch=key[1], error=str(exc))
+            self.invalid[key] = str(exc)
+            self.watches.pop(key, None)
+            self.dirty.add(key)
+            return
+        self.invalid.pop(key, None)
+        self.watches[key] = spec
+        self.dirty.add(key)
+        # pods that existed before this DeathWatch (or before its selector changed)
+        for pod in pods:
+            if pod.uid not in self.records and self._match(pod, self.watches.values()) is spec:
+                step = self.fleet.observe(pod, self.clock(), spec.policy, spec.settings)
+                self._record(pod, spec).last_seen = time.monotonic()
+                self._after(step, spec)
+
+    def _drop_watch(self, key: Key) -> None:
+        """The DeathWatch is gone: its verdicts go with it (ownerReferences), so does our memory."""
+        self.watches.pop(key, None)
+        self.invalid.pop(key, None)
+        self.generations.pop(key, None)
+        for uid, record in list(self.records.items()):
+            if record.watch == key:
+                self.fleet.forget(uid)
+                del self.records[uid]
+                self.by_name.pop((record.namespace, record.name), None)
+                self.writer.exists.discard(("sv", record.namespace, record.name))
+                self.writer.written.pop(("sv", record.namespace, record.name), None)
+
+    # --- time: Suspect windows, vanished pods, retention ----------------------------------
+
+    def expire(self) -> None:
+        for step in self.fleet.expire_due(self.clock()):
+            record = self.records.get(step.track.uid)
+            watch = self.watches.get(record.watch) if record else None
+            if watch is not None:
+                self._after(step, watch)
+
+    def vanished(self, listing_quiet: float = 10.0) -> list[str]:
+        """Tracked, live pods no watch has shown since the latest (re)listing began: deleted
+        while we were down or while a watch was broken (a relist reports what exists, not what
+        went away). The caller checks each with a GET before calling `gone`."""
+        now = time.monotonic()
+        if self._in_listing and now - self.last_event.get("pods", 0) < listing_quiet:
+            return []  # a listing is still coming in
+        cutoff = self.listing_started if self.listing_started else self.started
+        if not self.listing_started and now - self.started < listing_quiet:
+            return []
+        out = []
+        for uid, record in self.records.items():
+            track = self.fleet.get(uid)
+            if track is not None and not track.state.terminal and record.last_seen < cutoff:
+                out.append(uid)
+        return out
+
+    def gone(self, uid: str) -> None:
+        """A pod confirmed absent from the API (404)."""
+        record = self.records.get(uid)
+        watch = self.watches.get(record.watch) if record else None
+        if record is None:
+            return
+        now = self.clock()
+        record.deleted_at = record.deleted_at or now
+        step = self.fleet.remove(uid, now, None)
+        if step is not None and watch is not None:
+            self._after(step, watch)
+
+    def still_there(self, uid: str) -> None:
+        record = self.records.get(uid)
+        if record is not None:
+            record.last_seen = time.monotonic()
+
+    def retire(self) -> int:
+        """Delete the verdicts of pods gone for longer than their DeathWatch's retention."""
+        now = self.clock()
+        retired = 0
+        for uid, record in list(self.records.items()):
+            track = self.fleet.get(uid)
+            if track is None or record.deleted_at is None or not track.state.terminal:
+                continue
+            watch = self.watches.get(record.watch)
+            retention = watch.retention if watch else timedelta(0)
+            declared = track.evidence.declared_at if track.evidence else record.deleted_at
+            if now < max(record.deleted_at, declared) + retention:
+                continue
+            if record.persisted:
+                self.writer.want(
+                    Desired("sv", record.namespace, record.name, delete_if_uid=uid, priority=LOW)
+                )
+            self.fleet.forget(uid)
+            del self.records[uid]
+            if self.by_name.get((record.namespace, record.name)) == uid:
+                del self.by_name[(record.namespace, record.name)]
+            self.dirty.add(record.watch)
+            retired += 1
+        return retired
+
+    # --- DeathWatch status -------------------------------------------------------------------
+
+    def watches_fresh(self, stale_after: float) -> bool:
+        seen = self.last_event.get("pods")
+        return seen is not None and time.monotonic() - seen < stale_after
+
+    def publish(self, stale_after: float) -> None:
+        """Queue the status of every DeathWatch that changed (the writer skips no-ops)."""
+        keys = set(self.dirty) | set(self.watches) | set(self.invalid)
+        self.dirty.clear()
+        tracks_by_watch: dict[Key, list[Track]] = {}
+        for uid, record in self.records.items():
+            track = self.fleet.get(uid)
+            if track is not None:
+                tracks_by_watch.setdefault(record.watch, []).append(track)
+        counts: dict[str, int] = {}
+        for track in self.fleet:
+            counts[str(track.state)] = counts.get(str(track.state), 0) + 1
+        for state in State:
+            self.metrics.tracked.labels(str(state)).set(counts.get(str(state), 0))
+        for key in keys:
+            if key not in self.watches and key not in self.invalid:
+                continue
+            written = self.writer.statuses.get(("dw", *key), {})
+            conditions = self._conditions(key, written.get("conditions") or [], stale_after)
+            spec = self.watches.get(key)
+            generation = spec.body.get("metadata", {}).get("generation") if spec else None
+            status = deathwatch_status(
+                tracks_by_watch.get(key, []), self.firewall.as_status(), conditions, generation
+            )
+            self.writer.want(Desired("dw", key[0], key[1], status=status, priority=LOW))
+
+    def _conditions(
+        self, key: Key, previous: list[dict[str, Any]], stale_after: float
+    ) -> list[dict[str, Any]]:
+        before = {c.get("type"): c for c in previous if isinstance(c, Mapping)}
+        now = format_time(self.clock())
+
+        def cond(kind: str, status: str, reason: str, message: str) -> dict[str, Any]:
+            old = before.get(kind)
+            since = old.get("lastTransitionTime") if old and old.get("status") == status else now
+            return {
+                "type": kind,
+                "status": status,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": since,
+            }
+
+        if key in self.invalid:
+            ready = cond("Ready", "False", "InvalidSpec", self.invalid[key])
+        elif not self.watches_fresh(stale_after):
+            ready = cond(
+                "Ready",
+                "Unknown",
+                "NoRecentPodEvents",
+                f"no pod event for over {stale_after:.0f}s: a quiet cluster, or a stale watch",
+            )
+        else:
+            ready = cond("Ready", "True", "Watching", "judging the pods this DeathWatch selects")
+        fw = self.firewall
+        if fw.daemonset is None:
+            firewall = cond(
+                "FirewallCovered",
+                "Unknown",
+                "NotConfigured",
+                "the controller was not told which DaemonSet runs the firewall",
+            )
+        elif fw.desired is None or fw.ready is None:
+            firewall = cond(
+                "FirewallCovered",
+                "Unknown",
+                "NotObserved",
+                fw.error or f"DaemonSet {fw.daemonset} not read yet",
+            )
+        elif fw.desired > 0 and fw.ready >= fw.desired:
+            firewall = cond(
+                "FirewallCovered",
+                "True",
+                "AllNodes",
+                f"the firewall agent is ready on {fw.ready}/{fw.desired} nodes",
+            )
+        else:
+            firewall = cond(
+                "FirewallCovered",
+                "False",
+                "NodesUncovered",
+                f"the firewall agent is ready on {fw.ready}/{fw.desired} nodes: "
+                "sandboxes on the others are exposed",
+            )
+        return [ready, firewall]
+
+
+def _declared(track: Track) -> str | None:
+    return format_time(track.evidence.declared_at) if track.evidence else None

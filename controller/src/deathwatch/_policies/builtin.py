@@ -1,0 +1,105 @@
+"""The three built-in policies, in the order automatic selection tries them.
+
+no-probe        no readinessProbe: Ready means "the container is running", so a drop with no
+                recovery is death, declared at once. Field evidence: 33,959 sandboxes in 24 h,
+                147 drops, 0 recoveries.
+exec-probe      exec readiness probes can flap (slow command, loaded container): a drop with the
+                containers still running is Suspect for a window W, then Dead (Unresponsive).
+container-state Ready means nothing (e.g. a tcpSocket/httpGet/grpc probe that the node firewall
+                refuses, since kubelet probes from the host): only a terminated or restarted
+                container is death.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from deathwatch._engine.podview import NETWORK_PROBES, PodView, ProbeView
+from deathwatch._engine.verdict import Cause, State
+from deathwatch._policies.base import Decision, PolicySettings, Situation
+
+
+def blocked_probes(pod: PodView, agent_ports: frozenset[int]) -> list[ProbeView]:
+    """Readiness probes that kubelet sends from the host to an agent port the firewall refuses."""
+    return [
+        p
+        for p in pod.readiness_probes
+        if p.kind in NETWORK_PROBES and pod.probe_port_number(p) in agent_ports
+    ]
+
+
+def exec_window(pod: PodView, multiplier: float) -> timedelta:
+    """W = multiplier x (failureThreshold x periodSeconds + timeoutSeconds) of the slowest probe.
+
+    With Kubernetes defaults (3, 10 s, 1 s) and multiplier 2 this is 62 s: long enough for a
+    probe that fails its threshold once to pass again, short enough to strand nobody long.
+    """
+    slowest = max(
+        (p.failing_for for p in pod.readiness_probes),
+        default=ProbeView("", "exec", None, 3, 10, 1).failing_for,
+    )
+    return slowest * multiplier
+
+
+@dataclass(frozen=True, slots=True)
+class NoProbe:
+    name: str = "no-probe"
+
+    def applies(self, pod: PodView, settings: PolicySettings) -> bool:
+        return not pod.readiness_probes
+
+    def window(self, pod: PodView, settings: PolicySettings) -> timedelta | None:
+        return None
+
+    def judge(self, s: Situation) -> Decision:
+        if s.container_death is not None:
+            return Decision(State.DEAD, s.container_death.cause)
+        if s.ready_drop_at is not None:
+            return Decision(State.DEAD, Cause.NODE_LOST if s.node_lost else Cause.UNKNOWN)
+        return Decision(State.ALIVE)
+
+
+@dataclass(frozen=True, slots=True)
+class ExecProbe:
+    name: str = "exec-probe"
+
+    def applies(self, pod: PodView, settings: PolicySettings) -> bool:
+        return bool(pod.readiness_probes) and all(p.kind == "exec" for p in pod.readiness_probes)
+
+    def window(self, pod: PodView, settings: PolicySettings) -> timedelta | None:
+        return exec_window(pod, settings.exec_window_multiplier)
+
+    def judge(self, s: Situation) -> Decision:
+        if s.container_death is not None:
+            return Decision(State.DEAD, s.container_death.cause)
+        if s.ready_drop_at is None:
+            return Decision(State.ALIVE)
+        deadline = s.ready_drop_at + exec_window(s.pod, s.settings.exec_window_multiplier)
+        if s.now >= deadline:
+            return Decision(State.DEAD, Cause.NODE_LOST if s.node_lost else Cause.UNRESPONSIVE)
+        return Decision(State.SUSPECT, Cause.NOT_READY, deadline)
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerState:
+    name: str = "container-state"
+
+    def applies(self, pod: PodView, settings: PolicySettings) -> bool:
+        # The fallback of automatic selection: whatever probes a pod has, container state
+        # is always observable.
+        return True
+
+    def window(self, pod: PodView, settings: PolicySettings) -> timedelta | None:
+        return None
+
+    def judge(self, s: Situation) -> Decision:
+        if s.container_death is not None:
+            return Decision(State.DEAD, s.container_death.cause)
+        return Decision(State.ALIVE)
+
+
+NO_PROBE = NoProbe()
+EXEC_PROBE = ExecProbe()
+CONTAINER_STATE = ContainerState()
+BUILTIN_ORDER = (NO_PROBE, EXEC_PROBE, CONTAINER_STATE)

@@ -1,0 +1,179 @@
+"""Drive the engine over recorded pod events and summarise what it concluded.
+
+The clock is the latest instant the recording itself proves: the maximum over every object
+so far of its creation, condition transitions, container start/finish times and deletion
+request (deletionTimestamp minus the grace period, since the API stores the deadline).
+Suspect windows that close before the clock are judged at their own deadline, as a live
+controller's timer would; windows still open when the stream ends are judged at the final
+clock.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from deathwatch._engine.engine import Step
+from deathwatch._engine.fleet import Fleet
+from deathwatch._engine.selector import Selector
+from deathwatch._engine.verdict import Evidence, State
+from deathwatch._policies import PolicyRegistry, PolicySettings
+from deathwatch._replay.events import SkippedEvent, ViewEvent
+
+SKIP_EXAMPLES = 5
+
+
+@dataclass
+class SkipLog:
+    count: int = 0
+    by_reason: Counter[str] = field(default_factory=Counter)
+    examples: list[str] = field(default_factory=list)
+
+    def add(self, index: int, reason: str) -> None:
+        self.count += 1
+        # group "status.conditions[3].lastTransitionTime: ..." under the field, not the index
+        self.by_reason[reason.split(":", 1)[0]] += 1
+        if len(self.examples) < SKIP_EXAMPLES:
+            self.examples.append(f"event #{index}: {reason}")
+
+
+@dataclass(frozen=True)
+class Report:
+    events: int
+    pod_events: int
+    sandboxes: int
+    ready_drops: int
+    flaps: int
+    false_positives: int
+    verdicts: dict[str, int]
+    policies: dict[str, int]
+    dead: list[Evidence]
+    probe_blocked: int
+    clock: datetime | None
+    skipped: SkipLog
+    per_policy: dict[str, dict[str, int]]
+    causes: dict[str, int]
+    detection_delays: list[float]  # seconds from Ready drop to Dead verdict
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "sandboxes": self.sandboxes,
+            "ready_drops": self.ready_drops,
+            "flaps": self.flaps,
+            "false_positives": self.false_positives,
+            "verdicts": self.verdicts,
+            "policies": self.policies,
+            "dead": [
+                {
+                    k: v
+                    for k, v in e.as_dict().items()
+                    if k
+                    in (
+                        "namespace",
+                        "name",
+                        "uid",
+                        "policy",
+                        "cause",
+                        "exit_code",
+                        "ready_drop_at",
+                        "declared_at",
+                    )
+                }
+                for e in self.dead
+            ],
+            "probe_blocked_by_firewall": self.probe_blocked,
+            "events": self.events,
+            "skipped": {
+                "count": self.skipped.count,
+                "by_reason": dict(self.skipped.by_reason),
+                "examples": self.skipped.examples,
+            },
+        }
+
+
+class Replay:
+    def __init__(
+        self,
+        registry: PolicyRegistry,
+        policy: str,
+        settings: PolicySettings,
+        selector: Selector | None = None,
+    ) -> None:
+        registry.validate(policy)
+        self.fleet = Fleet(registry)
+        self.policy = policy
+        self.settings = settings
+        self.selector = selector or Selector()
+        self.clock: datetime | None = None
+        self.events = 0
+        self.pod_events = 0
+        self.skipped = SkipLog()
+
+    def feed(self, item: ViewEvent | SkippedEvent) -> list[Step]:
+        self.events += 1
+        if isinstance(item, SkippedEvent):
+            self.skipped.add(item.index, item.reason)
+            return []
+        pod = item.pod
+        if self.selector.requirements and not self.selector.matches(pod.labels):
+            return []
+        self.pod_events += 1
+        if pod.latest_time is not None and (self.clock is None or pod.latest_time > self.clock):
+            self.clock = pod.latest_time
+        now = self.clock if self.clock is not None else pod.latest_time
+        if now is None:
+            self.skipped.add(item.index, "object: no timestamp anywhere to place it in time")
+            return []
+        steps = self.fleet.expire_before(now)
+        if item.type == "DELETED":
+            removed = self.fleet.remove(pod.uid, now, pod)
+            if removed is None:  # deleted before we ever saw it: judge its last state, then bury
+                self.fleet.observe(pod, now, self.policy, self.settings)
+                removed = self.fleet.remove(pod.uid, now, None)
+            if removed is not None:
+                steps.append(removed)
+        else:
+            steps.append(self.fleet.observe(pod, now, self.policy, self.settings))
+        return steps
+
+    def finish(self) -> Report:
+        if self.clock is not None:
+            self.fleet.expire_before(self.clock)
+            self.fleet.expire_due(self.clock)
+        tracks = list(self.fleet)
+        sandboxes = [t for t in tracks if t.ever_ready]
+        dead = sorted(
+            (t.evidence for t in tracks if t.state is State.DEAD and t.evidence is not None),
+            key=lambda e: (e.declared_at, e.namespace, e.name),
+        )
+        per_policy: dict[str, Counter[str]] = {}
+        for t in sandboxes:
+            row = per_policy.setdefault(t.policy, Counter())
+            row["sandboxes"] += 1
+            row["ready_drops"] += t.ready_drops
+            row["flaps"] += t.flaps
+            row["false_positives"] += int(t.false_positive)
+            row[str(t.state)] += 1
+        return Report(
+            events=self.events,
+            pod_events=self.pod_events,
+            sandboxes=len(sandboxes),
+            ready_drops=sum(t.ready_drops for t in tracks),
+            flaps=sum(t.flaps for t in tracks),
+            false_positives=sum(1 for t in tracks if t.false_positive),
+            verdicts={str(s): n for s in State if (n := sum(1 for t in tracks if t.state is s))},
+            policies=dict(Counter(t.policy for t in sandboxes)),
+            dead=dead,
+            probe_blocked=sum(1 for t in tracks if t.probe_blocked),
+            clock=self.clock,
+            skipped=replace(self.skipped),
+            per_policy={p: dict(c) for p, c in sorted(per_policy.items())},
+            causes=dict(Counter(str(e.cause) for e in dead)),
+            detection_delays=sorted(
+                (e.declared_at - e.ready_drop_at).total_seconds()
+                for e in dead
+                if e.ready_drop_at is not None
+            ),
+        )

@@ -1,0 +1,69 @@
+"""Running nft: the only place that touches the kernel's tables (and only ours)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any, Protocol
+
+from deathwatch.firewall.ruleset import FAMILY, TABLE
+
+NFT_TIMEOUT = 10.0
+
+
+class NftError(RuntimeError):
+    pass
+
+
+class Nft(Protocol):
+    def apply(self, script: str) -> None: ...
+
+    def list_table(self) -> dict[str, Any] | None: ...
+
+    def delete_table(self) -> None: ...
+
+
+class SystemNft:
+    """`nft` in the current network namespace, with a deadline on every call."""
+
+    def __init__(self, binary: str = "nft") -> None:
+        self.binary = binary
+
+    def _run(self, args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        try:
+            return subprocess.run(
+                [self.binary, *args],
+                input=stdin,
+                capture_output=True,
+                text=True,
+                timeout=NFT_TIMEOUT,
+                check=False,
+            )
+        except FileNotFoundError:
+            raise NftError(f"{self.binary} not found: install nftables") from None
+        except subprocess.TimeoutExpired:
+            raise NftError(
+                f"{self.binary} {' '.join(args)} did not finish within {NFT_TIMEOUT:.0f}s"
+            ) from None
+
+    def apply(self, script: str) -> None:
+        result = self._run(["-f", "-"], script)
+        if result.returncode != 0:
+            raise NftError(f"nft -f failed: {result.stderr.strip()}")
+
+    def list_table(self) -> dict[str, Any] | None:
+        result = self._run(["-j", "list", "table", FAMILY, TABLE])
+        if result.returncode != 0:
+            if "No such file or directory" in result.stderr:
+                return None
+            raise NftError(f"nft list failed: {result.stderr.strip()}")
+        try:
+            listing: dict[str, Any] = json.loads(result.stdout)
+        except ValueError as exc:
+            raise NftError(f"nft -j printed something that is not JSON: {exc}") from None
+        return listing
+
+    def delete_table(self) -> None:
+        result = self._run(["delete", "table", FAMILY, TABLE])
+        if result.returncode != 0 and "No such file or directory" not in result.stderr:
+            raise NftError(f"nft delete table failed: {result.stderr.strip()}")

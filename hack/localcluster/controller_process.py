@@ -1,0 +1,128 @@
+"""Run `deathwatch controller` as a real process (as in a Pod), for tests and the demo."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from hack.localcluster.controlplane import ControlPlane, free_port, kubeconfig
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def service_account_kubeconfig(
+    cp: ControlPlane, api: client.ApiClient, namespace: str, name: str, path: Path
+) -> Path:
+    """A kubeconfig holding a TokenRequest token of the ServiceAccount: the controller then
+    runs with exactly the RBAC its manifests grant, as it would in its Pod."""
+    core = client.CoreV1Api(api)
+    token = core.create_namespaced_service_account_token(
+        name, namespace, {"spec": {"expirationSeconds": 3600}}, _request_timeout=30
+    ).status.token
+    path.write_text(kubeconfig(cp.server, cp.certs / "ca.crt", None, None, token=token, user=name))
+    return path
+
+
+class ControllerProcess:
+    def __init__(
+        self,
+        kubeconfig_path: Path,
+        namespaces: list[str],
+        log: Path,
+        extra: list[str] | None = None,
+    ) -> None:
+        self.kubeconfig = kubeconfig_path
+        self.namespaces = namespaces
+        self.log = log
+        self.extra = extra or []
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30) -> ControllerProcess:
+        args = [
+            sys.executable,
+            "-m",
+            "deathwatch._cli",
+            "controller",
+            "--kubeconfig",
+            str(self.kubeconfig),
+        ]
+        args += ["--http-host", "127.0.0.1", "--http-port", str(self.port)]
+        for ns in self.namespaces:
+            args += ["--namespace", ns]
+        args += self.extra
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with self.log.open("ab") as logf:
+            self.proc = subprocess.Popen(
+                args, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=ROOT
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"controller exited with {self.proc.returncode}:\n{self.tail()}")
+            if self.get("/healthz", status_only=True) == 200:
+                return self
+            time.sleep(0.05)
+        raise RuntimeError(f"controller not healthy within {timeout}s:\n{self.tail()}")
+
+    def get(self, path: str, status_only: bool = False) -> Any:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=5) as resp:  # noqa: S310 - loopback
+                body = resp.read()
+                status = resp.status
+        except urllib.error.HTTPError as exc:
+            body, status = exc.read(), exc.code
+        except OSError:
+            return None
+        if status_only:
+            return status
+        text = body.decode()
+        return json.loads(text) if path == "/readyz" else text
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of a metric's samples matching the labels (0 if none)."""
+        total = 0.0
+        for line in (self.get("/metrics") or "").splitlines():
+            if not line.startswith(name + "{") and not line.startswith(name + " "):
+                continue
+            if all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout)
+        code = self.proc.returncode
+        self.proc = None
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no flush: what an OOM kill or a node loss does."""
+        self.stop(signal.SIGKILL)
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
