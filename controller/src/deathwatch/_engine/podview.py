@@ -37,16 +37,8 @@ class MalformedPod(ValueError):
         self.problem = problem
 
     @classmethod
-    def from_validation(cls, exc: msgspec.ValidationError, prefix: str = "$") -> MalformedPod:
-        # msgspec says "Expected `int | null`, got `str` - at `$.status.containerStatuses[0]...`"
-        text = str(exc)
-        problem, sep, where = text.rpartition(" - at `")
-        if not sep:
-            return cls("object", text)
-        field = where.rstrip("`")
-        if field.startswith(prefix):
-            field = field[len(prefix) :].lstrip(".")
-        return cls(field or "object", problem.replace("`", ""))
+    def from_validation(cls, exc: msgspec.ValidationError) -> MalformedPod:
+        return cls(*raw.validation_field(exc))
 
 
 class Termination(msgspec.Struct, frozen=True, gc=False):

@@ -109,6 +109,19 @@ class Pod(msgspec.Struct, rename="camel", frozen=True, gc=False):
     message: str | None = None
 
 
+def validation_field(exc: msgspec.ValidationError) -> tuple[str, str]:
+    """The field path and the problem of a validation error, for a message that names both.
+
+    msgspec says "Expected `int | null`, got `str` - at `$.status.containerStatuses[0]...`";
+    this returns ("status.containerStatuses[0]...", "Expected int | null, got str").
+    """
+    problem, sep, where = str(exc).rpartition(" - at `")
+    if not sep:
+        return "object", str(exc)
+    field = where.rstrip("`").removeprefix("$").lstrip(".")
+    return field or "object", problem.replace("`", "")
+
+
 EMPTY_META = ObjectMeta()
 EMPTY_SPEC = PodSpec()
 EMPTY_STATUS = PodStatus()

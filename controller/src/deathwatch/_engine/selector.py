@@ -1,12 +1,13 @@
-"""Label selectors: the kubectl string form (`--selector`) and the API object form
-(`podSelector` of a DeathWatch), compiled to one matcher with the API's semantics."""
+"""Label selectors with the API's semantics: the kubectl string form (`--selector`) parsed
+here, and the API object form (a DeathWatch's `podSelector`) compiled by the operator's
+spec reader; both end as the same matcher."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 Operator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
 _OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
@@ -46,18 +47,14 @@ class Selector:
     def matches(self, labels: Mapping[str, str]) -> bool:
         return all(r.matches(labels) for r in self.requirements)
 
-    @property
-    def everything(self) -> bool:
-        return not self.requirements
 
-
-def _check_key(key: str, where: str) -> str:
+def check_key(key: str, where: str) -> str:
     if not _KEY.match(key):
         raise SelectorError(f"{where}: invalid label key {key!r}")
     return key
 
 
-def _check_value(value: str, where: str) -> str:
+def check_value(value: str, where: str) -> str:
     if not _VALUE.match(value):
         raise SelectorError(f"{where}: invalid label value {value!r}")
     return value
@@ -78,63 +75,22 @@ def parse_selector(text: str) -> Selector:
             key, value = term.split("!=", 1)
             requirements.append(
                 Requirement(
-                    _check_key(key.strip(), where),
+                    check_key(key.strip(), where),
                     "NotIn",
-                    frozenset({_check_value(value.strip(), where)}),
+                    frozenset({check_value(value.strip(), where)}),
                 )
             )
         elif "=" in term:
             key, value = term.split("==", 1) if "==" in term else term.split("=", 1)
             requirements.append(
                 Requirement(
-                    _check_key(key.strip(), where),
+                    check_key(key.strip(), where),
                     "In",
-                    frozenset({_check_value(value.strip(), where)}),
+                    frozenset({check_value(value.strip(), where)}),
                 )
             )
         elif term.startswith("!"):
-            requirements.append(Requirement(_check_key(term[1:].strip(), where), "DoesNotExist"))
+            requirements.append(Requirement(check_key(term[1:].strip(), where), "DoesNotExist"))
         else:
-            requirements.append(Requirement(_check_key(term, where), "Exists"))
-    return Selector(tuple(requirements))
-
-
-def selector_from_object(obj: Mapping[str, Any] | None, where: str = "podSelector") -> Selector:
-    """A metav1.LabelSelector (matchLabels + matchExpressions). Empty or None: everything."""
-    if obj is None:
-        return Selector()
-    if not isinstance(obj, Mapping):
-        raise SelectorError(f"{where}: expected an object, got {obj!r}")
-    requirements: list[Requirement] = []
-    match_labels = obj.get("matchLabels") or {}
-    if not isinstance(match_labels, Mapping):
-        raise SelectorError(f"{where}.matchLabels: expected an object, got {match_labels!r}")
-    for key, value in sorted(match_labels.items()):
-        w = f"{where}.matchLabels.{key}"
-        if not isinstance(value, str):
-            raise SelectorError(f"{w}: expected a string, got {value!r}")
-        requirements.append(
-            Requirement(_check_key(key, w), "In", frozenset({_check_value(value, w)}))
-        )
-    expressions = obj.get("matchExpressions") or []
-    if not isinstance(expressions, list):
-        raise SelectorError(f"{where}.matchExpressions: expected a list, got {expressions!r}")
-    for i, expr in enumerate(expressions):
-        w = f"{where}.matchExpressions[{i}]"
-        if not isinstance(expr, Mapping):
-            raise SelectorError(f"{w}: expected an object, got {expr!r}")
-        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
-        if not isinstance(key, str):
-            raise SelectorError(f"{w}.key: expected a string, got {key!r}")
-        if op not in _OPERATORS:
-            raise SelectorError(
-                f"{w}.operator: expected one of {', '.join(_OPERATORS)}, got {op!r}"
-            )
-        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-            raise SelectorError(f"{w}.values: expected a list of strings, got {values!r}")
-        if op in ("In", "NotIn") and not values:
-            raise SelectorError(f"{w}.values: operator {op} needs at least one value")
-        if op in ("Exists", "DoesNotExist") and values:
-            raise SelectorError(f"{w}.values: operator {op} takes no values, got {values!r}")
-        requirements.append(Requirement(_check_key(key, w), op, frozenset(values)))
+            requirements.append(Requirement(check_key(term, where), "Exists"))
     return Selector(tuple(requirements))

@@ -24,11 +24,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from deathwatch._engine.podview import MalformedPod, PodView, read_pod
 from deathwatch._engine.timeutil import UTC
-from deathwatch._operator.kube import Api, api_message, load_configuration, status_code
+from deathwatch._operator.documents import FirewallReading
+from deathwatch._operator.kube import Api, ApiWrites, api_message, load_configuration, status_code
 from deathwatch._operator.metrics import Metrics
-from deathwatch._operator.spec import GROUP, VERSION, DeathWatchSpec, SpecError, read_deathwatch
+from deathwatch._operator.resources import DW_PLURAL, GROUP, SV_PLURAL, VERSION, to_document
+from deathwatch._operator.spec import SpecError, Watch, read_deathwatch
 from deathwatch._operator.tracker import Tracker
-from deathwatch._operator.writer import SV_PLURAL, Writer
+from deathwatch._operator.writer import Writer
 from deathwatch._policies import default_registry
 
 log = structlog.get_logger("deathwatch.app")
@@ -59,7 +61,6 @@ class Readiness:
     api_reachable: bool | None = None
     api_error: str | None = None
     checked_at: datetime | None = None
-    checked_mono: float = 0.0
 
 
 @dataclass
@@ -83,9 +84,9 @@ class App:
         # /readyz and firewall coverage use their own client and thread: they can never
         # queue behind, or take a slot from, the controller's own API work
         self.probe_api = Api(load_configuration(self.config.kubeconfig), 1, "deathwatch-probe")
-        self.writer = Writer(self.api, self.metrics, workers=self.config.writers)
+        self.writer = Writer(ApiWrites(self.api), self.metrics, workers=self.config.writers)
         self.tracker = Tracker(default_registry(), self.writer, self.metrics)
-        self.tracker.firewall.daemonset = self.config.firewall_daemonset
+        self.tracker.firewall = FirewallReading(self.config.firewall_daemonset)
         await self.serve_http()
         restored = self.tracker.restore(await self.list_verdicts())
         log.info(
@@ -207,22 +208,27 @@ class App:
         assert c is not None  # noqa: S101
         assert api is not None  # noqa: S101
         while True:
-            fw = c.firewall
+            daemonset = c.firewall.daemonset
             try:
-                if fw.daemonset:
-                    ns, name = fw.daemonset.split("/", 1)
+                if daemonset:
+                    ns, name = daemonset.split("/", 1)
                     try:
                         ds = await api.call(api.apps.read_namespaced_daemon_set_status, name, ns)
                     except Exception as exc:
                         if status_code(exc) != "404":
                             raise
-                        fw.desired = fw.ready = None
-                        fw.error = f"DaemonSet {fw.daemonset} not found"
+                        c.firewall = FirewallReading(
+                            daemonset,
+                            observed_at=datetime.now(UTC),
+                            error=f"DaemonSet {daemonset} not found",
+                        )
                     else:
-                        fw.desired = ds.status.desired_number_scheduled or 0
-                        fw.ready = ds.status.number_ready or 0
-                        fw.error = None
-                    fw.observed_at = datetime.now(UTC)
+                        c.firewall = FirewallReading(
+                            daemonset,
+                            desired=ds.status.desired_number_scheduled or 0,
+                            ready=ds.status.number_ready or 0,
+                            observed_at=datetime.now(UTC),
+                        )
                 else:
                     await api.call(api.version.get_code)
                 self.readiness.api_reachable, self.readiness.api_error = True, None
@@ -233,7 +239,6 @@ class App:
                 )
                 self.metrics.api_errors.labels("probe", status_code(exc)).inc()
             self.readiness.checked_at = datetime.now(UTC)
-            self.readiness.checked_mono = time.monotonic()
             await asyncio.sleep(self.config.probe_interval)
 
     # --- HTTP: /healthz, /readyz, /metrics ----------------------------------------------------
@@ -256,13 +261,11 @@ class App:
         c, r = self.tracker, self.readiness
         fresh = c.watches_fresh(self.config.stale_after) if c else False
         fw = c.firewall if c else None
-        covered: bool | None = None
-        if fw is not None and fw.daemonset and fw.desired is not None and fw.ready is not None:
-            covered = fw.desired > 0 and fw.ready >= fw.desired
+        coverage = fw.coverage() if fw else None
         checks = {
             "api_reachable": bool(r.api_reachable),
             "watches_fresh": fresh,
-            "firewall_covered": covered,
+            "firewall_covered": fw.covered if fw else None,
         }
         last_pod_event = c.last_event.get("pods") if c else None
         details = {
@@ -271,7 +274,7 @@ class App:
             "seconds_since_pod_event": round(time.monotonic() - last_pod_event, 1)
             if last_pod_event
             else None,
-            "firewall": fw.as_status() if fw else None,
+            "firewall": to_document(coverage) if coverage else None,
             "tracked": len(c.fleet) if c else 0,
             "write_backlog": self.writer.backlog if self.writer else 0,
         }
@@ -323,10 +326,10 @@ def register(registry: kopf.OperatorRegistry, app: App) -> None:
     async def cleanup(**_: Any) -> None:
         await app.stop()
 
-    @kopf.index(GROUP, VERSION, "deathwatches", id="deathwatches_by_namespace", registry=registry)
+    @kopf.index(GROUP, VERSION, DW_PLURAL, id="deathwatches_by_namespace", registry=registry)
     def deathwatches_by_namespace(
         namespace: str | None, body: kopf.Body, **_: Any
-    ) -> dict[str, DeathWatchSpec]:
+    ) -> dict[str, Watch]:
         try:
             return {namespace or "": read_deathwatch(body, default_registry())}
         except SpecError:
@@ -347,7 +350,7 @@ def register(registry: kopf.OperatorRegistry, app: App) -> None:
             watches = _values(kwargs["deathwatches_by_namespace"], namespace or "")
             app.tracker.on_pod(event.get("type"), body, watches)
 
-    @kopf.on.event(GROUP, VERSION, "deathwatches", id="deathwatch_event", registry=registry)
+    @kopf.on.event(GROUP, VERSION, DW_PLURAL, id="deathwatch_event", registry=registry)
     async def deathwatch_event(
         event: kopf.RawEvent, body: kopf.Body, namespace: str | None, **kwargs: Any
     ) -> None:

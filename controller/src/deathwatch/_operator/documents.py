@@ -1,19 +1,40 @@
-"""Verdicts as the API stores them, and back: SandboxVerdict and DeathWatch status documents.
+"""Every document the operator writes, built in one place, and the verdict read back.
 
-Pure functions over plain data: the operator writes what `verdict_status` returns, and on a
-restart rebuilds the engine's memory with `track_from_status`, so nothing the engine needs
-lives only in memory.
+Pure functions over plain data, no I/O: SandboxVerdict objects and statuses, DeathWatch
+statuses and their conditions, and the Events posted on sandbox pods. The writer sends what
+these return and nothing else; on a restart `track_from_status` rebuilds the engine's memory
+from a SandboxVerdict's status, so nothing the engine needs lives only in memory.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import kopf
+import msgspec
+
 from deathwatch._engine.engine import Track
-from deathwatch._engine.timeutil import format_time, parse_time
+from deathwatch._engine.timeutil import format_time
 from deathwatch._engine.verdict import Cause, Evidence, State
+from deathwatch._operator.resources import (
+    API_VERSION,
+    MANAGED_BY,
+    WATCH_LABEL,
+    Condition,
+    ConditionStatus,
+    ConditionType,
+    DeathWatchStatus,
+    EventReason,
+    FirewallCoverage,
+    LastDeath,
+    Reason,
+    SandboxVerdictSpec,
+    SandboxVerdictStatus,
+    to_document,
+)
 
 LAST_DEATHS = 20
 PROBE_BLOCKED_MESSAGE = (
@@ -22,29 +43,31 @@ PROBE_BLOCKED_MESSAGE = (
 )
 
 
-def _condition(
-    kind: str, status: str, reason: str, message: str, since: datetime | None
-) -> dict[str, Any]:
-    return {
-        "type": kind,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": format_time(since),
-    }
+def condition(
+    kind: str,
+    status: ConditionStatus,
+    reason: str,
+    message: str,
+    since: datetime | None,
+    previous: Iterable[Condition] = (),
+) -> Condition:
+    """A condition; its lastTransitionTime stays the previous one's while the status holds."""
+    for old in previous:
+        if old.type == kind and old.status is status:
+            since = old.last_transition_time
+            break
+    return Condition(
+        type=kind, status=status, reason=reason, message=message, last_transition_time=since
+    )
+
+
+# --- SandboxVerdict ------------------------------------------------------------------------
 
 
 def verdict_message(track: Track) -> str:
     e = track.evidence
     if track.state is State.DEAD and e is not None:
-        parts = [f"{e.cause}"]
-        if e.container:
-            parts.append(f"container {e.container}")
-        if e.exit_code is not None:
-            parts.append(f"exit code {e.exit_code}")
-        if e.reason:
-            parts.append(f"reason {e.reason}")
-        return f"declared dead ({', '.join(parts)}) by policy {track.policy}"
+        return f"declared dead ({evidence_summary(e)}) by policy {track.policy}"
     if track.state is State.SUSPECT:
         return (
             f"not Ready since {format_time(track.ready_drop_at)}; "
@@ -57,16 +80,37 @@ def verdict_message(track: Track) -> str:
     return f"Ready since {format_time(track.last_ready_at)}"
 
 
-def verdict_status(track: Track, node: str | None) -> dict[str, Any]:
-    """The SandboxVerdict status for a track (None values are left out)."""
+def evidence_summary(e: Evidence) -> str:
+    """ "ContainerExited, container agent, exit code 7, reason Error"."""
+    return ", ".join([str(e.cause), *evidence_details(e)])
+
+
+def evidence_details(e: Evidence | None) -> list[str]:
+    if e is None:
+        return []
+    parts = []
+    if e.container:
+        parts.append(f"container {e.container}")
+    if e.exit_code is not None:
+        parts.append(f"exit code {e.exit_code}")
+    if e.reason:
+        parts.append(f"reason {e.reason}")
+    return parts
+
+
+_ALIVE = {
+    State.ALIVE: ConditionStatus.TRUE,
+    State.SUSPECT: ConditionStatus.UNKNOWN,
+    State.PENDING: ConditionStatus.UNKNOWN,
+}
+
+
+def verdict_status(track: Track, node: str | None) -> SandboxVerdictStatus:
     e = track.evidence
-    alive = {State.ALIVE: "True", State.SUSPECT: "Unknown", State.PENDING: "Unknown"}.get(
-        track.state, "False"
-    )
     conditions = [
-        _condition(
-            "Alive",
-            alive,
+        condition(
+            ConditionType.ALIVE,
+            _ALIVE.get(track.state, ConditionStatus.FALSE),
             str(track.cause or track.state),
             verdict_message(track),
             track.changed_at,
@@ -74,143 +118,297 @@ def verdict_status(track: Track, node: str | None) -> dict[str, Any]:
     ]
     if track.probe_blocked:
         conditions.append(
-            _condition(
-                "ProbeBlockedByFirewall",
-                "True",
-                "NetworkProbeOnAgentPort",
+            condition(
+                ConditionType.PROBE_BLOCKED,
+                ConditionStatus.TRUE,
+                Reason.NETWORK_PROBE_ON_AGENT_PORT,
                 PROBE_BLOCKED_MESSAGE,
                 track.changed_at,
             )
         )
-    status: dict[str, Any] = {
-        "state": str(track.state),
-        "policy": track.policy,
-        "cause": str(track.cause) if track.cause else None,
-        "container": e.container if e else None,
-        "exitCode": e.exit_code if e else None,
-        "reason": e.reason if e else None,
-        "restartCount": e.restart_count if e else sum(track.restart_baseline.values()),
-        "restartCounts": dict(track.restart_baseline),
-        "podUID": track.uid,
-        "node": node,
-        "lastReadyAt": format_time(track.last_ready_at),
-        "readyDropAt": format_time(track.ready_drop_at),
-        "deadline": format_time(track.deadline),
-        "declaredAt": format_time(e.declared_at) if e else None,
-        "readyDrops": track.ready_drops,
-        "flaps": track.flaps,
-        "falsePositive": track.false_positive,
-        "probeBlockedByFirewall": track.probe_blocked,
-        "conditions": conditions,
+    return SandboxVerdictStatus(
+        state=track.state,
+        policy=track.policy,
+        cause=track.cause,
+        container=e.container if e else None,
+        exit_code=e.exit_code if e else None,
+        reason=e.reason if e else None,
+        restart_count=e.restart_count if e else sum(track.restart_baseline.values()),
+        restart_counts=dict(track.restart_baseline),
+        pod_uid=track.uid,
+        node=node,
+        last_ready_at=track.last_ready_at,
+        ready_drop_at=track.ready_drop_at,
+        deadline=track.deadline,
+        declared_at=e.declared_at if e else None,
+        ready_drops=track.ready_drops,
+        flaps=track.flaps,
+        false_positive=track.false_positive,
+        probe_blocked_by_firewall=track.probe_blocked,
+        conditions=conditions,
+    )
+
+
+def verdict_object(namespace: str, name: str, owner: Mapping[str, Any]) -> dict[str, Any]:
+    """A new SandboxVerdict (status comes with the next write: it is a subresource), owned by
+    its DeathWatch, so it is garbage-collected with it."""
+    watch = (owner.get("metadata") or {}).get("name")
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "SandboxVerdict",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/managed-by": "deathwatch", WATCH_LABEL: watch},
+            "ownerReferences": [dict(kopf.build_owner_reference(owner))],  # type: ignore[arg-type]
+        },
+        "spec": to_document(SandboxVerdictSpec(death_watch=watch)),
     }
-    return {k: v for k, v in status.items() if v is not None}
 
 
 def track_from_status(namespace: str, name: str, status: Mapping[str, Any]) -> Track | None:
     """Rebuild the engine's memory of a pod from its SandboxVerdict. None if unusable."""
-    uid = status.get("podUID")
-    policy = status.get("policy")
     try:
-        state = State(str(status.get("state")))
-    except ValueError:
+        sv = msgspec.convert(status, SandboxVerdictStatus)
+    except msgspec.ValidationError:
         return None
-    if not isinstance(uid, str) or not uid or not isinstance(policy, str) or not policy:
+    if not sv.pod_uid or not sv.policy:
         return None
-    cause = None
-    if status.get("cause"):
-        try:
-            cause = Cause(status["cause"])
-        except ValueError:
-            cause = Cause.UNKNOWN
-    declared_at = parse_time(status.get("declaredAt"))
-    last_ready_at = parse_time(status.get("lastReadyAt"))
-    ready_drop_at = parse_time(status.get("readyDropAt"))
-    changed_at = None
-    for cond in status.get("conditions") or []:
-        if isinstance(cond, Mapping) and cond.get("type") == "Alive":
-            changed_at = parse_time(cond.get("lastTransitionTime"))
+    changed_at = next(
+        (c.last_transition_time for c in sv.conditions if c.type == ConditionType.ALIVE), None
+    )
     evidence = None
-    if state.terminal and declared_at is not None:
+    if sv.state.terminal and sv.declared_at is not None:
         evidence = Evidence(
-            state=state,
-            cause=cause or Cause.UNKNOWN,
-            policy=policy,
-            pod_uid=uid,
+            state=sv.state,
+            cause=sv.cause or Cause.UNKNOWN,
+            policy=sv.policy,
+            pod_uid=sv.pod_uid,
             namespace=namespace,
             name=name,
-            container=status.get("container"),
-            exit_code=status.get("exitCode"),
-            reason=status.get("reason"),
-            restart_count=status.get("restartCount"),
-            last_ready_at=last_ready_at,
-            ready_drop_at=ready_drop_at,
-            declared_at=declared_at,
+            container=sv.container,
+            exit_code=sv.exit_code,
+            reason=sv.reason,
+            restart_count=sv.restart_count,
+            last_ready_at=sv.last_ready_at,
+            ready_drop_at=sv.ready_drop_at,
+            declared_at=sv.declared_at,
         )
-    counts = status.get("restartCounts") or {}
     return Track(
-        uid=uid,
+        uid=sv.pod_uid,
         namespace=namespace,
         name=name,
-        policy=policy,
-        state=state,
-        cause=cause,
-        ever_ready=state is not State.PENDING or last_ready_at is not None,
-        ready=state is State.ALIVE,
-        last_ready_at=last_ready_at,
-        ready_drop_at=ready_drop_at,
-        deadline=parse_time(status.get("deadline")),
-        restart_baseline={k: v for k, v in counts.items() if isinstance(v, int)},
-        ready_drops=int(status.get("readyDrops") or 0),
-        flaps=int(status.get("flaps") or 0),
-        false_positive=bool(status.get("falsePositive")),
-        probe_blocked=bool(status.get("probeBlockedByFirewall")),
+        policy=sv.policy,
+        state=sv.state,
+        cause=sv.cause,
+        ever_ready=sv.state is not State.PENDING or sv.last_ready_at is not None,
+        ready=sv.state is State.ALIVE,
+        last_ready_at=sv.last_ready_at,
+        ready_drop_at=sv.ready_drop_at,
+        deadline=sv.deadline,
+        restart_baseline=sv.restart_counts,
+        ready_drops=sv.ready_drops,
+        flaps=sv.flaps,
+        false_positive=sv.false_positive,
+        probe_blocked=sv.probe_blocked_by_firewall,
         evidence=evidence,
         changed_at=changed_at,
     )
 
 
+# --- DeathWatch ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FirewallReading:
+    """The firewall DaemonSet as last read (desired/ready None: never read)."""
+
+    daemonset: str | None
+    desired: int | None = None
+    ready: int | None = None
+    observed_at: datetime | None = None
+    error: str | None = None
+
+    @property
+    def covered(self) -> bool | None:
+        if self.daemonset is None or self.desired is None or self.ready is None:
+            return None
+        return self.desired > 0 and self.ready >= self.desired
+
+    def coverage(self) -> FirewallCoverage | None:
+        if self.daemonset is None:
+            return None
+        known = self.desired is not None and self.ready is not None
+        return FirewallCoverage(
+            daemon_set=self.daemonset,
+            summary=f"{self.ready}/{self.desired}" if known else "unknown",
+            desired=self.desired,
+            ready=self.ready,
+            observed_at=self.observed_at,
+        )
+
+
+def deathwatch_conditions(
+    previous: Iterable[Condition],
+    now: datetime,
+    *,
+    invalid: str | None,
+    fresh: bool,
+    stale_after: float,
+    firewall: FirewallReading,
+) -> list[Condition]:
+    before = list(previous)
+
+    def cond(kind: str, status: ConditionStatus, reason: str, message: str) -> Condition:
+        return condition(kind, status, reason, message, now, before)
+
+    t, f, u = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOWN
+    if invalid is not None:
+        ready = cond(ConditionType.READY, f, Reason.INVALID_SPEC, invalid)
+    elif not fresh:
+        ready = cond(
+            ConditionType.READY,
+            u,
+            Reason.NO_RECENT_POD_EVENTS,
+            f"no pod event for over {stale_after:.0f}s: a quiet cluster, or a stale watch",
+        )
+    else:
+        ready = cond(
+            ConditionType.READY, t, Reason.WATCHING, "judging the pods this DeathWatch selects"
+        )
+    fw, covered = firewall, firewall.covered
+    kind = ConditionType.FIREWALL_COVERED
+    if fw.daemonset is None:
+        message = "the controller was not told which DaemonSet runs the firewall"
+        firewall_condition = cond(kind, u, Reason.NOT_CONFIGURED, message)
+    elif covered is None:
+        message = fw.error or f"DaemonSet {fw.daemonset} not read yet"
+        firewall_condition = cond(kind, u, Reason.NOT_OBSERVED, message)
+    elif covered:
+        message = f"the firewall agent is ready on {fw.ready}/{fw.desired} nodes"
+        firewall_condition = cond(kind, t, Reason.ALL_NODES, message)
+    else:
+        message = (
+            f"the firewall agent is ready on {fw.ready}/{fw.desired} nodes: "
+            "sandboxes on the others are exposed"
+        )
+        firewall_condition = cond(kind, f, Reason.NODES_UNCOVERED, message)
+    return [ready, firewall_condition]
+
+
 def deathwatch_status(
     tracks: Iterable[Track],
-    firewall: Mapping[str, Any] | None,
-    conditions: list[dict[str, Any]],
+    firewall: FirewallCoverage | None,
+    conditions: list[Condition],
     generation: int | None,
-) -> dict[str, Any]:
+) -> DeathWatchStatus:
     """The DeathWatch status: counts, the last deaths with evidence, firewall coverage."""
-    counts = dict.fromkeys(
-        ("tracked", "pending", "alive", "suspect", "dead", "gone", "flaps", "falsePositives"), 0
-    )
+    counts = dict.fromkeys(State, 0)
+    flaps = false_positives = 0
     deaths: list[Evidence] = []
     for t in tracks:
-        counts["tracked"] += 1
-        counts[str(t.state).lower()] += 1
-        counts["flaps"] += t.flaps
-        counts["falsePositives"] += int(t.false_positive)
+        counts[t.state] += 1
+        flaps += t.flaps
+        false_positives += int(t.false_positive)
         if t.state is State.DEAD and t.evidence is not None:
             deaths.append(t.evidence)
     deaths.sort(key=lambda e: (e.declared_at, e.name), reverse=True)
-    status: dict[str, Any] = {
-        **counts,
-        "lastDeaths": [
-            {
-                k: v
-                for k, v in {
-                    "name": e.name,
-                    "podUID": e.pod_uid,
-                    "policy": e.policy,
-                    "cause": str(e.cause),
-                    "container": e.container,
-                    "exitCode": e.exit_code,
-                    "readyDropAt": format_time(e.ready_drop_at),
-                    "declaredAt": format_time(e.declared_at),
-                }.items()
-                if v is not None
-            }
+    return DeathWatchStatus(
+        tracked=sum(counts.values()),
+        pending=counts[State.PENDING],
+        alive=counts[State.ALIVE],
+        suspect=counts[State.SUSPECT],
+        dead=counts[State.DEAD],
+        gone=counts[State.GONE],
+        flaps=flaps,
+        false_positives=false_positives,
+        observed_generation=generation,
+        firewall=firewall,
+        last_deaths=[
+            LastDeath(
+                name=e.name,
+                pod_uid=e.pod_uid,
+                policy=e.policy,
+                cause=e.cause,
+                container=e.container,
+                exit_code=e.exit_code,
+                ready_drop_at=e.ready_drop_at,
+                declared_at=e.declared_at,
+            )
             for e in deaths[:LAST_DEATHS]
         ],
-        "conditions": conditions,
-    }
-    if firewall is not None:
-        status["firewall"] = dict(firewall)
-    if generation is not None:
-        status["observedGeneration"] = generation
-    return status
+        conditions=conditions,
+    )
+
+
+# --- Events on sandbox pods ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PodEvent:
+    """A Kubernetes Event about a pod (core/v1), posted once per (pod uid, reason): its name
+    is deterministic, so a second create is a 409, even from a restarted controller."""
+
+    namespace: str
+    pod: str
+    pod_uid: str
+    reason: EventReason
+    message: str
+    type: str = "Warning"
+
+    @property
+    def name(self) -> str:
+        suffix = f".{self.pod_uid[:8]}.{self.reason.lower()}"
+        return self.pod[: 253 - len(suffix)] + suffix
+
+    def document(self, now: datetime, instance: str) -> dict[str, Any]:
+        at = format_time(now)
+        return {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "namespace": self.namespace,
+                "name": self.pod,
+                "uid": self.pod_uid,
+            },
+            "reason": str(self.reason),
+            "message": self.message,
+            "type": self.type,
+            "count": 1,
+            "firstTimestamp": at,
+            "lastTimestamp": at,
+            "source": {"component": "deathwatch"},
+            "reportingComponent": MANAGED_BY,
+            "reportingInstance": instance,
+        }
+
+
+def _event(track: Track, reason: EventReason, message: str) -> PodEvent:
+    return PodEvent(track.namespace, track.name, track.uid, reason, message)
+
+
+def dead_event(track: Track) -> PodEvent:
+    details = evidence_details(track.evidence)
+    detail = f" ({', '.join(details)})" if details else ""
+    return _event(
+        track,
+        EventReason.SANDBOX_DEAD,
+        f"Sandbox dead: {track.cause}{detail}; Ready dropped at "
+        f"{format_time(track.ready_drop_at)}, policy {track.policy}",
+    )
+
+
+def false_positive_event(track: Track) -> PodEvent:
+    declared = format_time(track.evidence.declared_at) if track.evidence else None
+    return _event(
+        track,
+        EventReason.SANDBOX_FALSE_POSITIVE,
+        f"Ready again after being declared dead at {declared}; the Dead verdict stands",
+    )
+
+
+def probe_blocked_event(track: Track) -> PodEvent:
+    return _event(track, EventReason.PROBE_BLOCKED, PROBE_BLOCKED_MESSAGE)

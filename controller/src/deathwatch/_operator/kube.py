@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 
 from kubernetes import client, config
 
+from deathwatch._operator.resources import GROUP, VERSION
+
 API_TIMEOUT = 30.0
 REQUEST_TIMEOUT = (10.0, API_TIMEOUT)  # (connect, read) seconds, for every client call
 T = TypeVar("T")
@@ -60,6 +62,42 @@ class Api:
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.client.close()
+
+
+class ApiWrites:
+    """The writer's four calls (writer.WriteApi) on the real API, each with its deadline."""
+
+    def __init__(self, api: Api) -> None:
+        self.api = api
+
+    async def create(self, plural: str, namespace: str, body: dict[str, Any]) -> None:
+        custom = self.api.custom
+        await self.api.call(
+            custom.create_namespaced_custom_object, GROUP, VERSION, namespace, plural, body
+        )
+
+    async def patch_status(
+        self, plural: str, namespace: str, name: str, patch: dict[str, Any]
+    ) -> None:
+        custom = self.api.custom
+        await self.api.call(
+            custom.patch_namespaced_custom_object_status,
+            GROUP,
+            VERSION,
+            namespace,
+            plural,
+            name,
+            patch,
+        )
+
+    async def delete(self, plural: str, namespace: str, name: str) -> None:
+        custom = self.api.custom
+        await self.api.call(
+            custom.delete_namespaced_custom_object, GROUP, VERSION, namespace, plural, name
+        )
+
+    async def create_event(self, namespace: str, body: dict[str, Any]) -> None:
+        await self.api.call(self.api.core.create_namespaced_event, namespace, body)
 
 
 def status_code(exc: BaseException) -> str:

@@ -1,4 +1,9 @@
-"""A DeathWatch's spec read into plain data, with errors that name the field and value."""
+"""A DeathWatch's spec read into what judging needs, with errors that name the field and value.
+
+The spec is decoded through its typed model (resources.DeathWatchSpec: types, enums and
+bounds as the CRD declares them); what a schema cannot say (label syntax, a policy that is
+installed, a duration's value) is checked here. Any problem is a SpecError naming the field.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +13,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from deathwatch._engine.selector import Selector, SelectorError, selector_from_object
-from deathwatch._engine.timeutil import UTC, parse_time
-from deathwatch._policies import AUTO, PolicyRegistry, PolicySettings, UnknownPolicy
+import msgspec
 
-GROUP = "deathwatch.dev"
-VERSION = "v1alpha1"
+from deathwatch._engine.raw import validation_field
+from deathwatch._engine.selector import Requirement, Selector, SelectorError, check_key, check_value
+from deathwatch._engine.timeutil import UTC, parse_time
+from deathwatch._operator.resources import DeathWatchSpec, LabelSelector
+from deathwatch._policies import PolicyRegistry, PolicySettings, UnknownPolicy
+
 DEFAULT_RETENTION = timedelta(hours=1)
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
@@ -48,7 +55,9 @@ def parse_duration(text: str, field: str = "duration") -> timedelta:
 
 
 @dataclass(frozen=True, slots=True)
-class DeathWatchSpec:
+class Watch:
+    """A DeathWatch, compiled for judging: which pods, which policy, how long to keep."""
+
     namespace: str
     name: str
     uid: str
@@ -68,51 +77,56 @@ class DeathWatchSpec:
         return (self.created or datetime.max.replace(tzinfo=UTC), self.name)
 
 
-def read_deathwatch(body: Mapping[str, Any], registry: PolicyRegistry) -> DeathWatchSpec:
+def _selector(selector: LabelSelector | None, where: str) -> Selector:
+    """A metav1.LabelSelector (matchLabels + matchExpressions). None selects everything."""
+    if selector is None:
+        return Selector()
+    requirements: list[Requirement] = []
+    for key, value in sorted((selector.match_labels or {}).items()):
+        w = f"{where}.matchLabels.{key}"
+        requirements.append(
+            Requirement(check_key(key, w), "In", frozenset({check_value(value, w)}))
+        )
+    for i, expr in enumerate(selector.match_expressions or ()):
+        w = f"{where}.matchExpressions[{i}]"
+        values = expr.values or []
+        if expr.operator in ("In", "NotIn") and not values:
+            raise SelectorError(f"{w}.values: operator {expr.operator} needs at least one value")
+        if expr.operator in ("Exists", "DoesNotExist") and values:
+            raise SelectorError(
+                f"{w}.values: operator {expr.operator} takes no values, got {values!r}"
+            )
+        requirements.append(Requirement(check_key(expr.key, w), expr.operator, frozenset(values)))
+    return Selector(tuple(requirements))
+
+
+def read_deathwatch(body: Mapping[str, Any], registry: PolicyRegistry) -> Watch:
     """Raises SpecError naming the first field that cannot be used."""
     meta = body.get("metadata") or {}
-    spec = body.get("spec") or {}
-    if not isinstance(spec, Mapping):
-        raise SpecError(f"spec: expected an object, got {spec!r}")
     try:
-        selector = selector_from_object(spec.get("podSelector"), "spec.podSelector")
+        spec = msgspec.convert(body.get("spec") or {}, DeathWatchSpec)
+    except msgspec.ValidationError as exc:
+        field, problem = validation_field(exc)
+        raise SpecError(f"spec.{field}: {problem}") from None
+    try:
+        selector = _selector(spec.pod_selector, "spec.podSelector")
     except SelectorError as exc:
         raise SpecError(str(exc)) from None
-    policy = spec.get("policy") or AUTO
     try:
-        registry.validate(policy)
+        registry.validate(spec.policy)
     except UnknownPolicy as exc:
         raise SpecError(f"spec.policy: {exc}") from None
-    multiplier = (spec.get("execProbe") or {}).get("windowMultiplier", 2.0)
-    if (
-        isinstance(multiplier, bool)
-        or not isinstance(multiplier, int | float)
-        or not multiplier > 0
-    ):
-        raise SpecError(
-            f"spec.execProbe.windowMultiplier: expected a positive number, got {multiplier!r}"
-        )
-    ports = spec.get("agentPorts") or []
-    if not isinstance(ports, list) or not all(
-        isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= 65535 for p in ports
-    ):
-        raise SpecError(f"spec.agentPorts: expected TCP port numbers, got {ports!r}")
-    retention_text = spec.get("verdictRetention")
-    retention = (
-        DEFAULT_RETENTION
-        if retention_text is None
-        else parse_duration(retention_text, "spec.verdictRetention")
-    )
-    return DeathWatchSpec(
+    multiplier = spec.exec_probe.window_multiplier if spec.exec_probe else 2.0
+    return Watch(
         namespace=meta.get("namespace") or "default",
         name=meta.get("name") or "",
         uid=meta.get("uid") or "",
         created=parse_time(meta.get("creationTimestamp")),
         selector=selector,
-        policy=policy,
+        policy=spec.policy,
         settings=PolicySettings(
-            exec_window_multiplier=float(multiplier), agent_ports=frozenset(ports)
+            exec_window_multiplier=multiplier, agent_ports=frozenset(spec.agent_ports)
         ),
-        retention=retention,
+        retention=parse_duration(spec.verdict_retention, "spec.verdictRetention"),
         body=body,
     )

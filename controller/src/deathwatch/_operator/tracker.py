@@ -1,9 +1,10 @@
 """The operator's state and decisions between the watches and the writer.
 
-kopf handlers (handlers.py) call in here with pods and DeathWatches; this module feeds the
-engine, decides which verdicts to persist and which Events to post, and keeps the
-bookkeeping the engine does not: which DeathWatch owns a pod, when a pod vanished, when a
-pod was last seen by a watch. All calls happen on the event loop; nothing here blocks.
+kopf handlers (app.py) call in here with pods and DeathWatches; the tracker feeds the engine,
+decides which verdicts to persist and which Events to post (documents.py builds them, the
+writer sends them), and keeps the bookkeeping the engine does not: which DeathWatch owns a
+pod, when a pod vanished, when a pod was last seen by a watch. All calls happen on the event
+loop; nothing here blocks.
 """
 
 from __future__ import annotations
@@ -15,56 +16,29 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+import msgspec
 import structlog
 
 from deathwatch._engine.engine import SignalKind, Step, Track
 from deathwatch._engine.fleet import Fleet
 from deathwatch._engine.podview import MalformedPod, PodView, read_pod
-from deathwatch._engine.timeutil import UTC, format_time
+from deathwatch._engine.timeutil import UTC
 from deathwatch._engine.verdict import State
-from deathwatch._operator.documents import (
-    PROBE_BLOCKED_MESSAGE,
-    deathwatch_status,
-    track_from_status,
-    verdict_status,
-)
+from deathwatch._operator import documents
+from deathwatch._operator.documents import FirewallReading, PodEvent
 from deathwatch._operator.metrics import Metrics
-from deathwatch._operator.spec import DeathWatchSpec, SpecError, read_deathwatch
-from deathwatch._operator.writer import LOW, NORMAL, URGENT, Desired, PodEvent, Writer
+from deathwatch._operator.resources import DW_PLURAL, SV_PLURAL, Condition, to_document
+from deathwatch._operator.spec import SpecError, Watch, read_deathwatch
+from deathwatch._operator.writer import LOW, NORMAL, URGENT, Desired, Writer
 from deathwatch._policies import PolicyRegistry, PolicySettings
 
 log = structlog.get_logger("deathwatch.tracker")
 Key = tuple[str, str]
 
 
-@dataclass
-class Firewall:
-    """Coverage of the node firewall DaemonSet, as last read (None: never read)."""
-
-    daemonset: str | None
-    desired: int | None = None
-    ready: int | None = None
-    observed_at: datetime | None = None
-    error: str | None = None
-
-    def as_status(self) -> dict[str, Any] | None:
-        if self.daemonset is None:
-            return None
-        out: dict[str, Any] = {"daemonSet": self.daemonset}
-        if self.desired is not None and self.ready is not None:
-            out.update(
-                desired=self.desired, ready=self.ready, summary=f"{self.ready}/{self.desired}"
-            )
-        else:
-            out["summary"] = "unknown"
-        if self.observed_at is not None:
-            out["observedAt"] = format_time(self.observed_at)
-        return out
-
-
 @dataclass(slots=True)
 class PodRecord:
-    """What the controller knows about a tracked pod besides the engine's Track."""
+    """What the tracker knows about a tracked pod besides the engine's Track."""
 
     namespace: str
     name: str
@@ -82,13 +56,14 @@ class Tracker:
     metrics: Metrics
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     fleet: Fleet = field(init=False)
-    watches: dict[Key, DeathWatchSpec] = field(default_factory=dict)
+    watches: dict[Key, Watch] = field(default_factory=dict)
     invalid: dict[Key, str] = field(default_factory=dict)  # DeathWatch -> why it is unusable
     generations: dict[Key, Any] = field(default_factory=dict)
+    conditions: dict[Key, list[Condition]] = field(default_factory=dict)  # as last published
     records: dict[str, PodRecord] = field(default_factory=dict)  # pod uid -> record
     by_name: dict[Key, str] = field(default_factory=dict)  # (namespace, pod name) -> uid
     dirty: set[Key] = field(default_factory=set)  # DeathWatches whose status must be recomputed
-    firewall: Firewall = field(default_factory=lambda: Firewall(None))
+    firewall: FirewallReading = field(default_factory=lambda: FirewallReading(None))
     last_event: dict[str, float] = field(default_factory=dict)  # resource -> monotonic time
     listing_started: float = 0.0  # monotonic time the latest (re)listing of pods began
     _in_listing: bool = False
@@ -110,8 +85,8 @@ class Tracker:
             status = sv.get("status") or {}
             if not namespace or not name:
                 continue
-            self.writer.knows("sv", namespace, name, status)
-            track = track_from_status(namespace, name, status)
+            self.writer.knows(SV_PLURAL, namespace, name, status)
+            track = documents.track_from_status(namespace, name, status)
             if track is None:
                 continue
             watch = ((sv.get("spec") or {}).get("deathWatch")) or ""
@@ -132,7 +107,7 @@ class Tracker:
     # --- pods -----------------------------------------------------------------------------
 
     def on_pod(
-        self, event_type: str | None, body: Mapping[str, Any], watches: Iterable[DeathWatchSpec]
+        self, event_type: str | None, body: Mapping[str, Any], watches: Iterable[Watch]
     ) -> None:
         now_mono = time.monotonic()
         self._note_event("pods", event_type, now_mono)
@@ -182,13 +157,13 @@ class Tracker:
             self._in_listing = listing
 
     @staticmethod
-    def _match(pod: PodView, watches: Iterable[DeathWatchSpec]) -> DeathWatchSpec | None:
+    def _match(pod: PodView, watches: Iterable[Watch]) -> Watch | None:
         candidates = sorted(
-            (w for w in watches if w.selector.matches(pod.labels)), key=DeathWatchSpec.sort_key
+            (w for w in watches if w.selector.matches(pod.labels)), key=Watch.sort_key
         )
         return candidates[0] if candidates else None
 
-    def _record(self, pod: PodView, watch: DeathWatchSpec) -> PodRecord:
+    def _record(self, pod: PodView, watch: Watch) -> PodRecord:
         record = self.records.get(pod.uid)
         if record is None:
             previous = self.by_name.get((pod.namespace, pod.name))
@@ -201,7 +176,7 @@ class Tracker:
         record.node = pod.node_name or record.node
         return record
 
-    def _after(self, step: Step, watch: DeathWatchSpec, received: float | None = None) -> None:
+    def _after(self, step: Step, watch: Watch, received: float | None = None) -> None:
         track = step.track
         record = self.records[track.uid]
         events: list[PodEvent] = []
@@ -220,7 +195,7 @@ class Tracker:
                     str(track.state), track.policy, str(track.cause or "")
                 ).inc()
                 if track.state is State.DEAD:
-                    events.append(self._dead_event(track))
+                    events.append(documents.dead_event(track))
             elif signal.kind is SignalKind.READY_DROPPED:
                 self.metrics.ready_drops.labels(track.policy).inc()
             elif signal.kind is SignalKind.FLAPPED:
@@ -234,26 +209,9 @@ class Tracker:
                     uid=track.uid,
                     policy=track.policy,
                 )
-                events.append(
-                    PodEvent(
-                        track.namespace,
-                        track.name,
-                        track.uid,
-                        "SandboxFalsePositive",
-                        f"Ready again after being declared dead at {_declared(track)}; "
-                        "the Dead verdict stands",
-                    )
-                )
+                events.append(documents.false_positive_event(track))
             elif signal.kind is SignalKind.PROBE_BLOCKED:
-                events.append(
-                    PodEvent(
-                        track.namespace,
-                        track.name,
-                        track.uid,
-                        "ProbeBlockedByFirewall",
-                        PROBE_BLOCKED_MESSAGE,
-                    )
-                )
+                events.append(documents.probe_blocked_event(track))
         if not track.ever_ready and track.state.terminal and not record.persisted:
             # never a running sandbox and never written: nothing to keep
             self.fleet.forget(track.uid)
@@ -265,11 +223,11 @@ class Tracker:
             dead = track.state is State.DEAD
             self.writer.want(
                 Desired(
-                    kind="sv",
-                    namespace=track.namespace,
-                    name=track.name,
-                    status=verdict_status(track, record.node),
-                    owner=watch.body,
+                    SV_PLURAL,
+                    track.namespace,
+                    track.name,
+                    status=to_document(documents.verdict_status(track, record.node)),
+                    create=documents.verdict_object(track.namespace, track.name, watch.body),
                     events=events,
                     priority=URGENT if dead else NORMAL,
                     received=received if dead else None,
@@ -279,27 +237,6 @@ class Tracker:
         self.dirty.add(watch.key)
         if track.deadline is not None:
             self.wake.set()
-
-    @staticmethod
-    def _dead_event(track: Track) -> PodEvent:
-        e = track.evidence
-        detail = []
-        if e is not None:
-            if e.container:
-                detail.append(f"container {e.container}")
-            if e.exit_code is not None:
-                detail.append(f"exit code {e.exit_code}")
-            if e.reason:
-                detail.append(f"reason {e.reason}")
-        return PodEvent(
-            track.namespace,
-            track.name,
-            track.uid,
-            "SandboxDead",
-            f"Sandbox dead: {track.cause}"
-            + (f" ({', '.join(detail)})" if detail else "")
-            + f"; Ready dropped at {format_time(track.ready_drop_at)}, policy {track.policy}",
-        )
 
     # --- DeathWatches -----------------------------------------------------------------------
 
@@ -312,6 +249,13 @@ class Tracker:
         if event_type == "DELETED" or meta.get("deletionTimestamp"):
             self._drop_watch(key)
             return
+        if key not in self.conditions:
+            # what an earlier controller published: transition times carry over a restart
+            try:
+                published = (body.get("status") or {}).get("conditions") or []
+                self.conditions[key] = msgspec.convert(published, list[Condition])
+            except msgspec.ValidationError:
+                self.conditions[key] = []
         generation = (meta.get("uid"), meta.get("generation"))
         if self.generations.get(key) == generation:
             return  # our own status write coming back: the spec is unchanged
@@ -339,13 +283,13 @@ class Tracker:
         self.watches.pop(key, None)
         self.invalid.pop(key, None)
         self.generations.pop(key, None)
+        self.conditions.pop(key, None)
         for uid, record in list(self.records.items()):
             if record.watch == key:
                 self.fleet.forget(uid)
                 del self.records[uid]
                 self.by_name.pop((record.namespace, record.name), None)
-                self.writer.exists.discard(("sv", record.namespace, record.name))
-                self.writer.written.pop(("sv", record.namespace, record.name), None)
+                self.writer.forget(SV_PLURAL, record.namespace, record.name)
 
     # --- time: Suspect windows, vanished pods, retention ----------------------------------
 
@@ -405,7 +349,9 @@ class Tracker:
                 continue
             if record.persisted:
                 self.writer.want(
-                    Desired("sv", record.namespace, record.name, delete_if_uid=uid, priority=LOW)
+                    Desired(
+                        SV_PLURAL, record.namespace, record.name, delete_if_uid=uid, priority=LOW
+                    )
                 )
             self.fleet.forget(uid)
             del self.records[uid]
@@ -435,78 +381,24 @@ class Tracker:
             counts[str(track.state)] = counts.get(str(track.state), 0) + 1
         for state in State:
             self.metrics.tracked.labels(str(state)).set(counts.get(str(state), 0))
+        now, fresh = self.clock(), self.watches_fresh(stale_after)
+        coverage = self.firewall.coverage()
         for key in keys:
             if key not in self.watches and key not in self.invalid:
                 continue
-            written = self.writer.statuses.get(("dw", *key), {})
-            conditions = self._conditions(key, written.get("conditions") or [], stale_after)
+            conditions = self.conditions[key] = documents.deathwatch_conditions(
+                self.conditions.get(key, ()),
+                now,
+                invalid=self.invalid.get(key),
+                fresh=fresh,
+                stale_after=stale_after,
+                firewall=self.firewall,
+            )
             spec = self.watches.get(key)
             generation = spec.body.get("metadata", {}).get("generation") if spec else None
-            status = deathwatch_status(
-                tracks_by_watch.get(key, []), self.firewall.as_status(), conditions, generation
+            status = documents.deathwatch_status(
+                tracks_by_watch.get(key, []), coverage, conditions, generation
             )
-            self.writer.want(Desired("dw", key[0], key[1], status=status, priority=LOW))
-
-    def _conditions(
-        self, key: Key, previous: list[dict[str, Any]], stale_after: float
-    ) -> list[dict[str, Any]]:
-        before = {c.get("type"): c for c in previous if isinstance(c, Mapping)}
-        now = format_time(self.clock())
-
-        def cond(kind: str, status: str, reason: str, message: str) -> dict[str, Any]:
-            old = before.get(kind)
-            since = old.get("lastTransitionTime") if old and old.get("status") == status else now
-            return {
-                "type": kind,
-                "status": status,
-                "reason": reason,
-                "message": message,
-                "lastTransitionTime": since,
-            }
-
-        if key in self.invalid:
-            ready = cond("Ready", "False", "InvalidSpec", self.invalid[key])
-        elif not self.watches_fresh(stale_after):
-            ready = cond(
-                "Ready",
-                "Unknown",
-                "NoRecentPodEvents",
-                f"no pod event for over {stale_after:.0f}s: a quiet cluster, or a stale watch",
+            self.writer.want(
+                Desired(DW_PLURAL, key[0], key[1], status=to_document(status), priority=LOW)
             )
-        else:
-            ready = cond("Ready", "True", "Watching", "judging the pods this DeathWatch selects")
-        fw = self.firewall
-        if fw.daemonset is None:
-            firewall = cond(
-                "FirewallCovered",
-                "Unknown",
-                "NotConfigured",
-                "the controller was not told which DaemonSet runs the firewall",
-            )
-        elif fw.desired is None or fw.ready is None:
-            firewall = cond(
-                "FirewallCovered",
-                "Unknown",
-                "NotObserved",
-                fw.error or f"DaemonSet {fw.daemonset} not read yet",
-            )
-        elif fw.desired > 0 and fw.ready >= fw.desired:
-            firewall = cond(
-                "FirewallCovered",
-                "True",
-                "AllNodes",
-                f"the firewall agent is ready on {fw.ready}/{fw.desired} nodes",
-            )
-        else:
-            firewall = cond(
-                "FirewallCovered",
-                "False",
-                "NodesUncovered",
-                f"the firewall agent is ready on {fw.ready}/{fw.desired} nodes: "
-                "sandboxes on the others are exposed",
-            )
-        return [ready, firewall]
-
-
-def _declared(track: Track) -> str | None:
-    return format_time(track.evidence.declared_at) if track.evidence else None

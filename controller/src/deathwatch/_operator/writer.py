@@ -6,12 +6,19 @@ The engine decides; this module only makes the API agree, with these rules:
   in flight costs two writes, not ten); one write in flight per object, so they stay in order.
 - Dead verdicts jump the queue: they are what users act on, and the latency target is theirs.
 - Failures that can pass (timeouts, connection errors, 5xx, 429) are retried with backoff and
-  the desire is kept; nothing is lost while the API is down. Failures that cannot (the schema
-  refusing to take a Dead verdict back, 422) are logged and counted, never retried.
+  the desire is kept; nothing is lost while the API is down. While an object waits out its
+  backoff, newer desires merge into the waiting one and keep its attempt count: an outage
+  costs one try per object per backoff step, however often its pod changes.
+- Failures that cannot pass (the schema refusing to take a Dead verdict back, 422) are logged
+  and counted, never retried.
 - Events have deterministic names (pod, uid, reason): creating one twice is a 409, so a
   controller restarted after a crash never posts a second SandboxDead for the same death.
   The Event is created before the verdict it announces, so a crash between the two repeats
   the transition on restart (event deduplicated) instead of losing the Event.
+
+The writer builds nothing: documents.py makes every body, and the writer only decides when
+and how to send them, through the four calls of `WriteApi` (kube.ApiWrites in production, a
+fake in the unit tests).
 """
 
 from __future__ import annotations
@@ -24,48 +31,47 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
-from deathwatch._engine.timeutil import UTC, format_time
-from deathwatch._operator.kube import Api, api_message, retryable, status_code
+from deathwatch._engine.timeutil import UTC
+from deathwatch._operator.documents import PodEvent
+from deathwatch._operator.kube import api_message, retryable, status_code
 from deathwatch._operator.metrics import Metrics
-from deathwatch._operator.spec import GROUP, VERSION
+from deathwatch._operator.resources import DW_PLURAL, SV_PLURAL
 
 log = structlog.get_logger("deathwatch.writer")
 
 URGENT, NORMAL, LOW = 0, 1, 2
 BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
-SV_PLURAL = "sandboxverdicts"
-DW_PLURAL = "deathwatches"
-MANAGED_BY = "deathwatch.dev/controller"
+Key = tuple[str, str, str]  # (plural, namespace, name)
 
 
-@dataclass(frozen=True, slots=True)
-class PodEvent:
-    """A Kubernetes Event about a pod (core/v1), posted once per (pod uid, reason)."""
+class WriteApi(Protocol):
+    """The only calls the writer makes; each raises the client's ApiException on refusal."""
 
-    namespace: str
-    pod: str
-    pod_uid: str
-    reason: str
-    message: str
-    type: str = "Warning"
+    async def create(self, plural: str, namespace: str, body: dict[str, Any]) -> None: ...
 
-    @property
-    def name(self) -> str:
-        suffix = f".{self.pod_uid[:8]}.{self.reason.lower()}"
-        return self.pod[: 253 - len(suffix)] + suffix
+    async def patch_status(
+        self, plural: str, namespace: str, name: str, patch: dict[str, Any]
+    ) -> None: ...
+
+    async def delete(self, plural: str, namespace: str, name: str) -> None: ...
+
+    async def create_event(self, namespace: str, body: dict[str, Any]) -> None: ...
 
 
 @dataclass
 class Desired:
-    kind: str  # "sv" or "dw"
+    """What one object should be: a finished status (and the object to create if it does not
+    exist yet), or its deletion; plus the Events to post before it."""
+
+    plural: str  # SV_PLURAL or DW_PLURAL
     namespace: str
     name: str
     status: dict[str, Any] | None = None
-    owner: Mapping[str, Any] | None = None  # the DeathWatch owning a SandboxVerdict
+    create: dict[str, Any] | None = None  # SandboxVerdicts: the object, if it must be created
     delete_if_uid: str | None = None  # delete the SandboxVerdict if it is still this pod's
     events: list[PodEvent] = field(default_factory=list)
     priority: int = NORMAL
@@ -74,8 +80,8 @@ class Desired:
     attempt: int = 0
 
     @property
-    def key(self) -> tuple[str, str, str]:
-        return (self.kind, self.namespace, self.name)
+    def key(self) -> Key:
+        return (self.plural, self.namespace, self.name)
 
     def merged_into(self, newer: Desired) -> Desired:
         """`newer` wins, but keeps the events and urgency this one still owes."""
@@ -118,34 +124,50 @@ def _patch(desired: Mapping[str, Any], written: Written | None) -> dict[str, Any
     return patch
 
 
+Schedule = Callable[[float, Callable[[], None]], object]
+
+
 class Writer:
-    def __init__(self, api: Api, metrics: Metrics, workers: int = 8) -> None:
+    def __init__(
+        self,
+        api: WriteApi,
+        metrics: Metrics,
+        workers: int = 8,
+        schedule: Schedule | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
         self.api = api
         self.metrics = metrics
         self.workers = workers
-        self.written: dict[tuple[str, str, str], Written] = {}
-        self.statuses: dict[tuple[str, str, str], dict[str, Any]] = {}  # DeathWatches only: few
-        self.exists: set[tuple[str, str, str]] = set()
-        self._pending: dict[tuple[str, str, str], Desired] = {}
-        self._queue: asyncio.PriorityQueue[tuple[int, int, tuple[str, str, str]]] = (
-            asyncio.PriorityQueue()
-        )
-        self._queued: set[tuple[str, str, str]] = set()
-        self._inflight: set[tuple[str, str, str]] = set()
+        self.clock = clock
+        # when to try a failed write again: the event loop's timer unless a test drives it
+        self._schedule = schedule
+        self._written: dict[Key, Written] = {}
+        self._exists: set[Key] = set()
+        self._pending: dict[Key, Desired] = {}
+        self._queue: asyncio.PriorityQueue[tuple[int, int, Key]] = asyncio.PriorityQueue()
+        self._queued: set[Key] = set()
+        self._inflight: set[Key] = set()
         self._seq = itertools.count()
         self._tasks: list[asyncio.Task[None]] = []
-        self._retrying = 0  # desires waiting out a backoff
+        self._backoff: set[Key] = set()  # objects waiting out a backoff: not written before
         self._idle = asyncio.Event()
         self._idle.set()
         self.instance = os.environ.get("HOSTNAME", "deathwatch")
 
     # --- what the controller asks for ---------------------------------------------------
 
-    def knows(self, kind: str, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+    def knows(self, plural: str, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         """Record an object as it exists in the API (restored at start): no write needed."""
-        key = (kind, namespace, name)
-        self.exists.add(key)
-        self.written[key] = Written.of(status)
+        key = (plural, namespace, name)
+        self._exists.add(key)
+        self._written[key] = Written.of(status)
+
+    def forget(self, plural: str, namespace: str, name: str) -> None:
+        """The object went with its owner: nothing is known about it any more."""
+        key = (plural, namespace, name)
+        self._exists.discard(key)
+        self._written.pop(key, None)
 
     def want(self, desired: Desired) -> None:
         key = desired.key
@@ -154,9 +176,9 @@ class Writer:
             and not desired.events
             and key not in self._pending
             and desired.status is not None
-            and (written := self.written.get(key)) is not None
+            and (written := self._written.get(key)) is not None
             and written.same(desired.status)
-            and (key in self.exists or desired.kind == "dw")
+            and (key in self._exists or desired.create is None)
         ):
             return  # the API already says exactly this
         previous = self._pending.get(key)
@@ -183,15 +205,15 @@ class Writer:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def _enqueue(self, key: tuple[str, str, str], priority: int) -> None:
+    def _enqueue(self, key: Key, priority: int) -> None:
         self._idle.clear()
-        if key in self._queued or key in self._inflight:
-            return  # picked up when the current write finishes, or already waiting
+        if key in self._queued or key in self._inflight or key in self._backoff:
+            return  # already waiting, picked up when the current write or backoff ends
         self._queued.add(key)
         self._queue.put_nowait((priority, next(self._seq), key))
 
     def _update_idle(self) -> None:
-        if not self._pending and not self._inflight and not self._retrying:
+        if not self._pending and not self._inflight and not self._backoff:
             self._idle.set()
 
     async def _work(self) -> None:
@@ -211,13 +233,13 @@ class Writer:
                 self._failed(desired, exc)
             finally:
                 self._inflight.discard(key)
-                if key in self._pending:
+                if key in self._pending and key not in self._backoff:
                     self._enqueue(key, self._pending[key].priority)
                 self._update_idle()
 
     def _failed(self, desired: Desired, exc: Exception) -> None:
         code = status_code(exc)
-        where = {"kind": desired.kind, "namespace": desired.namespace, "name": desired.name}
+        where = {"resource": desired.plural, "namespace": desired.namespace, "name": desired.name}
         if not retryable(exc):
             log.error("write refused", **where, code=code, error=api_message(exc))
             return
@@ -233,173 +255,99 @@ class Writer:
             retry_in=delay,
         )
         key = desired.key
-        loop = asyncio.get_running_loop()
+        newer = self._pending.get(key)
+        self._pending[key] = desired.merged_into(newer) if newer else desired
+        self._backoff.add(key)
 
         def again() -> None:
-            self._retrying -= 1
-            newer = self._pending.get(key)
-            self._pending[key] = desired.merged_into(newer) if newer else desired
-            self._enqueue(key, self._pending[key].priority)
+            self._backoff.discard(key)
+            if key in self._pending:
+                self._enqueue(key, self._pending[key].priority)
+            self._update_idle()
 
-        self._retrying += 1
-        self._idle.clear()
-        loop.call_later(delay, again)
+        schedule = self._schedule or asyncio.get_running_loop().call_later
+        schedule(delay, again)
 
-    async def _call(self, operation: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    async def _call(self, operation: str, fn: Callable[..., Any], *args: Any) -> None:
         try:
-            result = await self.api.call(fn, *args, **kwargs)
+            await fn(*args)
         except Exception as exc:
             self.metrics.api_errors.labels(operation, status_code(exc)).inc()
             raise
         self.metrics.api_writes.labels(operation).inc()
-        return result
 
     async def _write(self, d: Desired) -> None:
         for event in list(d.events):
             await self._post(event)
             d.events.remove(event)  # posted: a retry of the rest must not repeat it
-        if d.kind == "sv":
-            if d.delete_if_uid is not None:
-                await self._delete_verdict(d)
-            elif d.status is not None:
-                await self._write_verdict(d, d.status)
-        elif d.kind == "dw" and d.status is not None:
-            await self._write_deathwatch(d, d.status)
+        if d.delete_if_uid is not None:
+            await self._delete_verdict(d)
+        elif d.status is not None:
+            await self._write_status(d, d.status)
 
     async def _post(self, e: PodEvent) -> None:
-        now = format_time(datetime.now(UTC))
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": e.name, "namespace": e.namespace},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "namespace": e.namespace,
-                "name": e.pod,
-                "uid": e.pod_uid,
-            },
-            "reason": e.reason,
-            "message": e.message,
-            "type": e.type,
-            "count": 1,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "source": {"component": "deathwatch"},
-            "reportingComponent": MANAGED_BY,
-            "reportingInstance": self.instance,
-        }
         try:
             await self._call(
-                "create_event", self.api.core.create_namespaced_event, e.namespace, body
+                "create_event",
+                self.api.create_event,
+                e.namespace,
+                e.document(self.clock(), self.instance),
             )
         except Exception as exc:
             if status_code(exc) == "409":
                 return  # posted before (a restart repeated the transition): exactly once
             raise
 
-    async def _write_verdict(self, d: Desired, status: dict[str, Any]) -> None:
+    async def _write_status(
+        self, d: Desired, status: dict[str, Any], recreated: bool = False
+    ) -> None:
         key = d.key
-        if key not in self.exists:
-            body: dict[str, Any] = {
-                "apiVersion": f"{GROUP}/{VERSION}",
-                "kind": "SandboxVerdict",
-                "metadata": {
-                    "name": d.name,
-                    "namespace": d.namespace,
-                    "labels": {"app.kubernetes.io/managed-by": "deathwatch"},
-                },
-                "spec": {},
-            }
-            if d.owner is not None:
-                owner_meta = d.owner.get("metadata", {})
-                body["spec"]["deathWatch"] = owner_meta.get("name")
-                body["metadata"]["labels"]["deathwatch.dev/watch"] = owner_meta.get("name")
-                body["metadata"]["ownerReferences"] = [
-                    {
-                        "apiVersion": f"{GROUP}/{VERSION}",
-                        "kind": "DeathWatch",
-                        "name": owner_meta.get("name"),
-                        "uid": owner_meta.get("uid"),
-                        "controller": True,
-                        "blockOwnerDeletion": True,
-                    }
-                ]
+        noun = "verdict" if d.plural == SV_PLURAL else "deathwatch"
+        if d.create is not None and key not in self._exists:
             try:
-                await self._call(
-                    "create_verdict",
-                    self.api.custom.create_namespaced_custom_object,
-                    GROUP,
-                    VERSION,
-                    d.namespace,
-                    SV_PLURAL,
-                    body,
-                )
+                await self._call(f"create_{noun}", self.api.create, d.plural, d.namespace, d.create)
             except Exception as exc:
                 if status_code(exc) != "409":
                     raise
-                self.written.pop(key, None)  # exists, status unknown to us: write it whole
-            self.exists.add(key)
+                self._written.pop(key, None)  # exists, status unknown to us: write it whole
+            self._exists.add(key)
         try:
             await self._call(
-                "patch_verdict_status",
-                self.api.custom.patch_namespaced_custom_object_status,
-                GROUP,
-                VERSION,
+                f"patch_{noun}_status",
+                self.api.patch_status,
+                d.plural,
                 d.namespace,
-                SV_PLURAL,
                 d.name,
-                {"status": _patch(status, self.written.get(key))},
+                {"status": _patch(status, self._written.get(key))},
             )
         except Exception as exc:
-            if status_code(exc) == "404":  # deleted behind our back: create it again
-                self.exists.discard(key)
-                self.written.pop(key, None)
-            raise
-        self.written[key] = Written.of(status)
+            if status_code(exc) != "404":
+                raise
+            if d.plural == DW_PLURAL:
+                return  # the DeathWatch is gone: nothing to report on
+            self._exists.discard(key)
+            self._written.pop(key, None)
+            if d.create is None or recreated:
+                raise
+            # deleted behind our back: create it again now (a Dead verdict has no next desire)
+            await self._write_status(d, status, recreated=True)
+            return
+        self._written[key] = Written.of(status)
         if d.ready_drop_at is not None and status.get("state") == "Dead":
-            now = datetime.now(UTC)
+            now = self.clock()
             self.metrics.verdict_latency.observe(max(0.0, (now - d.ready_drop_at).total_seconds()))
             if d.received is not None:
                 self.metrics.processing_latency.observe(time.monotonic() - d.received)
 
     async def _delete_verdict(self, d: Desired) -> None:
         key = d.key
-        written = self.written.get(key)
+        written = self._written.get(key)
         if written is not None and written.pod_uid not in (None, d.delete_if_uid):
             return  # the name now belongs to a newer pod: its verdict stays
         try:
-            await self._call(
-                "delete_verdict",
-                self.api.custom.delete_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                d.namespace,
-                SV_PLURAL,
-                d.name,
-            )
+            await self._call("delete_verdict", self.api.delete, d.plural, d.namespace, d.name)
         except Exception as exc:
             if status_code(exc) != "404":
                 raise
-        self.exists.discard(key)
-        self.written.pop(key, None)
-
-    async def _write_deathwatch(self, d: Desired, status: dict[str, Any]) -> None:
-        key = d.key
-        try:
-            await self._call(
-                "patch_deathwatch_status",
-                self.api.custom.patch_namespaced_custom_object_status,
-                GROUP,
-                VERSION,
-                d.namespace,
-                DW_PLURAL,
-                d.name,
-                {"status": _patch(status, self.written.get(key))},
-            )
-        except Exception as exc:
-            if status_code(exc) == "404":
-                return  # the DeathWatch is gone: nothing to report on
-            raise
-        self.written[key] = Written.of(status)
-        self.statuses[key] = status
+        self._exists.discard(key)
+        self._written.pop(key, None)

@@ -1,0 +1,186 @@
+"""The custom resources of group deathwatch.dev, typed: DeathWatch (spec and status) and
+SandboxVerdict (status), with their condition types, reasons and Event reasons as constants.
+
+One source of truth for both directions: the operator builds these structs and encodes them
+(`to_document`), and reads spec and status back through them (`msgspec.convert`, which names
+the path of a bad field). tests/test_resources.py proves that every field, type, enum and
+bound here agrees with the CRD schemas under manifests/base/crds.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
+
+from deathwatch._engine.verdict import Cause, State
+
+GROUP: Final = "deathwatch.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+DW_PLURAL: Final = "deathwatches"
+SV_PLURAL: Final = "sandboxverdicts"
+MANAGED_BY: Final = "deathwatch.dev/controller"  # Events' reportingComponent
+WATCH_LABEL: Final = "deathwatch.dev/watch"  # on each SandboxVerdict: its DeathWatch
+
+Time = Annotated[datetime, msgspec.Meta(tz=True)]
+LabelValue = Annotated[str, msgspec.Meta(max_length=63)]
+Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
+# A Go duration as the CRD's pattern allows it ("1h", "90m", "1h30m", "45s").
+DURATION_PATTERN: Final = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"
+POLICY_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class ConditionType(StrEnum):
+    # on a DeathWatch
+    READY = "Ready"
+    FIREWALL_COVERED = "FirewallCovered"
+    # on a SandboxVerdict
+    ALIVE = "Alive"  # its reason is the verdict's cause, or its state when there is none
+    PROBE_BLOCKED = "ProbeBlockedByFirewall"
+
+
+class Reason(StrEnum):
+    """Reasons of the conditions above (the Alive condition's come from the engine)."""
+
+    WATCHING = "Watching"
+    INVALID_SPEC = "InvalidSpec"
+    NO_RECENT_POD_EVENTS = "NoRecentPodEvents"
+    NOT_CONFIGURED = "NotConfigured"
+    NOT_OBSERVED = "NotObserved"
+    ALL_NODES = "AllNodes"
+    NODES_UNCOVERED = "NodesUncovered"
+    NETWORK_PROBE_ON_AGENT_PORT = "NetworkProbeOnAgentPort"
+
+
+class EventReason(StrEnum):
+    """Reasons of the Events posted on sandbox pods, once per pod and reason."""
+
+    SANDBOX_DEAD = "SandboxDead"
+    SANDBOX_FALSE_POSITIVE = "SandboxFalsePositive"
+    PROBE_BLOCKED = "ProbeBlockedByFirewall"
+
+
+class _Object(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True, frozen=True):
+    """Camel-case JSON names; fields at their default (None, empty) are left out."""
+
+
+class Condition(_Object, frozen=True):
+    type: str
+    status: ConditionStatus
+    reason: str
+    message: str
+    last_transition_time: Time | None = None
+
+
+# --- DeathWatch ----------------------------------------------------------------------------
+
+
+class LabelSelectorRequirement(_Object, frozen=True):
+    key: Annotated[str, msgspec.Meta(min_length=1, max_length=317)]
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: Annotated[list[LabelValue], msgspec.Meta(max_length=64)] | None = None
+
+
+class LabelSelector(_Object, frozen=True):
+    match_labels: Annotated[dict[str, LabelValue], msgspec.Meta(max_length=64)] | None = None
+    match_expressions: (
+        Annotated[list[LabelSelectorRequirement], msgspec.Meta(max_length=32)] | None
+    ) = None
+
+
+class ExecProbeSettings(_Object, frozen=True):
+    window_multiplier: Annotated[float, msgspec.Meta(gt=0, le=100)] = 2.0
+
+
+class DeathWatchSpec(_Object, frozen=True):
+    pod_selector: LabelSelector | None = None
+    policy: Annotated[str, msgspec.Meta(max_length=63, pattern=POLICY_PATTERN)] = "auto"
+    exec_probe: ExecProbeSettings | None = None
+    agent_ports: Annotated[list[Port], msgspec.Meta(max_length=64)] = msgspec.field(
+        default_factory=list
+    )
+    verdict_retention: Annotated[str, msgspec.Meta(pattern=DURATION_PATTERN)] = "1h"
+
+
+class FirewallCoverage(_Object, frozen=True):
+    daemon_set: str
+    summary: str  # "ready/desired", or "unknown"
+    desired: int | None = None
+    ready: int | None = None
+    observed_at: Time | None = None
+
+
+class LastDeath(_Object, frozen=True):
+    name: str
+    pod_uid: str = msgspec.field(name="podUID")
+    policy: str
+    cause: Cause
+    container: str | None = None
+    exit_code: int | None = None
+    ready_drop_at: Time | None = None
+    declared_at: Time | None = None
+
+
+class DeathWatchStatus(_Object, frozen=True):
+    # the counts have no default: they are always written, so `kubectl get dw` shows 0
+    tracked: int
+    pending: int
+    alive: int
+    suspect: int
+    dead: int
+    gone: int
+    flaps: int
+    false_positives: int
+    observed_generation: int | None = None
+    firewall: FirewallCoverage | None = None
+    last_deaths: Annotated[list[LastDeath], msgspec.Meta(max_length=20)] = msgspec.field(
+        default_factory=list
+    )
+    conditions: list[Condition] = msgspec.field(default_factory=list)
+
+
+# --- SandboxVerdict ------------------------------------------------------------------------
+
+
+class SandboxVerdictSpec(_Object, frozen=True):
+    death_watch: Annotated[str, msgspec.Meta(max_length=253)] | None = None
+
+
+class SandboxVerdictStatus(_Object, frozen=True):
+    """The verdict and everything the engine needs to carry on after a restart."""
+
+    state: State
+    policy: Annotated[str, msgspec.Meta(max_length=63)]
+    pod_uid: str = msgspec.field(name="podUID")
+    restart_counts: dict[str, int]
+    ready_drops: int
+    flaps: int
+    false_positive: bool
+    probe_blocked_by_firewall: bool
+    cause: Cause | None = None
+    container: str | None = None
+    exit_code: int | None = None
+    reason: str | None = None
+    restart_count: int | None = None  # the dead container's, else the sum at first Ready
+    node: str | None = None
+    last_ready_at: Time | None = None
+    ready_drop_at: Time | None = None
+    deadline: Time | None = None
+    declared_at: Time | None = None
+    pod_deleted_at: Time | None = None
+    conditions: list[Condition] = msgspec.field(default_factory=list)
+
+
+def to_document(value: msgspec.Struct) -> dict[str, Any]:
+    """The JSON-ready dict the API takes (camelCase keys, RFC 3339 "Z" times)."""
+    document: dict[str, Any] = msgspec.to_builtins(value)
+    return document

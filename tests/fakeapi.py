@@ -1,0 +1,110 @@
+"""An in-memory stand-in for the four API calls the writer makes (writer.WriteApi), for unit
+tests of the writer's and the tracker's logic. It keeps objects and Events, applies status
+patches as JSON merge patches (RFC 7386, as the API does), answers 404/409 like the API, and
+lets a test hold calls in flight or make the next ones fail."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections import Counter, defaultdict
+from typing import Any
+
+from kubernetes.client import ApiException
+
+Key = tuple[str, str, str]
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge_patch(out.get(k), v)
+    return out
+
+
+class FakeApi:
+    def __init__(self) -> None:
+        self.objects: dict[Key, dict[str, Any]] = {}
+        self.events: dict[tuple[str, str], dict[str, Any]] = {}
+        self.calls: list[tuple[str, Key]] = []
+        self.patches: list[tuple[Key, dict[str, Any]]] = []
+        self.fail: dict[str, list[int]] = defaultdict(list)  # operation -> statuses to raise
+        self.hold: asyncio.Event | None = None  # while set to an unset Event, calls wait
+        self._inflight: Counter[Key] = Counter()
+        self.most_inflight: Counter[Key] = Counter()
+
+    async def _call(self, operation: str, key: Key) -> None:
+        self.calls.append((operation, key))
+        self._inflight[key] += 1
+        self.most_inflight[key] = max(self.most_inflight[key], self._inflight[key])
+        try:
+            if self.hold is not None:
+                await self.hold.wait()
+            if self.fail[operation]:
+                raise ApiException(status=self.fail[operation].pop(0), reason="injected")
+        finally:
+            self._inflight[key] -= 1
+
+    async def create(self, plural: str, namespace: str, body: dict[str, Any]) -> None:
+        key = (plural, namespace, body["metadata"]["name"])
+        await self._call("create", key)
+        if key in self.objects:
+            raise ApiException(status=409, reason="AlreadyExists")
+        self.objects[key] = copy.deepcopy(body)
+
+    async def patch_status(
+        self, plural: str, namespace: str, name: str, patch: dict[str, Any]
+    ) -> None:
+        key = (plural, namespace, name)
+        await self._call("patch_status", key)
+        if key not in self.objects:
+            raise ApiException(status=404, reason="NotFound")
+        self.patches.append((key, copy.deepcopy(patch)))
+        self.objects[key] = merge_patch(self.objects[key], patch)
+
+    async def delete(self, plural: str, namespace: str, name: str) -> None:
+        key = (plural, namespace, name)
+        await self._call("delete", key)
+        if self.objects.pop(key, None) is None:
+            raise ApiException(status=404, reason="NotFound")
+
+    async def create_event(self, namespace: str, body: dict[str, Any]) -> None:
+        key = ("events", namespace, body["metadata"]["name"])
+        await self._call("create_event", key)
+        if key[1:] in self.events:
+            raise ApiException(status=409, reason="AlreadyExists")
+        self.events[(namespace, body["metadata"]["name"])] = copy.deepcopy(body)
+
+    def status(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        obj = self.objects.get((plural, namespace, name))
+        return None if obj is None else obj.get("status")
+
+    def operations(self, key: Key) -> list[str]:
+        return [op for op, k in self.calls if k == key]
+
+
+class FakeTimers:
+    """The writer's retry timer, driven by the test: records each delay, fires on demand."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+        self._due: list[Any] = []
+
+    def __call__(self, delay: float, callback: Any) -> None:
+        self.delays.append(delay)
+        self._due.append(callback)
+
+    def fire(self) -> int:
+        due, self._due = self._due, []
+        for callback in due:
+            callback()
+        return len(due)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._due)

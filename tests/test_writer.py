@@ -1,0 +1,257 @@
+"""The writer's rules, in process, against a fake API and a test-driven retry timer: latest
+desire wins, one write in flight per object, Dead first, backoff kept across merges, no retry
+of a refusal, Events exactly once and before the verdict."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+from deathwatch._operator.documents import PodEvent
+from deathwatch._operator.metrics import Metrics
+from deathwatch._operator.resources import DW_PLURAL, SV_PLURAL, EventReason
+from deathwatch._operator.writer import BACKOFF, LOW, NORMAL, URGENT, Desired, Writer
+from tests.fakeapi import FakeApi, FakeTimers
+
+NS = "sandboxes"
+
+
+def sv(name: str, state: str = "Alive", priority: int = NORMAL, **kw: Any) -> Desired:
+    return Desired(
+        SV_PLURAL,
+        NS,
+        name,
+        status={"state": state, "podUID": f"uid-{name}", **kw},
+        create={"metadata": {"name": name, "namespace": NS}, "spec": {}},
+        priority=priority,
+    )
+
+
+def dead_event(name: str) -> PodEvent:
+    return PodEvent(NS, name, f"uid-{name}", EventReason.SANDBOX_DEAD, "Sandbox dead")
+
+
+@asynccontextmanager
+async def running(workers: int = 4) -> AsyncIterator[tuple[Writer, FakeApi, FakeTimers]]:
+    api, timers = FakeApi(), FakeTimers()
+    writer = Writer(api, Metrics(), workers=workers, schedule=timers)
+    writer.start()
+    try:
+        yield writer, api, timers
+    finally:
+        await writer.stop()
+
+
+async def settle(writer: Writer) -> None:
+    await asyncio.wait_for(writer.idle(), 5)
+
+
+async def until(check: Callable[[], bool]) -> None:
+    async with asyncio.timeout(5):
+        while not check():  # noqa: ASYNC110 - state other tasks change, waited on with a deadline
+            await asyncio.sleep(0)
+
+
+def key(name: str, plural: str = SV_PLURAL) -> tuple[str, str, str]:
+    return (plural, NS, name)
+
+
+async def test_latest_desire_wins_while_a_write_is_in_flight() -> None:
+    async with running() as (writer, api, _):
+        api.hold = asyncio.Event()
+        writer.want(sv("a", flaps=1))
+        await until(lambda: bool(api.calls))  # the create is in flight
+        for flaps in (2, 3, 4):
+            writer.want(sv("a", flaps=flaps))
+        api.hold.set()
+        await settle(writer)
+    sent = [p["status"]["flaps"] for k, p in api.patches if k == key("a")]
+    assert sent == [1, 4]
+    assert api.status(*key("a")) == {"state": "Alive", "podUID": "uid-a", "flaps": 4}
+
+
+async def test_a_superseded_desire_still_posts_its_event_and_keeps_its_urgency() -> None:
+    async with running(workers=1) as (writer, api, _):
+        api.hold = asyncio.Event()
+        writer.want(sv("other"))
+        await until(lambda: bool(api.calls))  # the one worker is busy
+        writer.want(sv("b"))
+        dead = sv("a", state="Dead", priority=URGENT)
+        dead.events = [dead_event("a")]
+        writer.want(dead)
+        writer.want(sv("a", state="Dead", flaps=1))  # a later desire, with no Event of its own
+        api.hold.set()
+        await settle(writer)
+    assert [op for op, k in api.calls if k[2] != "other"][:2] == ["create_event", "create"]
+    assert list(api.events) == [(NS, "a.uid-a.sandboxdead")]
+    assert api.status(*key("a")) == {"state": "Dead", "podUID": "uid-a", "flaps": 1}
+
+
+async def test_one_write_in_flight_per_object_while_others_proceed() -> None:
+    async with running(workers=4) as (writer, api, _):
+        api.hold = asyncio.Event()
+        for i in range(10):
+            writer.want(sv("a", flaps=i))
+            writer.want(sv("b", flaps=i))
+            await asyncio.sleep(0)
+        await until(lambda: {k for _, k in api.calls} == {key("a"), key("b")})
+        api.hold.set()
+        await settle(writer)
+    assert api.most_inflight[key("a")] == api.most_inflight[key("b")] == 1
+    assert api.status(*key("a"))["flaps"] == api.status(*key("b"))["flaps"] == 9  # type: ignore[index]
+
+
+async def test_dead_verdicts_jump_the_queue() -> None:
+    async with running(workers=1) as (writer, api, _):
+        api.hold = asyncio.Event()
+        api.objects[key("w", DW_PLURAL)] = {"metadata": {"name": "w"}}
+        writer.want(Desired(DW_PLURAL, NS, "w", status={"tracked": 3}, priority=LOW))
+        await until(lambda: bool(api.calls))  # the one worker is busy with the DeathWatch
+        writer.want(sv("alive-1"))
+        writer.want(sv("alive-2"))
+        writer.want(sv("dead-1", state="Dead", priority=URGENT))
+        api.hold.set()
+        await settle(writer)
+    order = [k[2] for op, k in api.calls if op == "create"]
+    assert order == ["dead-1", "alive-1", "alive-2"]
+
+
+async def test_urgency_survives_a_newer_ordinary_desire_for_the_same_object() -> None:
+    async with running(workers=1) as (writer, api, _):
+        api.hold = asyncio.Event()
+        writer.want(sv("a"))
+        await until(lambda: bool(api.calls))  # a's Alive write is in flight
+        writer.want(sv("b"))
+        writer.want(sv("c"))
+        writer.want(sv("a", state="Dead", priority=URGENT))
+        writer.want(sv("a", state="Dead", flaps=1))  # ordinary, merged into the urgent one
+        api.hold.set()
+        await settle(writer)
+    patched = [(k[2], p["status"]["state"]) for k, p in api.patches]
+    assert patched == [("a", "Alive"), ("a", "Dead"), ("b", "Alive"), ("c", "Alive")]
+
+
+async def test_backoff_is_kept_across_merges_and_newer_desires_wait_it_out() -> None:
+    async with running() as (writer, api, timers):
+        api.fail["patch_status"] = [503, 503, 503]
+        writer.want(sv("a", flaps=1))
+        await until(lambda: timers.waiting == 1)
+        writer.want(sv("a", flaps=2))  # during the backoff: merged, not written at once
+        writer.want(sv("a", flaps=3))
+        await asyncio.sleep(0.05)
+        assert api.operations(key("a")) == ["create", "patch_status"]
+        while timers.fire():
+            await until(lambda: timers.waiting == 1 or not api.fail["patch_status"])
+            await asyncio.sleep(0.01)
+        await settle(writer)
+    assert timers.delays == list(BACKOFF[:3])  # 0.2, 0.5, 1.0: never reset by the merges
+    assert api.operations(key("a")) == ["create", *["patch_status"] * 4]
+    assert api.status(*key("a"))["flaps"] == 3  # type: ignore[index]
+
+
+async def test_a_refusal_is_not_retried_and_later_desires_are_written() -> None:
+    async with running() as (writer, api, timers):
+        api.fail["patch_status"] = [422]
+        writer.want(sv("a", state="Alive"))
+        await settle(writer)
+        assert timers.delays == []
+        assert writer.metrics.api_errors.labels("patch_verdict_status", "422")._value.get() == 1
+        writer.want(sv("a", state="Dead"))
+        await settle(writer)
+    assert api.status(*key("a"))["state"] == "Dead"  # type: ignore[index]
+
+
+async def test_events_are_posted_once_and_before_the_verdict_they_announce() -> None:
+    async with running() as (writer, api, _):
+        d = sv("a", state="Dead", priority=URGENT)
+        d.events = [dead_event("a")]
+        writer.want(d)
+        await settle(writer)
+    assert api.operations(key("a")) == ["create", "patch_status"]
+    assert [op for op, _ in api.calls] == ["create_event", "create", "patch_status"]
+    # a restarted controller repeats the transition: the Event is not posted twice
+    async with running() as (writer, api2, _):
+        api2.objects, api2.events = api.objects, api.events
+        d = sv("a", state="Dead", priority=URGENT)
+        d.events = [dead_event("a")]
+        writer.want(d)
+        await settle(writer)
+    assert len(api2.events) == 1
+    assert writer.metrics.api_writes.labels("create_event")._value.get() == 0
+
+
+async def test_an_event_posted_before_a_failure_is_not_posted_again() -> None:
+    async with running() as (writer, api, timers):
+        api.fail["create"] = [503]
+        d = sv("a", state="Dead", priority=URGENT)
+        d.events = [dead_event("a")]
+        writer.want(d)
+        await until(lambda: timers.waiting == 1)
+        timers.fire()
+        await settle(writer)
+    assert [op for op, _ in api.calls] == ["create_event", "create", "create", "patch_status"]
+
+
+async def test_a_verdict_deleted_behind_our_back_is_created_again() -> None:
+    async with running() as (writer, api, timers):
+        writer.want(sv("a", flaps=1))
+        await settle(writer)
+        del api.objects[key("a")]
+        writer.want(sv("a", state="Dead", flaps=2))
+        await settle(writer)
+    assert timers.delays == []
+    assert api.operations(key("a")) == [
+        "create",
+        "patch_status",
+        "patch_status",
+        "create",
+        "patch_status",
+    ]
+    assert api.status(*key("a"))["flaps"] == 2  # type: ignore[index]
+
+
+async def test_nothing_is_sent_for_a_status_the_api_already_holds() -> None:
+    async with running() as (writer, api, _):
+        writer.knows(SV_PLURAL, NS, "a", {"state": "Alive", "podUID": "uid-a"})
+        writer.want(sv("a"))
+        await settle(writer)
+        writer.want(sv("a", flaps=1))
+        await settle(writer)
+    assert [k for k, _ in api.patches] == [key("a")]
+    # the patch removes nothing it did not know and sets what changed
+    assert api.patches[0][1] == {"status": {"state": "Alive", "podUID": "uid-a", "flaps": 1}}
+
+
+async def test_a_removed_field_is_nulled_in_the_merge_patch() -> None:
+    async with running() as (writer, api, _):
+        writer.want(sv("a", state="Suspect", deadline="2026-11-29T10:01:00Z"))
+        await settle(writer)
+        writer.want(sv("a", state="Alive"))
+        await settle(writer)
+    assert api.patches[-1][1]["status"]["deadline"] is None
+    assert "deadline" not in api.status(*key("a"))  # type: ignore[operator]
+
+
+async def test_delete_spares_a_newer_pod_of_the_same_name() -> None:
+    async with running() as (writer, api, _):
+        writer.want(sv("a"))
+        await settle(writer)
+        writer.want(Desired(SV_PLURAL, NS, "a", delete_if_uid="an-older-pod", priority=LOW))
+        await settle(writer)
+        assert key("a") in api.objects
+        writer.want(Desired(SV_PLURAL, NS, "a", delete_if_uid="uid-a", priority=LOW))
+        await settle(writer)
+    assert key("a") not in api.objects
+
+
+@pytest.mark.parametrize("status", [404])
+async def test_a_deathwatch_that_is_gone_is_not_retried(status: int) -> None:
+    async with running() as (writer, api, timers):
+        writer.want(Desired(DW_PLURAL, NS, "gone", status={"tracked": 0}, priority=LOW))
+        await settle(writer)
+    assert timers.delays == []
+    assert api.operations(key("gone", DW_PLURAL)) == ["patch_status"]
