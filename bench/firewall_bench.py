@@ -26,7 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 from deathwatch.firewall.config import parse_config  # noqa: E402
-from deathwatch.firewall.ruleset import render  # noqa: E402
+from deathwatch.firewall.ruleset import desired  # noqa: E402
+from deathwatch.firewall.table import script as nft_script  # noqa: E402
 from hack.localcluster.netnode import AGENT_PORT, TOOL, Node, netns_available, node  # noqa: E402
 
 
@@ -62,7 +63,7 @@ def main() -> int:
         n.wait_reachable(n.ordinary.ns, n.sandbox.v4, AGENT_PORT)
         config = parse_config({"podCIDRs": n.pod_cidrs, "agentPorts": [AGENT_PORT]})
         script = Path(tmp) / "table.nft"
-        script.write_text(render(config))
+        script.write_text(nft_script(desired(config)))
 
         def apply() -> float:
             started = time.perf_counter()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -191,5 +192,54 @@ def main() -> None:
     )
 
 
+NFT_CONFIG = {
+    "podCIDRs": ["10.244.0.0/16", "10.1.2.3/32", "fd00:10:244::/56"],
+    "agentPorts": [49983, 8000],
+}
+
+
+def record_nft_listing() -> None:
+    """`nft -j list table inet deathwatch` as this machine's nft prints it, after applying
+    NFT_CONFIG in a throwaway network namespace and being refused 3 times (v4) and 2 (v6).
+    Needs root; tests/test_firewall.py reduces the file and compares it with the model."""
+    import subprocess
+
+    from deathwatch.firewall.config import parse_config
+    from deathwatch.firewall.ruleset import desired
+    from deathwatch.firewall.table import script
+
+    ns = "deathwatch-recording"
+
+    def run(*args: str, stdin: str | None = None, check: bool = True) -> str:
+        return subprocess.run(
+            ["ip", "netns", "exec", ns, *args],
+            input=stdin, capture_output=True, text=True, check=check, timeout=30,
+        ).stdout  # fmt: skip
+
+    subprocess.run(["ip", "netns", "add", ns], check=True, timeout=30)
+    try:
+        run("ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1")  # no dummy module
+        run("ip", "link", "set", "d0", "up")
+        run("ip", "link", "set", "d1", "up")
+        run("ip", "addr", "add", "10.9.0.1/24", "dev", "d0")
+        run("ip", "addr", "add", "fd00:9::1/64", "dev", "d0", "nodad")
+        run("ip", "route", "add", "10.244.0.0/16", "dev", "d0")
+        run("ip", "route", "add", "fd00:10:244::/56", "dev", "d0")
+        run("nft", "-f", "-", stdin=script(desired(parse_config(NFT_CONFIG))))
+        for addr, times in (("10.244.0.5", 3), ("fd00:10:244::5", 2)):
+            for _ in range(times):
+                run("busybox", "nc", "-w", "1", addr, "49983", stdin="", check=False)
+        listing = json.loads(run("nft", "-j", "list", "table", "inet", "deathwatch"))
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False, timeout=30)
+    version = listing["nftables"][0]["metainfo"]["version"]
+    path = ROOT / "tests" / "data" / "nft" / f"nft-{version}-list-table.json"
+    path.write_text(json.dumps(listing, indent=4) + "\n")
+    print(f"wrote {path}")
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--nft"]:
+        record_nft_listing()
+    else:
+        main()

@@ -3,7 +3,9 @@ and the agent's decisions over a fake nft (the real one is in test_firewall_netn
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,16 +14,20 @@ from typing import Any
 import pytest
 
 from deathwatch.firewall.agent import Agent
-from deathwatch.firewall.config import ConfigError, FirewallConfig, load_config, parse_config
+from deathwatch.firewall.config import ConfigError, load_config, parse_config
 from deathwatch.firewall.nft import NftError
-from deathwatch.firewall.ruleset import (
-    COMMENT,
-    desired,
+from deathwatch.firewall.ruleset import COMMENT, desired
+from deathwatch.firewall.table import (
+    Chain,
+    Match,
+    Rule,
+    Set,
+    Table,
     differences,
-    live,
-    rejected_packets,
-    render,
+    from_json,
+    script,
 )
+from tests.kube import wait_for
 
 DATA = Path(__file__).parent / "data" / "nft"
 GOOD = {"podCIDRs": ["10.244.0.0/16", "fd00:10:244::/56"], "agentPorts": [49983]}
@@ -83,163 +89,121 @@ def test_yaml_and_json_files(tmp_path: Path) -> None:
         load_config(tmp_path / "missing.yaml")
 
 
-def test_render_replaces_the_whole_table_in_one_script() -> None:
-    script = render(parse_config(GOOD))
-    lines = script.splitlines()
-    assert lines[:3] == [
-        "table inet deathwatch",
-        "delete table inet deathwatch",
-        "table inet deathwatch {",
-    ]
-    assert "type filter hook output priority -90; policy accept;" in script
-    assert script.count("reject with tcp reset") == 2
-    assert "ip daddr @pod_v4 tcp dport { 49983 } counter" in script
-    assert "ip6 daddr @pod_v6 tcp dport { 49983 } counter" in script
+GOLDEN = """\
+table inet deathwatch
+delete table inet deathwatch
+table inet deathwatch {
+\tset pod_v4 { type ipv4_addr; flags interval; elements = { 10.244.0.0/16 } }
+\tset pod_v6 { type ipv6_addr; flags interval; elements = { fd00:10:244::/56 } }
+\tchain output {
+\t\ttype filter hook output priority -90; policy accept;
+\t\tip daddr @pod_v4 tcp dport { 49983 } counter reject with tcp reset comment "deathwatch: refuse host and hostNetwork connections to sandbox agent ports"
+\t\tip6 daddr @pod_v6 tcp dport { 49983 } counter reject with tcp reset comment "deathwatch: refuse host and hostNetwork connections to sandbox agent ports"
+\t}
+}
+"""
+
+
+def test_the_whole_script_for_a_config_is_pinned() -> None:
+    """Declare, delete, define in one transaction; every line of it, as nft will read it."""
+    assert script(desired(parse_config(GOOD))) == GOLDEN
 
 
 def test_v4_only_config_has_no_v6_rule_and_cidrs_are_collapsed() -> None:
-    config = parse_config({"podCIDRs": ["10.244.0.0/17", "10.244.128.0/17"], "agentPorts": [1]})
-    script = render(config)
-    assert "pod_v6" not in script
-    assert "elements = { 10.244.0.0/16 }" in script
-
-
-def test_live_model_of_a_real_nft_listing_matches_what_rendering_asked_for() -> None:
-    # recorded from nft 1.0.6 after applying this exact config
-    listing = json.loads((DATA / "nft-1.0.6-list-table.json").read_text())
-    config = FirewallConfig(
-        pod_cidrs=tuple(
-            parse_config(
-                {
-                    "podCIDRs": ["10.244.0.0/16", "10.1.2.3/32", "fd00:10:244::/56"],
-                    "agentPorts": [1],
-                }
-            ).pod_cidrs
-        ),
-        agent_ports=(8000, 49983),
+    config = parse_config(
+        {"podCIDRs": ["10.244.0.0/17", "10.244.128.0/17"], "agentPorts": [8000, 1]}
     )
-    have = live(listing)
-    assert have is not None
-    # the recorded table was applied with other comments: everything else must match
-    want = desired(config)
-    diffs = differences(want, have)
-    assert len(diffs) == 1
-    assert diffs[0].startswith("rules:")
-    assert have.sets == want.sets
-    assert have.chains == want.chains
+    rule = Rule(
+        (Match("ip daddr", "@pod_v4"), Match("tcp dport", "{ 1, 8000 }")),
+        "reject with tcp reset",
+        comment=COMMENT,
+    )
+    assert desired(config) == Table(
+        (Set("pod_v4", "ipv4_addr", ("interval",), ("10.244.0.0/16",)),),
+        (Chain("output", "filter", "output", -90, "accept", (rule,)),),
+    )
+
+
+def test_a_real_nft_listing_reduces_to_exactly_the_desired_table() -> None:
+    # recorded from nft 1.0.6 (Debian bookworm) after `deathwatch-firewall apply` of this
+    # config; test_firewall_netns proves the same against the live kernel
+    listing = json.loads((DATA / "nft-1.0.6-list-table.json").read_text())
+    config = parse_config(
+        {
+            "podCIDRs": ["10.244.0.0/16", "10.1.2.3/32", "fd00:10:244::/56"],
+            "agentPorts": [49983, 8000],
+        }
+    )
+    have = from_json(listing)
+    assert have == desired(config)
+    assert have is not None and have.rejected_packets == 5  # 3 + 2 counted in the recording
 
 
 def test_differences_name_what_drifted() -> None:
     want = desired(parse_config(GOOD))
     assert differences(want, None) == ["table inet deathwatch is missing"]
     assert differences(want, want) == []
-    flushed = type(want)(want.chains, want.sets, ())
-    assert differences(want, flushed)[0].startswith("rules: want")
+    (chain,) = want.chains
+    flushed = Table(want.sets, (Chain(chain.name, chain.type, chain.hook, chain.priority),))
+    assert differences(want, flushed) == [f"chain output: want {chain}, have {flushed.chains[0]}"]
+    emptied = Table((Set("pod_v4", "ipv4_addr", ("interval",)), want.sets[1]), want.chains)
+    assert [d.split(":")[0] for d in differences(want, emptied)] == ["set pod_v4"]
 
 
-def test_rejected_packets_sums_the_counters() -> None:
+def test_an_inserted_rule_of_someone_else_is_a_difference_not_an_error() -> None:
     listing = {
         "nftables": [
-            {"rule": {"expr": [{"counter": {"packets": 3, "bytes": 180}}]}},
-            {"rule": {"expr": [{"counter": {"packets": 4, "bytes": 1}}]}},
+            {"chain": {"name": "output", "type": "filter", "hook": "output", "prio": -90, "policy": "accept"}},
+            {"rule": {"chain": "output", "expr": [
+                {"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": 49983}},
+                {"accept": None},
+            ]}},
+            {"rule": {"chain": "output", "expr": [{"queue": {"num": 1}}]}},
         ]
-    }
-    assert rejected_packets(listing) == 7
-    assert rejected_packets(None) == 0
+    }  # fmt: skip
+    have = from_json(listing)
+    assert have is not None
+    rules = have.chains[0].rules
+    assert rules[0] == Rule((Match("tcp dport", "{ 49983 }"),), "accept", counter=False)
+    assert "queue" in rules[1].verdict
+    assert differences(desired(parse_config(GOOD)), have)
 
 
 # --- the agent's decisions, over a fake nft -------------------------------------------------
 
 
-def nft_listing(config: FirewallConfig) -> dict[str, Any]:
-    """What nft 1.0.6 lists for the table rendered from `config` (shape as recorded)."""
-    items: list[dict[str, Any]] = [{"table": {"family": "inet", "name": "deathwatch"}}]
-    for name, kind, nets in (
-        ("pod_v4", "ipv4_addr", config.v4),
-        ("pod_v6", "ipv6_addr", config.v6),
-    ):
-        if nets:
-            elems = [{"prefix": {"addr": str(n.network_address), "len": n.prefixlen}} for n in nets]
-            items.append(
-                {"set": {"name": name, "type": kind, "flags": ["interval"], "elem": elems}}
-            )
-    items.append(
-        {
-            "chain": {
-                "name": "output",
-                "type": "filter",
-                "hook": "output",
-                "prio": -90,
-                "policy": "accept",
-            }
-        }
-    )
-    for proto, name, nets in (("ip", "pod_v4", config.v4), ("ip6", "pod_v6", config.v6)):
-        if nets:
-            ports: Any = (
-                {"set": list(config.agent_ports)}
-                if len(config.agent_ports) > 1
-                else config.agent_ports[0]
-            )
-            expr = [
-                {
-                    "match": {
-                        "op": "==",
-                        "left": {"payload": {"protocol": proto, "field": "daddr"}},
-                        "right": f"@{name}",
-                    }
-                },
-                {
-                    "match": {
-                        "op": "==",
-                        "left": {"payload": {"protocol": "tcp", "field": "dport"}},
-                        "right": ports,
-                    }
-                },
-                {"counter": {"packets": 0, "bytes": 0}},
-                {"reject": {"type": "tcp reset"}},
-            ]
-            items.append({"rule": {"chain": "output", "comment": COMMENT, "expr": expr}})
-    return {"nftables": items}
-
-
 class FakeNft:
-    """The 'live table' as nft would list it; knows which config each script came from."""
+    """Stores the table model, as the kernel would hold it; `dump` shows it as nft script."""
 
-    def __init__(self, configs: list[FirewallConfig]) -> None:
-        self.by_script = {render(c): c for c in configs}
-        self.table: dict[str, Any] | None = None
-        self.applied: list[str] = []
+    def __init__(self) -> None:
+        self.table: Table | None = None
+        self.applied: list[Table] = []
         self.fail = False
 
-    def apply(self, script: str) -> None:
+    def apply(self, table: Table) -> None:
         if self.fail:
             raise NftError("nft -f failed: simulated")
-        self.applied.append(script)
-        self.table = nft_listing(self.by_script[script])
+        self.applied.append(table)
+        self.table = table
 
-    def list_table(self) -> dict[str, Any] | None:
+    def list_table(self) -> Table | None:
         return self.table
 
     def delete_table(self) -> None:
         self.table = None
 
-
-def test_fake_listing_is_judged_exactly_right() -> None:
-    config = parse_config(GOOD)
-    assert differences(desired(config), live(nft_listing(config))) == []
-    # several ports: nft lists them in numeric order, which is not their string order
-    many = parse_config({**GOOD, "agentPorts": [49983, 8000, 123]})
-    assert differences(desired(many), live(nft_listing(many))) == []
+    def dump(self) -> str:
+        return script(self.table) if self.table else ""
 
 
 def test_agent_applies_repairs_and_keeps_the_rule_on_a_bad_config(tmp_path: Path) -> None:
     path = tmp_path / "fw.yaml"
     path.write_text(json.dumps(GOOD))
-    nft = FakeNft([parse_config(GOOD)])
+    nft = FakeNft()
     agent = Agent(path, nft)
     agent.step()
-    assert len(nft.applied) == 1
+    assert nft.table == desired(parse_config(GOOD))
+    assert nft.dump() == GOLDEN
     assert agent.metrics.syncs.labels("applied")._value.get() == 1
     agent.step()
     assert len(nft.applied) == 1  # nothing drifted: nothing written
@@ -255,17 +219,34 @@ def test_agent_applies_repairs_and_keeps_the_rule_on_a_bad_config(tmp_path: Path
     assert agent.metrics.rule_present._value.get() == 1
     nft.fail = True
     assert nft.table is not None
-    nft.table["nftables"] = [i for i in nft.table["nftables"] if "rule" not in i]  # flushed
-    agent.step()  # never raises
+    (chain,) = nft.table.chains
+    nft.table = Table(nft.table.sets, (Chain(chain.name, chain.type, chain.hook, chain.priority),))
+    agent.step()  # flushed and cannot be repaired: never raises
     assert agent.metrics.sync_failures.labels("nft")._value.get() == 1
     assert agent.metrics.rule_present._value.get() == 0
+
+
+def test_agent_counts_refusals_across_replacements(tmp_path: Path) -> None:
+    path = tmp_path / "fw.yaml"
+    path.write_text(json.dumps(GOOD))
+    nft = FakeNft()
+    agent = Agent(path, nft)
+    agent.step()
+    assert nft.table is not None
+    counted = [dataclasses.replace(r, packets=4) for r in nft.table.chains[0].rules]
+    nft.table = Table(
+        nft.table.sets, (dataclasses.replace(nft.table.chains[0], rules=tuple(counted)),)
+    )
+    agent.step()
+    assert agent.metrics.rejected._value.get() == 8  # counters are not drift
+    assert len(nft.applied) == 1
 
 
 def test_agent_with_no_valid_config_leaves_the_table_alone(tmp_path: Path) -> None:
     path = tmp_path / "fw.yaml"
     path.write_text("agentPorts: [1]\n")
-    previous = nft_listing(parse_config(GOOD))  # a previous agent's rule, during a rollout
-    nft = FakeNft([])
+    previous = desired(parse_config(GOOD))  # a previous agent's rule, during a rollout
+    nft = FakeNft()
     nft.table = previous
     Agent(path, nft).step()
     assert nft.applied == []
@@ -288,10 +269,34 @@ def test_cli_render_and_bad_config_exit_codes(tmp_path: Path) -> None:
 
     rendered = cli("render", "--config", str(good))
     assert rendered.returncode == 0
-    assert rendered.stdout == render(parse_config(GOOD))
-    for action in ("render", "apply", "check", "agent"):
-        result = cli(action, "--config", str(bad)) if action != "agent" else None
-        if result is not None:
-            assert result.returncode == 2, action
-            assert "agentPorts[0]: expected a TCP port 1-65535, got 70000" in result.stderr
-            assert "Traceback" not in result.stderr
+    assert rendered.stdout == GOLDEN
+    for action in ("render", "apply", "check"):
+        result = cli(action, "--config", str(bad))
+        assert result.returncode == 2, action
+        assert "agentPorts[0]: expected a TCP port 1-65535, got 70000" in result.stderr
+        assert "Traceback" not in result.stderr
+
+
+def test_agent_started_on_a_bad_config_says_why_and_waits_for_a_good_one(tmp_path: Path) -> None:
+    """It does not exit (a previous agent's rule stays in force meanwhile) and does not touch
+    the table; its readiness check fails, which is how coverage shows the node uncovered."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("podCIDRs: [10.0.0.0/8]\nagentPorts: [70000]\n")
+    log = tmp_path / "agent.log"
+    with log.open("w") as out:
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "deathwatch.firewall.cli", "agent", "--config", str(bad),
+             "--metrics-port", "0"],
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        wait_for(lambda: "config rejected" in log.read_text(), timeout=20, what="the rejection")
+        assert agent.poll() is None
+        rejected = next(
+            json.loads(line) for line in log.read_text().splitlines() if "config rejected" in line
+        )
+        assert "agentPorts[0]: expected a TCP port 1-65535, got 70000" in rejected["error"]
+        assert rejected["in_force"] is False
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(15) == 0

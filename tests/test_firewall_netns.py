@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from deathwatch.firewall.config import load_config
+from deathwatch.firewall.ruleset import desired
+from deathwatch.firewall.table import from_json
 from hack.localcluster.netnode import AGENT_PORT, OTHER_PORT, Node, netns_available, node
 from tests.kube import wait_for
 
@@ -76,15 +79,9 @@ def test_host_is_refused_the_agent_port_and_nothing_else(host: Node, tmp_path: P
         "pod -> agent v4": "connected",
         "pod -> agent v6": "connected",
     }
-    listing = json.loads(host.nft("-j", "list", "table", "inet", "deathwatch").stdout)
-    packets = [
-        e["counter"]["packets"]
-        for i in listing["nftables"]
-        if "rule" in i
-        for e in i["rule"]["expr"]
-        if "counter" in e
-    ]
-    assert sum(packets) >= 2  # the two refusals were counted
+    live = from_json(json.loads(host.nft("-j", "list", "table", "inet", "deathwatch").stdout))
+    assert live == desired(load_config(cfg))  # the whole table, exactly as the model says
+    assert live is not None and live.rejected_packets >= 2  # the two refusals were counted
 
 
 def test_a_service_dnat_to_the_agent_port_is_refused(host: Node, tmp_path: Path) -> None:

@@ -20,7 +20,8 @@ import structlog
 from deathwatch.firewall.config import ConfigError, FirewallConfig, load_config
 from deathwatch.firewall.metrics import FirewallMetrics
 from deathwatch.firewall.nft import Nft, NftError
-from deathwatch.firewall.ruleset import desired, differences, live, rejected_packets, render
+from deathwatch.firewall.ruleset import desired
+from deathwatch.firewall.table import Table, differences
 
 log = structlog.get_logger("deathwatch.firewall")
 
@@ -73,19 +74,18 @@ class Agent:
         if self.config is None:
             raise NftError("no valid config yet: the table is left as it is")
         want = desired(self.config)
-        listing = self.nft.list_table()
-        diffs = differences(want, live(listing))
-        self._count_rejected(listing)
+        have = self.nft.list_table()
+        diffs = differences(want, have)
+        self._count_rejected(have)
         result = "unchanged"
         if diffs:
             result = "repaired" if self._applied_once and not self._config_changed else "applied"
             if result == "repaired":
                 log.warning("drift repaired", differences=diffs)
             started = time.perf_counter()
-            self.nft.apply(render(self.config))
+            self.nft.apply(want)
             self.metrics.apply_seconds.observe(time.perf_counter() - started)
-            listing = self.nft.list_table()
-            after = differences(want, live(listing))
+            after = differences(want, self.nft.list_table())
             if after:
                 self.metrics.rule_present.set(0)
                 raise NftError(f"the table differs right after applying it: {after}")
@@ -97,8 +97,8 @@ class Agent:
         self.metrics.last_sync.set(time.time())
         return result
 
-    def _count_rejected(self, listing: dict[str, object] | None) -> None:
-        now = rejected_packets(listing)
+    def _count_rejected(self, have: Table | None) -> None:
+        now = have.rejected_packets if have else 0
         if now >= self._rejected_seen:
             self.metrics.rejected.inc(now - self._rejected_seen)
         else:
@@ -115,7 +115,7 @@ class Agent:
             self.metrics.sync_failures.labels("nft").inc()
             try:
                 present = (
-                    not differences(desired(self.config), live(self.nft.list_table()))
+                    not differences(desired(self.config), self.nft.list_table())
                     if self.config
                     else False
                 )

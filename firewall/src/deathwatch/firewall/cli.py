@@ -64,7 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     from deathwatch.firewall.config import ConfigError, load_config
     from deathwatch.firewall.nft import NftError, SystemNft
-    from deathwatch.firewall.ruleset import desired, differences, live, render
+    from deathwatch.firewall.ruleset import desired
+    from deathwatch.firewall.table import differences, script
 
     nft = SystemNft()
     if args.action == "cleanup":
@@ -83,12 +84,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"deathwatch-firewall {args.action}: {exc}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     if args.action == "render":
-        sys.stdout.write(render(config))
+        sys.stdout.write(script(desired(config)))
         return EXIT_OK
     try:
         if args.action == "apply":
-            nft.apply(render(config))
-        diffs = differences(desired(config), live(nft.list_table()))
+            nft.apply(desired(config))
+        diffs = differences(desired(config), nft.list_table())
     except NftError as exc:
         print(f"deathwatch-firewall {args.action}: {exc}", file=sys.stderr)
         return EXIT_FAILED

@@ -4,30 +4,52 @@
     agentPorts: [49983]                                # TCP ports of the sandbox agent
     resyncSeconds: 10                                  # how often the live table is checked
 
-YAML or JSON. Validated strictly: an unknown key, a wrong type or a bad value is an error that
-names the field and the value, because a firewall quietly running on half a config is worse
-than one that refuses to start.
+YAML or JSON, decoded through a typed model (`ConfigFile`: types and bounds declared once).
+Validated strictly: an unknown key, a wrong type or a bad value is an error that names the
+field and the value, because a firewall quietly running on half a config is worse than one
+that refuses to start.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import json
-from collections.abc import Mapping
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
 import yaml
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-KEYS = ("podCIDRs", "agentPorts", "resyncSeconds")
 DEFAULT_RESYNC = 10.0
 MAX_RESYNC = 3600.0
 
 
 class ConfigError(ValueError):
     pass
+
+
+class ConfigFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    pod_cidrs: Annotated[list[str], msgspec.Meta(min_length=1)] = msgspec.field(name="podCIDRs")
+    agent_ports: Annotated[
+        list[Annotated[int, msgspec.Meta(ge=1, le=65535)]], msgspec.Meta(min_length=1)
+    ] = msgspec.field(name="agentPorts")
+    resync_seconds: Annotated[float, msgspec.Meta(gt=0, le=MAX_RESYNC)] = msgspec.field(
+        name="resyncSeconds", default=DEFAULT_RESYNC
+    )
+
+
+KEYS = ("podCIDRs", "agentPorts", "resyncSeconds")
+# what each field must be, in words, for messages that name the field and the value
+_EXPECTED = {
+    "podCIDRs": "a non-empty list of CIDRs",
+    "podCIDRs[]": "a CIDR string",
+    "agentPorts": "a non-empty list of TCP ports",
+    "agentPorts[]": "a TCP port 1-65535",
+    "resyncSeconds": f"seconds in (0, {MAX_RESYNC:.0f}]",
+}
 
 
 @dataclass(frozen=True)
@@ -47,47 +69,42 @@ class FirewallConfig:
         return tuple(ipaddress.collapse_addresses(nets))
 
 
+def _explain(exc: msgspec.ValidationError, data: Any) -> str:
+    """`agentPorts[0]: expected a TCP port 1-65535, got 0` from msgspec's error."""
+    text = str(exc)
+    if unknown := re.search(r"unknown field `([^`]*)`", text):
+        return f"unknown field {unknown.group(1)!r} (known: {', '.join(KEYS)})"
+    if missing := re.search(r"missing required field `([^`]*)`", text):
+        return f"{missing.group(1)}: expected {_EXPECTED[missing.group(1)]}, got nothing"
+    _, _, where = text.rpartition(" - at `$")
+    path = where.rstrip("`").lstrip(".")
+    generic = re.sub(r"\[\d+\]", "[]", path)
+    if generic not in _EXPECTED:
+        return text
+    value: Any = data
+    for part in re.findall(r"[^.\[\]]+", path):
+        value = value[int(part)] if isinstance(value, list) else value.get(part)
+    return f"{path}: expected {_EXPECTED[generic]}, got {value!r}"
+
+
 def parse_config(data: object, source: str = "config") -> FirewallConfig:
-    if not isinstance(data, Mapping):
+    if not isinstance(data, dict):
         raise ConfigError(
             f"{source}: expected a mapping with {', '.join(KEYS)}, got {type(data).__name__}"
         )
-    unknown = [k for k in data if k not in KEYS]
-    if unknown:
-        raise ConfigError(f"{source}: unknown field {unknown[0]!r} (known: {', '.join(KEYS)})")
-    cidrs = data.get("podCIDRs")
-    if not isinstance(cidrs, list) or not cidrs:
-        raise ConfigError(f"{source}: podCIDRs: expected a non-empty list of CIDRs, got {cidrs!r}")
+    try:
+        raw = msgspec.convert(data, ConfigFile)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{source}: {_explain(exc, data)}") from None
     networks: list[Network] = []
-    for i, cidr in enumerate(cidrs):
-        if not isinstance(cidr, str):
-            raise ConfigError(f"{source}: podCIDRs[{i}]: expected a CIDR string, got {cidr!r}")
+    for i, cidr in enumerate(raw.pod_cidrs):
         try:
             networks.append(ipaddress.ip_network(cidr, strict=True))
         except ValueError as exc:
             raise ConfigError(f"{source}: podCIDRs[{i}]: invalid CIDR {cidr!r}: {exc}") from None
-    ports = data.get("agentPorts")
-    if not isinstance(ports, list) or not ports:
-        raise ConfigError(
-            f"{source}: agentPorts: expected a non-empty list of TCP ports, got {ports!r}"
-        )
-    for i, port in enumerate(ports):
-        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-            raise ConfigError(
-                f"{source}: agentPorts[{i}]: expected a TCP port 1-65535, got {port!r}"
-            )
-    if len(set(ports)) != len(ports):
-        raise ConfigError(f"{source}: agentPorts: duplicate port in {ports!r}")
-    resync: Any = data.get("resyncSeconds", DEFAULT_RESYNC)
-    if (
-        isinstance(resync, bool)
-        or not isinstance(resync, int | float)
-        or not 0 < resync <= MAX_RESYNC
-    ):
-        raise ConfigError(
-            f"{source}: resyncSeconds: expected seconds in (0, {MAX_RESYNC:.0f}], got {resync!r}"
-        )
-    return FirewallConfig(tuple(networks), tuple(sorted(ports)), float(resync))
+    if len(set(raw.agent_ports)) != len(raw.agent_ports):
+        raise ConfigError(f"{source}: agentPorts: duplicate port in {raw.agent_ports!r}")
+    return FirewallConfig(tuple(networks), tuple(sorted(raw.agent_ports)), raw.resync_seconds)
 
 
 def load_config(path: str | Path) -> FirewallConfig:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-from typing import Any, Protocol
+from typing import Protocol
 
-from deathwatch.firewall.ruleset import FAMILY, TABLE
+from deathwatch.firewall.table import FAMILY, NAME, Table, from_json, script
 
 NFT_TIMEOUT = 10.0
 
@@ -16,9 +16,11 @@ class NftError(RuntimeError):
 
 
 class Nft(Protocol):
-    def apply(self, script: str) -> None: ...
+    """The table, as the agent sees it: replaced whole, read back as the model."""
 
-    def list_table(self) -> dict[str, Any] | None: ...
+    def apply(self, table: Table) -> None: ...
+
+    def list_table(self) -> Table | None: ...
 
     def delete_table(self) -> None: ...
 
@@ -46,24 +48,23 @@ class SystemNft:
                 f"{self.binary} {' '.join(args)} did not finish within {NFT_TIMEOUT:.0f}s"
             ) from None
 
-    def apply(self, script: str) -> None:
-        result = self._run(["-f", "-"], script)
+    def apply(self, table: Table) -> None:
+        result = self._run(["-f", "-"], script(table))
         if result.returncode != 0:
             raise NftError(f"nft -f failed: {result.stderr.strip()}")
 
-    def list_table(self) -> dict[str, Any] | None:
-        result = self._run(["-j", "list", "table", FAMILY, TABLE])
+    def list_table(self) -> Table | None:
+        result = self._run(["-j", "list", "table", FAMILY, NAME])
         if result.returncode != 0:
             if "No such file or directory" in result.stderr:
                 return None
             raise NftError(f"nft list failed: {result.stderr.strip()}")
         try:
-            listing: dict[str, Any] = json.loads(result.stdout)
-        except ValueError as exc:
-            raise NftError(f"nft -j printed something that is not JSON: {exc}") from None
-        return listing
+            return from_json(json.loads(result.stdout))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise NftError(f"nft -j printed something we cannot read: {exc}") from None
 
     def delete_table(self) -> None:
-        result = self._run(["delete", "table", FAMILY, TABLE])
+        result = self._run(["delete", "table", FAMILY, NAME])
         if result.returncode != 0 and "No such file or directory" not in result.stderr:
             raise NftError(f"nft delete table failed: {result.stderr.strip()}")

@@ -1,0 +1,212 @@
+"""The table `inet deathwatch` as one typed model, and its two renderings. Pure functions.
+
+`Table` is what the agent owns: sets and base chains with their rules. The same model is
+rendered as the nft script that replaces the whole table in one transaction (`script`), and
+is what `nft -j list table` reduces to (`from_json`), so "is the live table what we want"
+is a comparison of two values (`differences`). Match operands are kept in nft's own syntax
+("ip daddr", "@pod_v4", "{ 8000, 49983 }"), the form both sides can be reduced to.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+FAMILY, NAME = "inet", "deathwatch"
+
+
+@dataclass(frozen=True)
+class Set:
+    name: str
+    type: str  # ipv4_addr, ipv6_addr, inet_service
+    flags: tuple[str, ...] = ()
+    elements: tuple[str, ...] = ()  # networks as CIDRs, ports as numbers; sorted as text
+
+
+@dataclass(frozen=True)
+class Match:
+    left: str  # "ip daddr", "tcp dport", "fib saddr type"
+    right: str  # "@pod_v4", "{ 49983 }", "local"
+    op: str = "=="
+
+
+@dataclass(frozen=True)
+class Rule:
+    matches: tuple[Match, ...]
+    verdict: str  # "reject with tcp reset", "accept"
+    counter: bool = True
+    comment: str | None = None
+    # what the kernel counted so far: read back, never compared, never rendered
+    packets: int = field(default=0, compare=False)
+
+
+@dataclass(frozen=True)
+class Chain:
+    name: str
+    type: str
+    hook: str
+    priority: int
+    policy: str = "accept"
+    rules: tuple[Rule, ...] = ()
+
+
+@dataclass(frozen=True)
+class Table:
+    sets: tuple[Set, ...] = ()
+    chains: tuple[Chain, ...] = ()
+
+    @property
+    def rejected_packets(self) -> int:
+        return sum(r.packets for c in self.chains for r in c.rules)
+
+
+def ports(numbers: tuple[int, ...] | list[int]) -> str:
+    """An anonymous set of ports in nft's syntax, in numeric order."""
+    return "{ " + ", ".join(str(p) for p in sorted(numbers)) + " }"
+
+
+# --- rendering: the script that replaces the table atomically ------------------------------
+
+
+def _rule(rule: Rule) -> str:
+    parts = [m.left + (f" {m.op} " if m.op != "==" else " ") + m.right for m in rule.matches]
+    if rule.counter:
+        parts.append("counter")
+    parts.append(rule.verdict)
+    if rule.comment is not None:
+        parts.append(f"comment {json.dumps(rule.comment)}")
+    return " ".join(parts)
+
+
+def script(table: Table) -> str:
+    """One `nft -f` transaction: declare, delete, define (works on nft 1.0.6), so there is
+    no instant with a partial table or none."""
+    lines = [f"table {FAMILY} {NAME}", f"delete table {FAMILY} {NAME}", f"table {FAMILY} {NAME} {{"]
+    for s in table.sets:
+        flags = f" flags {', '.join(s.flags)};" if s.flags else ""
+        elements = f" elements = {{ {', '.join(s.elements)} }}" if s.elements else ""
+        lines.append(f"\tset {s.name} {{ type {s.type};{flags}{elements} }}")
+    for c in table.chains:
+        lines.append(f"\tchain {c.name} {{")
+        lines.append(f"\t\ttype {c.type} hook {c.hook} priority {c.priority}; policy {c.policy};")
+        lines.extend(f"\t\t{_rule(r)}" for r in c.rules)
+        lines.append("\t}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+# --- reading `nft -j list table inet deathwatch` back ---------------------------------------
+
+
+def _element(e: Any) -> str:
+    if isinstance(e, str):
+        return str(ipaddress.ip_network(e, strict=False))
+    if isinstance(e, int):
+        return str(e)
+    if isinstance(e, Mapping) and "prefix" in e:
+        p = e["prefix"]
+        return str(ipaddress.ip_network(f"{p['addr']}/{p['len']}", strict=False))
+    return json.dumps(e, sort_keys=True)  # a range or anything else: kept, so it differs
+
+
+def _left(x: Any) -> str:
+    if isinstance(x, Mapping):
+        if "payload" in x:
+            return f"{x['payload'].get('protocol')} {x['payload'].get('field')}"
+        if "meta" in x:
+            return f"meta {x['meta'].get('key')}"
+        if "fib" in x:
+            return f"fib {' . '.join(x['fib'].get('flags', []))} {x['fib'].get('result')}"
+    return json.dumps(x, sort_keys=True)
+
+
+def _right(x: Any) -> str:
+    if isinstance(x, Mapping) and "set" in x:
+        items = x["set"]
+        if all(isinstance(v, int) for v in items):
+            return ports(items)
+        return "{ " + ", ".join(_element(v) for v in items) + " }"
+    if isinstance(x, int):
+        return ports([x])  # a single port: the same as a set of one
+    if isinstance(x, str):
+        return x  # "@set", "local"
+    return json.dumps(x, sort_keys=True)
+
+
+def _reduce_rule(r: Mapping[str, Any]) -> Rule:
+    matches: list[Match] = []
+    counter, packets, verdict = False, 0, ""
+    unknown: list[str] = []
+    for e in r.get("expr", []):
+        if "match" in e:
+            m = e["match"]
+            matches.append(Match(_left(m.get("left")), _right(m.get("right")), m.get("op", "==")))
+        elif "counter" in e:
+            counter = True
+            if isinstance(e["counter"], Mapping):
+                packets = int(e["counter"].get("packets", 0))
+        elif "reject" in e:
+            kind = (e["reject"] or {}).get("type")
+            verdict = f"reject with {kind}" if kind else "reject"
+        elif len(e) == 1 and next(iter(e)) in ("accept", "drop", "return"):
+            verdict = next(iter(e))
+        else:
+            unknown.append(json.dumps(e, sort_keys=True))
+    if unknown:  # something we never write: kept visible, so the table differs
+        verdict = " ".join([verdict, *unknown]).strip()
+    return Rule(tuple(matches), verdict, counter, r.get("comment"), packets)
+
+
+def from_json(listing: Mapping[str, Any] | None) -> Table | None:
+    """The model of a live table from `nft -j list table`, None if there is no table."""
+    if listing is None:
+        return None
+    sets: list[Set] = []
+    chains: dict[str, dict[str, Any]] = {}
+    rules: dict[str, list[Rule]] = {}
+    for item in listing.get("nftables", []):
+        if "set" in item:
+            s = item["set"]
+            sets.append(
+                Set(
+                    s["name"],
+                    s.get("type", ""),
+                    tuple(s.get("flags", [])),
+                    tuple(sorted(_element(e) for e in s.get("elem", []))),
+                )
+            )
+        elif "chain" in item:
+            chains[item["chain"]["name"]] = item["chain"]
+        elif "rule" in item:
+            rules.setdefault(item["rule"].get("chain", ""), []).append(_reduce_rule(item["rule"]))
+    return Table(
+        tuple(sets),
+        tuple(
+            Chain(
+                name,
+                c.get("type", ""),
+                c.get("hook", ""),
+                int(c.get("prio", 0)),
+                c.get("policy", ""),
+                tuple(rules.get(name, [])),
+            )
+            for name, c in chains.items()
+        ),
+    )
+
+
+def differences(want: Table, have: Table | None) -> list[str]:
+    """What is wrong with the live table, one line each; empty when it is exactly right."""
+    if have is None:
+        return [f"table {FAMILY} {NAME} is missing"]
+    out: list[str] = []
+    for kind, wanted, found in (("set", want.sets, have.sets), ("chain", want.chains, have.chains)):
+        w = {x.name: x for x in wanted}
+        h = {x.name: x for x in found}
+        for name in sorted(w.keys() | h.keys()):
+            if w.get(name) != h.get(name):
+                out.append(f"{kind} {name}: want {w.get(name)}, have {h.get(name)}")
+    return out
