@@ -27,22 +27,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from kubernetes import client, config, watch
+
+from bench.stats import percentile
+from deathwatch._engine.timeutil import format_time
+from hack.localcluster import controlplane
+from hack.localcluster.controller_process import ControllerProcess
+from hack.localcluster.sandbox_script import Fate, SandboxScript, pod_manifest, timeline
+
 ROOT = Path(__file__).resolve().parent.parent
-
-from kubernetes import client, config, watch  # noqa: E402
-
-from deathwatch._engine.timeutil import format_time  # noqa: E402
-from hack.localcluster import controlplane  # noqa: E402
-from hack.localcluster.controller_process import ControllerProcess  # noqa: E402
-from hack.localcluster.sandbox_script import Fate, SandboxScript, pod_manifest, timeline  # noqa: E402
 
 NS = "bench"
 TIMEOUT = (5, 30)
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))] if ordered else float("nan")
 
 
 def rss_mib(pid: int, field: str = "VmRSS") -> float:
@@ -259,13 +255,15 @@ def main() -> int:
             "status_writes": total,
             "achieved_rate_per_s": round(achieved_rate, 1),
             "deaths": deaths,
-            "verdict_ms_p50": round(pct(verdict_ms, 50), 1),
-            "verdict_ms_p95": round(pct(verdict_ms, 95), 1),
-            "verdict_ms_p99": round(pct(verdict_ms, 99), 1),
+            "verdict_ms_p50": round(percentile(verdict_ms, 50), 1),
+            "verdict_ms_p95": round(percentile(verdict_ms, 95), 1),
+            "verdict_ms_p99": round(percentile(verdict_ms, 99), 1),
             "verdict_ms_max": round(max(verdict_ms), 1) if verdict_ms else None,
-            "baseline_watch_ms_p50": round(pct(watch_ms, 50), 1),
-            "baseline_watch_ms_p99": round(pct(watch_ms, 99), 1),
-            "verdict_over_watch_p50": round(pct(verdict_ms, 50) / pct(watch_ms, 50), 2)
+            "baseline_watch_ms_p50": round(percentile(watch_ms, 50), 1),
+            "baseline_watch_ms_p99": round(percentile(watch_ms, 99), 1),
+            "verdict_over_watch_p50": round(
+                percentile(verdict_ms, 50) / percentile(watch_ms, 50), 2
+            )
             if watch_ms
             else None,
         },

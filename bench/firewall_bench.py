@@ -22,13 +22,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+from bench.stats import percentile
+from deathwatch.firewall.config import parse_config
+from deathwatch.firewall.ruleset import desired
+from deathwatch.firewall.table import script as nft_script
+from hack.localcluster.netnode import AGENT_PORT, TOOL, Node, netns_available, node
 
 ROOT = Path(__file__).resolve().parent.parent
-
-from deathwatch.firewall.config import parse_config  # noqa: E402
-from deathwatch.firewall.ruleset import desired  # noqa: E402
-from deathwatch.firewall.table import script as nft_script  # noqa: E402
-from hack.localcluster.netnode import AGENT_PORT, TOOL, Node, netns_available, node  # noqa: E402
 
 
 def connects(n: Node, ns: str, host: str, port: int, count: int) -> dict[str, object]:
@@ -37,11 +39,6 @@ def connects(n: Node, ns: str, host: str, port: int, count: int) -> dict[str, ob
     ).stdout
     result: dict[str, object] = json.loads(out)
     return result
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
 
 
 def main() -> int:
@@ -91,22 +88,22 @@ def main() -> int:
         # one connect that is not refused, from the host to the other port, for scale
         host_other = connects(n, n.host, n.sandbox.v4, 8080, args.connects)
 
-    result = {
+    result: dict[str, Any] = {
         "refusal": {
             "connects": len(refused_us),
             "outcomes": refusals["outcomes"],
-            "p50_us": round(pct(refused_us, 50), 1),
-            "p95_us": round(pct(refused_us, 95), 1),
-            "p99_us": round(pct(refused_us, 99), 1),
+            "p50_us": round(percentile(refused_us, 50), 1),
+            "p95_us": round(percentile(refused_us, 95), 1),
+            "p99_us": round(percentile(refused_us, 99), 1),
         },
-        "host_to_other_port_connect_p50_us": round(pct(host_other["latencies_us"], 50), 1),  # type: ignore[arg-type]
+        "host_to_other_port_connect_p50_us": round(percentile(host_other["latencies_us"], 50), 1),  # type: ignore[arg-type]
         "pod_to_pod": {
             "connects_each": len(without),
-            "without_rule_p50_us": round(pct(without, 50), 1),
-            "with_rule_p50_us": round(pct(with_rule, 50), 1),
+            "without_rule_p50_us": round(percentile(without, 50), 1),
+            "with_rule_p50_us": round(percentile(with_rule, 50), 1),
             "without_rule_mean_us": round(statistics.fmean(without), 2),
             "with_rule_mean_us": round(statistics.fmean(with_rule), 2),
-            "with_over_without_p50": round(pct(with_rule, 50) / pct(without, 50), 4),
+            "with_over_without_p50": round(percentile(with_rule, 50) / percentile(without, 50), 4),
             "with_over_without_mean": round(
                 statistics.fmean(with_rule) / statistics.fmean(without), 4
             ),
@@ -121,16 +118,16 @@ def main() -> int:
         print(json.dumps(result, indent=2))
         return 0
     r, p, a = result["refusal"], result["pod_to_pod"], result["atomic_apply_ms"]
-    print(f"refusal (host -> agent port, TCP reset), {r['connects']} connects {r['outcomes']}:")  # type: ignore[index]
-    print(f"  p50 {r['p50_us']} us  p95 {r['p95_us']} us  p99 {r['p99_us']} us")  # type: ignore[index]
+    print(f"refusal (host -> agent port, TCP reset), {r['connects']} connects {r['outcomes']}:")
+    print(f"  p50 {r['p50_us']} us  p95 {r['p95_us']} us  p99 {r['p99_us']} us")
     print(
         f"  (for scale: a host connect that succeeds, p50 {result['host_to_other_port_connect_p50_us']} us)"
     )
-    print(f"pod -> pod connect to the agent port, {p['connects_each']} each:")  # type: ignore[index]
+    print(f"pod -> pod connect to the agent port, {p['connects_each']} each:")
     print(
         f"  without rule p50 {p['without_rule_p50_us']} us, with rule p50 {p['with_rule_p50_us']} us: ratio {p['with_over_without_p50']} (mean ratio {p['with_over_without_mean']})"
-    )  # type: ignore[index]
-    print(f"atomic apply (nft -f, whole table): best {a['best']} ms, median {a['median']} ms")  # type: ignore[index]
+    )
+    print(f"atomic apply (nft -f, whole table): best {a['best']} ms, median {a['median']} ms")
     return 0
 
 

@@ -23,14 +23,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-
 from kubernetes import client, config
 
 from hack.localcluster import controlplane
 from hack.localcluster.controller_process import ControllerProcess, service_account_kubeconfig
 from hack.localcluster.kubelet import Kubelet
 from hack.localcluster.sandbox_script import Fate, SandboxScript
+
+ROOT = Path(__file__).resolve().parent.parent
 
 NS = "sandboxes"
 DEATHWATCH = f"""

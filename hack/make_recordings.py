@@ -14,24 +14,24 @@ import json
 import random
 import sys
 import uuid
-from datetime import timedelta
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
-
-from datetime import datetime
+from typing import Any
 
 from deathwatch._engine.timeutil import UTC
 from hack.localcluster.sandbox_script import Fate, SandboxScript, recording
+
+ROOT = Path(__file__).resolve().parent.parent
 
 START = datetime(2026, 11, 29, 10, 0, 0, tzinfo=UTC)
 NS = uuid.UUID("6b1d2f4e-2c0e-4c55-9a53-6a3f9d1f0c11")
 
 
-def script(name: str, at: float, **kw: object) -> SandboxScript:
+def script(name: str, at: float, **kw: Any) -> SandboxScript:
     return SandboxScript(
         name=name, uid=str(uuid.uuid5(NS, name)), start=START + timedelta(seconds=at), **kw
-    )  # type: ignore[arg-type]
+    )
 
 
 def sample_fleet(rng: random.Random, n: int, prefix: str) -> list[SandboxScript]:
@@ -69,8 +69,8 @@ def sample_fleet(rng: random.Random, n: int, prefix: str) -> list[SandboxScript]
 
 
 def write_pretty(
-    path: Path, scripts: list[SandboxScript], extra: list[tuple[int, object]] = ()
-) -> None:  # type: ignore[assignment]
+    path: Path, scripts: list[SandboxScript], extra: Sequence[tuple[int, object]] = ()
+) -> None:
     events = list(recording(scripts))
     for index, value in extra:
         events.insert(index, value)  # type: ignore[arg-type]

@@ -109,7 +109,7 @@ def namespace(control_plane: controlplane.ControlPlane, api: object) -> Iterator
     from tests.kube import wait_for
 
     name = f"t-{uuid.uuid4().hex[:10]}"
-    core = client.CoreV1Api(api)  # type: ignore[arg-type]
+    core = client.CoreV1Api(api)
     core.create_namespace(
         client.V1Namespace(metadata=client.V1ObjectMeta(name=name)), _request_timeout=30
     )

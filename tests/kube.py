@@ -33,7 +33,7 @@ def wait_for(
             last = exc
         else:
             if last:
-                return last  # type: ignore[return-value]
+                return last
         if time.monotonic() >= deadline:
             raise WaitTimeout(
                 f"timed out after {timeout}s waiting for {what}; last: {last!r}"[:2000]

@@ -244,7 +244,7 @@ def test_controller_killed_and_restarted_loses_nothing(env: Env, round_: int) ->
     wait_for(
         lambda: env.controller and env.controller.get("/readyz")["details"]["write_backlog"] == 0,
         what="writes done",
-    )  # type: ignore[index]
+    )
     assert len(env.events(dead_before.name, "SandboxDead")) == 1
     assert len(env.events(dies_while_down.name, "SandboxDead")) == 1
 

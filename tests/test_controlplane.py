@@ -6,6 +6,7 @@ import os
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -203,7 +204,7 @@ def test_a_token_from_token_request_is_refused_what_its_role_does_not_grant(
             ignore=(client.ApiException,),
         )
         refused: dict[str, Any] = {}
-        for what, call in {
+        calls: dict[str, Callable[[], Any]] = {
             "list secrets": lambda: reader.list_namespaced_secret(namespace, _request_timeout=10),
             "create pods": lambda: reader.create_namespaced_pod(
                 namespace, pod_body("x"), _request_timeout=10
@@ -211,7 +212,8 @@ def test_a_token_from_token_request_is_refused_what_its_role_does_not_grant(
             "list pods elsewhere": lambda: reader.list_namespaced_pod(
                 "kube-system", _request_timeout=10
             ),
-        }.items():
+        }
+        for what, call in calls.items():
             with pytest.raises(client.ApiException) as info:
                 call()
             refused[what] = info.value.status

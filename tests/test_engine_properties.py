@@ -59,17 +59,13 @@ probes = st.sampled_from(
 )
 
 
-def play(
-    observations: list[dict[str, Any]], probe: dict[str, Any] | None, policy: str = AUTO
-) -> list[tuple[State, bool]]:
-    """Run a lifecycle that starts Pending; return (state, ready seen so far) after each step."""
-    fleet = Fleet(default_registry())
-    now = 0.0
-    deletion_at: float | None = None
-    ever_ready = False
-    history: list[tuple[State, bool]] = []
+def lifecycle(
+    observations: list[dict[str, Any]], probe: dict[str, Any] | None
+) -> list[tuple[float, dict[str, Any]]]:
+    """The pod objects of a lifecycle that starts Pending, each with the second it is seen."""
+    now, deletion_at = 0.0, None
     first = pod(ready=False, ready_at=0, phase="Pending", containers=[waiting()], probe=probe)
-    fleet.observe(read_pod(first), at(0), policy, SETTINGS)
+    out: list[tuple[float, dict[str, Any]]] = [(0.0, first)]
     for o in observations:
         now += o["dt"]
         if o["delete"] == 0 and deletion_at is None:
@@ -83,6 +79,20 @@ def play(
             probe=probe,
             deletion_at=deletion_at,
         )
+        out.append((now, obj))
+    return out
+
+
+def play(
+    observations: list[dict[str, Any]], probe: dict[str, Any] | None, policy: str = AUTO
+) -> list[tuple[State, bool]]:
+    """Run a lifecycle; return (state, ready seen so far) after each step."""
+    fleet = Fleet(default_registry())
+    ever_ready = False
+    history: list[tuple[State, bool]] = []
+    (_, first), *rest = lifecycle(observations, probe)
+    fleet.observe(read_pod(first), at(0), policy, SETTINGS)
+    for o, (now, obj) in zip(observations, rest, strict=True):
         step = fleet.observe(read_pod(obj), at(now), policy, SETTINGS)
         ever_ready = ever_ready or o["ready"] is True
         history.append((step.track.state, ever_ready))

@@ -4,6 +4,7 @@ firewall refusing kubelet's own TCP probe while an exec probe passes."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -191,7 +192,8 @@ def test_killed_sandbox_is_dead_with_its_exit_code(nenv: Env) -> None:
             code,
             "agent",
         )
-        wait_for(lambda n=name: n in stamps.dead and n in stamps.terminated, what="both watches")
+        seen = functools.partial(lambda n: n in stamps.dead and n in stamps.terminated, name)
+        wait_for(seen, what="both watches")
         latencies.append((stamps.dead[name] - stamps.terminated[name]) * 1e3)
     stamps.stop = True
     RESULTS["kubelet_status_write_to_dead_ms"] = [round(x, 1) for x in latencies]

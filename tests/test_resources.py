@@ -25,8 +25,8 @@ CRDS = Path(__file__).resolve().parent.parent / "manifests" / "base" / "crds"
 def schema(crd: str, part: str) -> dict[str, Any]:
     doc = yaml.safe_load((CRDS / f"{crd}.deathwatch.dev.yaml").read_text())
     (version,) = doc["spec"]["versions"]
-    props: dict[str, Any] = version["schema"]["openAPIV3Schema"]["properties"]
-    return props[part]
+    part_schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]["properties"][part]
+    return part_schema
 
 
 def _no_none(t: mi.Type) -> mi.Type:

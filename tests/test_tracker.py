@@ -31,7 +31,7 @@ from deathwatch._operator.writer import Writer
 from deathwatch._policies import AUTO, PolicySettings, default_registry
 from tests.builders import T0, at, exec_probe, pod, running, terminated, waiting
 from tests.fakeapi import FakeApi, FakeTimers
-from tests.test_engine_properties import observation, probes
+from tests.test_engine_properties import lifecycle, observation, probes
 
 NS = "sandboxes"
 
@@ -252,33 +252,6 @@ def test_every_persisted_field_of_a_track_survives_the_round_trip() -> None:
     assert documents.track_from_status(NS, "sbx-1", stored) == suspect
 
 
-def _lifecycle(observations: list[dict[str, Any]], probe: dict[str, Any] | None) -> list[Any]:
-    """The pod objects of a lifecycle, with the time each is observed at."""
-    now, deletion_at = 0.0, None
-    out: list[Any] = [
-        (0.0, pod(ready=False, ready_at=0, phase="Pending", containers=[waiting()], probe=probe))
-    ]
-    for o in observations:
-        now += o["dt"]
-        if o["delete"] == 0 and deletion_at is None:
-            deletion_at = now
-        out.append(
-            (
-                now,
-                pod(
-                    ready=o["ready"],
-                    ready_at=now,
-                    phase="Failed" if o["evicted"] else o["phase"],
-                    reason="Evicted" if o["evicted"] else None,
-                    containers=[o["container"]],
-                    probe=probe,
-                    deletion_at=deletion_at,
-                ),
-            )
-        )
-    return out
-
-
 SETTINGS = PolicySettings(agent_ports=frozenset({49983}))
 
 
@@ -308,10 +281,10 @@ def _outcome(fleet: Fleet) -> dict[str, Any]:
 def test_a_restart_at_any_point_changes_no_verdict(
     observations: list[dict[str, Any]], probe: dict[str, Any] | None, split: int, policy: str
 ) -> None:
-    lifecycle = _lifecycle(observations, probe)
-    split = min(split, len(lifecycle) - 1)
+    steps = lifecycle(observations, probe)
+    split = min(split, len(steps) - 1)
     whole, before = Fleet(default_registry()), Fleet(default_registry())
-    for i, (t, body) in enumerate(lifecycle):
+    for i, (t, body) in enumerate(steps):
         whole.observe(read_pod(body), at(t), policy, SETTINGS)
         if i <= split:
             before.observe(read_pod(body), at(t), policy, SETTINGS)
@@ -326,6 +299,6 @@ def test_a_restart_at_any_point_changes_no_verdict(
     assert documents.verdict_status(restored, "node-1") == documents.verdict_status(track, "node-1")
     after = Fleet(default_registry())
     after.restore(restored, PolicySettings())
-    for t, body in lifecycle[split + 1 :]:
+    for t, body in steps[split + 1 :]:
         after.observe(read_pod(body), at(t), policy, SETTINGS)
     assert _outcome(after) == _outcome(whole)

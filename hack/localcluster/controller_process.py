@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
 
 from hack.localcluster.controlplane import ControlPlane, free_port, kubeconfig
 
@@ -94,14 +95,14 @@ class ControllerProcess:
         return json.loads(text) if path == "/readyz" else text
 
     def metric(self, name: str, **labels: str) -> float:
-        """The sum of a metric's samples matching the labels (0 if none)."""
-        total = 0.0
-        for line in (self.get("/metrics") or "").splitlines():
-            if not line.startswith(name + "{") and not line.startswith(name + " "):
-                continue
-            if all(f'{k}="{v}"' in line for k, v in labels.items()):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        """The sum of a sample's values (e.g. `deathwatch_api_writes_total`) over the series
+        whose labels include `labels` (0 if none)."""
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(self.get("/metrics") or "")
+            for sample in family.samples
+            if sample.name == name and labels.items() <= sample.labels.items()
+        )
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int | None:
         if self.proc is None:

@@ -55,7 +55,6 @@ class ContainerView(msgspec.Struct, frozen=True, gc=False):
     running_since: datetime | None
     terminated: Termination | None
     last_termination: Termination | None
-    waiting_reason: str | None
     restart_count: int
     ready: bool
 
@@ -87,7 +86,6 @@ class PodView(msgspec.Struct, frozen=True):
     reason: str | None
     # Ready condition: status as written ("True", "False", "Unknown") or None when absent.
     ready_status: str | None
-    ready_reason: str | None
     ready_changed_at: datetime | None
     # When deletion was requested: deletionTimestamp minus the grace period, because the
     # API writes deletionTimestamp as the deadline by which the pod must be gone.
@@ -194,13 +192,12 @@ def view_of(pod: raw.Pod) -> PodView:
         deletion_requested_at = meta.deletion_timestamp - timedelta(seconds=grace)
         latest = _later(latest, deletion_requested_at)
 
-    ready_status = ready_reason = None
+    ready_status = None
     ready_changed_at = None
     for cond in status.conditions or ():
         latest = _later(latest, cond.last_transition_time)
         if cond.type == "Ready":
             ready_status = cond.status
-            ready_reason = cond.reason
             ready_changed_at = cond.last_transition_time
 
     containers = []
@@ -216,14 +213,12 @@ def view_of(pod: raw.Pod) -> PodView:
             if t is not None:
                 latest = _later(_later(latest, t.started_at), t.finished_at)
         latest = _later(latest, running_since)
-        waiting = state.waiting if state is not None else None
         containers.append(
             ContainerView(
                 name=cs.name or f"#{i}",
                 running_since=running_since,
                 terminated=terminated,
                 last_termination=last,
-                waiting_reason=waiting.reason if waiting is not None else None,
                 restart_count=cs.restart_count or 0,
                 ready=cs.ready is True,
             )
@@ -247,7 +242,6 @@ def view_of(pod: raw.Pod) -> PodView:
         phase=status.phase,
         reason=status.reason,
         ready_status=ready_status,
-        ready_reason=ready_reason,
         ready_changed_at=ready_changed_at,
         deletion_requested_at=deletion_requested_at,
         node_name=spec.node_name,

@@ -59,7 +59,6 @@ class PodSpec(msgspec.Struct, rename="camel", frozen=True, gc=False):
 class Condition(msgspec.Struct, rename="camel", frozen=True, gc=False):
     type: str | None = None
     status: str | None = None
-    reason: str | None = None
     last_transition_time: Time | None = None
 
 
@@ -74,14 +73,9 @@ class Running(msgspec.Struct, rename="camel", frozen=True, gc=False):
     started_at: Time | None = None
 
 
-class Waiting(msgspec.Struct, rename="camel", frozen=True, gc=False):
-    reason: str | None = None
-
-
 class ContainerState(msgspec.Struct, rename="camel", frozen=True, gc=False):
     running: Running | None = None
     terminated: Terminated | None = None
-    waiting: Waiting | None = None
 
 
 class ContainerStatus(msgspec.Struct, rename="camel", frozen=True, gc=False):

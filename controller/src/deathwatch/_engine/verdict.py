@@ -41,18 +41,6 @@ class Cause(StrEnum):
     NOT_READY = "NotReady"
 
 
-DEATH_CAUSES = frozenset(
-    {
-        Cause.CONTAINER_EXITED,
-        Cause.OOM_KILLED,
-        Cause.EVICTED,
-        Cause.UNRESPONSIVE,
-        Cause.NODE_LOST,
-        Cause.UNKNOWN,
-    }
-)
-
-
 @dataclass(frozen=True, slots=True)
 class Evidence:
     """Captured at the moment of a terminal verdict: the pod may be gone seconds later."""
