@@ -24,8 +24,13 @@ fi
 # keyed by this checkout too: the editable installs point at one directory, and each CI run
 # is a fresh clone somewhere else
 stamp=${DEATHWATCH_CACHE:-$HOME/.cache/deathwatch}/pip-$( (cat "$root/requirements-dev.txt" "$root"/controller/pyproject.toml "$root"/firewall/pyproject.toml; echo "$root") | sha256sum | cut -c1-16)
-if [ ! -f "$stamp" ] || ! (cd / && python3 -c 'import deathwatch.policy, deathwatch.firewall.cli') 2>/dev/null \
-    || ! command -v deathwatch >/dev/null || ! command -v deathwatch-firewall >/dev/null; then
+# the editable installs must point at this checkout (one site-packages serves every clone)
+installed_here() {
+  (cd / && python3 -c 'import sys, deathwatch.policy as p, deathwatch.firewall.cli as f
+sys.exit(not (p.__file__.startswith(sys.argv[1]) and f.__file__.startswith(sys.argv[1])))' "$root/") 2>/dev/null
+}
+if [ ! -f "$stamp" ] || ! installed_here || ! command -v deathwatch >/dev/null \
+    || ! command -v deathwatch-firewall >/dev/null; then
   log "installing the deathwatch distributions (editable) and test tools (pip)"
   (cd "$root" && python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore -r requirements-dev.txt)
   mkdir -p "$(dirname "$stamp")" && touch "$stamp"
