@@ -8,34 +8,17 @@ import copy
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from deathwatch._engine.timeutil import format_time
-from hack.localcluster.sandbox_script import Fate, SandboxScript, pod_manifest, timeline
-from tests.controller_env import Env
+from hack.localcluster.sandbox_script import Fate, pod_manifest, timeline
+from tests.controller_env import Env, fate_status, ready_status
 from tests.kube import wait_for
 
 pytestmark = pytest.mark.apiserver
 ROOT = Path(__file__).resolve().parent.parent
 GROUP, VERSION = "deathwatch.dev", "v1alpha1"
-
-
-def ready_status(script: SandboxScript) -> dict[str, Any]:
-    """The status kubelet writes once the sandbox is Ready."""
-    for m in timeline(script):
-        if m.status and any(
-            c["type"] == "Ready" and c["status"] == "True" for c in m.status["conditions"]
-        ):
-            return m.status
-    raise AssertionError("script never becomes Ready")
-
-
-def fate_status(script: SandboxScript) -> dict[str, Any]:
-    """The last status of the script (its fate)."""
-    statuses = [m.status for m in timeline(script) if m.status is not None]
-    return statuses[-1]
 
 
 # --- lifecycles -----------------------------------------------------------------------------
@@ -234,7 +217,10 @@ def test_controller_killed_and_restarted_loses_nothing(env: Env, round_: int) ->
     env.start_controller()
     dead = env.wait_state(dies_while_down.name, "Dead")["status"]
     assert (dead["cause"], dead["exitCode"]) == ("ContainerExited", 3)
-    assert env.wait_state(deleted_while_down.name, "Gone")["status"]["cause"] == "Deleted"
+    # deleted while nobody watched: how it ended is unknown, and the verdict says so
+    assert env.wait_state(deleted_while_down.name, "Gone")["status"]["cause"] == "Unobserved"
+    assert len(wait_for(lambda: env.events(deleted_while_down.name, "SandboxLostTrack"),
+                        what="SandboxLostTrack")) == 1  # fmt: skip
     assert env.sv(dead_before.name)["status"]["state"] == "Dead"  # type: ignore[index]
     assert env.sv(lives.name)["status"]["state"] == "Alive"  # type: ignore[index]
     wait_for(

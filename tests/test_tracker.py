@@ -77,7 +77,7 @@ class Harness:
         self.tracker.on_pod(event, body, self.watches)
 
     async def settle(self) -> None:
-        self.tracker.publish(stale_after=600)
+        self.tracker.publish()
         await asyncio.wait_for(self.writer.idle(), 5)
 
     def sv(self, name: str = "sbx-1") -> dict[str, Any] | None:

@@ -248,6 +248,30 @@ async def test_delete_spares_a_newer_pod_of_the_same_name() -> None:
     assert key("a") not in api.objects
 
 
+def test_failures_are_labelled_by_kind() -> None:
+    import urllib3
+    from kubernetes.client import ApiException
+
+    from deathwatch._operator.kube import retryable, status_code
+
+    pool = urllib3.HTTPConnectionPool("127.0.0.1")
+    read_timeout = urllib3.exceptions.ReadTimeoutError(pool, "/", "read timed out")
+    refused = urllib3.exceptions.NewConnectionError(pool, "refused")  # type: ignore[arg-type]
+    cases = {
+        ApiException(status=409): "409",
+        read_timeout: "timeout",
+        urllib3.exceptions.MaxRetryError(pool, "/", read_timeout): "timeout",
+        urllib3.exceptions.MaxRetryError(pool, "/", refused): "connection",
+        urllib3.exceptions.ProtocolError("reset"): "connection",
+        ConnectionResetError(): "connection",
+        TimeoutError(): "timeout",
+        ValueError("x"): "ValueError",
+    }
+    assert {exc: status_code(exc) for exc in cases} == cases
+    assert retryable(read_timeout) and retryable(ApiException(status=503))
+    assert not retryable(ApiException(status=422))
+
+
 @pytest.mark.parametrize("status", [404])
 async def test_a_deathwatch_that_is_gone_is_not_retried(status: int) -> None:
     async with running() as (writer, api, timers):

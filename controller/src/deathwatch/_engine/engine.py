@@ -12,13 +12,18 @@ Order of judgement for each observation (the first that applies wins):
 5. phase Succeeded: Gone (Completed). phase Failed: Dead (from the container evidence).
 6. Never Ready yet: Pending. No death is counted for a pod that was never Ready.
 7. Otherwise the pod's policy decides Alive, Suspect (with a deadline) or Dead.
+
+A policy may be third-party code. If its `judge()` raises or returns anything but a sound
+Decision (a Suspect deadline must lie ahead, within MAX_SUSPECT), that pod alone is judged by
+container-state until the policy works again (Dead only on proof: a terminated or restarted
+container), and the track carries the error (`policy_error`, signal POLICY_FAILED).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -27,6 +32,7 @@ import msgspec
 from deathwatch._engine.podview import ContainerView, PodView
 from deathwatch._engine.verdict import Cause, Evidence, State
 from deathwatch._policies.base import ContainerDeath, Decision, Policy, PolicySettings, Situation
+from deathwatch._policies.builtin import CONTAINER_STATE as _CONTAINER_STATE
 from deathwatch._policies.builtin import blocked_probes
 
 
@@ -36,12 +42,18 @@ class SignalKind(StrEnum):
     FLAPPED = "Flapped"  # Ready True -> False -> True before any death verdict
     FALSE_POSITIVE = "FalsePositive"  # Ready True after a Dead verdict
     PROBE_BLOCKED = "ProbeBlockedByFirewall"
+    POLICY_FAILED = "PolicyFailed"  # judge() raised or returned garbage; detail says what
 
 
 @dataclass(frozen=True, slots=True)
 class Signal:
     kind: SignalKind
     previous: State | None = None  # for STATE_CHANGED: the state left
+    detail: str | None = None  # for POLICY_FAILED: the error
+
+
+# The longest a policy may keep a pod Suspect in one decision: anything further is garbage.
+MAX_SUSPECT = timedelta(days=1)
 
 
 class Track(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,6 +78,7 @@ class Track(msgspec.Struct, frozen=True, kw_only=True):
     probe_blocked: bool = False
     evidence: Evidence | None = None
     changed_at: datetime | None = None  # when `state` was entered
+    policy_error: str | None = None  # the policy failed the last time it was asked: why
 
 
 def replace(track: Track, **changes: Any) -> Track:
@@ -284,7 +297,11 @@ def step(
             container_death=death,
             settings=settings,
         )
-        decision = policy.judge(situation)
+        decision, error = _judge(policy, situation)
+        if error is not None:
+            signals.append(Signal(SignalKind.POLICY_FAILED, detail=error))
+        if error != track.policy_error:
+            track = replace(track, policy_error=error)
         if deleting is not None and decision.state is not State.DEAD:
             after = _bury(track, now, Cause.DELETED, pod)
         else:
@@ -295,6 +312,32 @@ def step(
             after = replace(after, changed_at=now)
         signals.append(Signal(SignalKind.STATE_CHANGED, before))
     return Step(after, tuple(signals))
+
+
+def _judge(policy: Policy, s: Situation) -> tuple[Decision, str | None]:
+    """The policy's decision, or container-state's and the reason the policy's was refused."""
+    try:
+        decision = policy.judge(s)
+    except Exception as exc:  # third-party code: its failure is data, never ours to raise
+        return _CONTAINER_STATE.judge(s), f"{type(exc).__name__}: {exc}"[:300]
+    problem = _unsound(decision, s.now)
+    if problem is not None:
+        return _CONTAINER_STATE.judge(s), f"returned {problem}"[:300]
+    return decision, None
+
+
+def _unsound(decision: object, now: datetime) -> str | None:
+    if not isinstance(decision, Decision):
+        return f"{type(decision).__name__}, not a Decision: {decision!r}"
+    if decision.state is State.SUSPECT:
+        deadline = decision.deadline
+        if not isinstance(deadline, datetime) or deadline.tzinfo is None:
+            return f"a Suspect deadline that is not an aware datetime: {deadline!r}"
+        if not now < deadline <= now + MAX_SUSPECT:
+            return f"a Suspect deadline outside (now, now + {MAX_SUSPECT}]: {deadline.isoformat()}"
+    if decision.cause is not None and not isinstance(decision.cause, Cause):
+        return f"a cause that is not a Cause: {decision.cause!r}"
+    return None
 
 
 def _judge_lifecycle(
@@ -357,13 +400,16 @@ def expire(
 def remove(
     track: Track, now: datetime, last: PodView | None, policy: Policy, settings: PolicySettings
 ) -> Step:
-    """The pod object is gone from the API (DELETED event, or missing at a resync).
+    """The pod object is gone from the API.
 
-    The final object is judged first, so a death it shows before the deletion request is
-    kept; anything not terminal by then is Gone (Deleted).
+    With its final object (a DELETED event), that object is judged first, so a death it shows
+    before the deletion request is kept; anything not terminal by then is Gone (Deleted).
+    Without it (found missing after a restart or a relist), nobody saw how it ended: Gone
+    (Unobserved), never a claim that it was deleted without dying.
     """
     result = step(track, last, now, policy, settings) if last is not None else Step(track)
     if result.track.state.terminal:
         return result
-    gone = _bury(result.track, now, Cause.DELETED, last)
+    cause = Cause.DELETED if last is not None else Cause.UNOBSERVED
+    gone = _bury(result.track, now, cause, last)
     return Step(gone, (*result.signals, Signal(SignalKind.STATE_CHANGED, result.track.state)))

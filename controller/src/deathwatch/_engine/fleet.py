@@ -27,6 +27,8 @@ class Fleet:
         self.pods: dict[str, PodView] = {}
         self._settings: dict[str, PolicySettings] = {}
         self._deadlines: list[tuple[datetime, str]] = []
+        # Suspects whose window could not be judged (uid, error): the caller reports them
+        self.failures: list[tuple[str, Exception]] = []
 
     def __len__(self) -> int:
         return len(self.tracks)
@@ -95,18 +97,23 @@ class Fleet:
     def _expire(
         self, is_due: Callable[[datetime], bool], at: Callable[[datetime], datetime]
     ) -> list[Step]:
-        # Take every due entry first: a policy that answers with another past deadline is
-        # judged again on the next call, never looped on here.
+        """Judge each due entry on its own: one that fails (a bug, not a policy's error, which
+        the engine contains) is set aside in `failures` and the others are still judged."""
         due: list[tuple[datetime, str]] = []
         while (deadline := self.next_deadline()) is not None and is_due(deadline):
+            # taken before judging: an answer with another past deadline waits for the next
+            # call (the engine refuses one, but nothing here may loop on it)
             due.append(heapq.heappop(self._deadlines))
         steps: list[Step] = []
         for deadline, uid in due:
-            track = self.tracks[uid]
-            policy = self.registry.get(track.policy)
-            last = self.pods.get(uid)
-            step = engine.expire(track, last, at(deadline), policy, self._settings[uid])
-            steps.append(self._keep(step, last))
+            try:
+                track = self.tracks[uid]
+                policy = self.registry.get(track.policy)
+                last = self.pods.get(uid)
+                step = engine.expire(track, last, at(deadline), policy, self._settings[uid])
+                steps.append(self._keep(step, last))
+            except Exception as exc:
+                self.failures.append((uid, exc))
         return steps
 
     def _keep(self, step: Step, pod: PodView | None) -> Step:

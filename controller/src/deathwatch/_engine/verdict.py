@@ -37,6 +37,7 @@ class Cause(StrEnum):
     DELETED = "Deleted"
     COMPLETED = "Completed"
     FAILED_BEFORE_READY = "FailedBeforeReady"
+    UNOBSERVED = "Unobserved"  # found gone with nobody watching: whether it died is unknown
     # cause of Suspect
     NOT_READY = "NotReady"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -29,6 +29,9 @@ from deathwatch._operator.kube import Api, ApiWrites, api_message, load_configur
 from deathwatch._operator.metrics import Metrics
 from deathwatch._operator.resources import DW_PLURAL, GROUP, SV_PLURAL, VERSION, to_document
 from deathwatch._operator.spec import SpecError, Watch, read_deathwatch
+from deathwatch._operator.streams import STALE_AFTER, StreamActivity
+from deathwatch._operator.streams import install as install_stream_hook
+from deathwatch._operator.supervisor import Supervisor
 from deathwatch._operator.tracker import Tracker
 from deathwatch._operator.writer import Writer
 from deathwatch._policies import default_registry
@@ -46,7 +49,9 @@ class Config:
     pod_label_selector: str | None = None  # optional server-side prefilter of watched pods
     probe_interval: float = 15.0  # /readyz and firewall coverage: one light API call per interval
     publish_interval: float = 1.0  # DeathWatch status, at most once per interval
-    stale_after: float = 600.0  # no pod event for this long: report watches as not fresh
+    stream_stale_after: float = STALE_AFTER  # nothing from a watch stream this long: stale
+    retire_interval: float = 10.0  # how often verdicts past their retention are looked for
+    vanished_interval: float = 5.0  # how often pods no watch shows are looked up
     writers: int = 8
 
     @property
@@ -72,8 +77,13 @@ class App:
     writer: Writer | None = None
     api: Api | None = None
     probe_api: Api | None = None
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    supervisor: Supervisor = field(init=False)
+    streams: StreamActivity = field(init=False)
     runner: web.AppRunner | None = None
+
+    def __post_init__(self) -> None:
+        self.supervisor = Supervisor(self.metrics)
+        self.streams = StreamActivity(self.metrics)
 
     # --- startup and shutdown ------------------------------------------------------------
 
@@ -85,21 +95,26 @@ class App:
         # queue behind, or take a slot from, the controller's own API work
         self.probe_api = Api(load_configuration(self.config.kubeconfig), 1, "deathwatch-probe")
         self.writer = Writer(ApiWrites(self.api), self.metrics, workers=self.config.writers)
-        self.tracker = Tracker(default_registry(), self.writer, self.metrics)
+        if not install_stream_hook(self.streams):
+            log.warning("watch stream liveness cannot be observed; /readyz reports it unknown")
+        self.tracker = Tracker(
+            default_registry(),
+            self.writer,
+            self.metrics,
+            streams=self.streams,
+            stale_after=self.config.stream_stale_after,
+        )
         self.tracker.firewall = FirewallReading(self.config.firewall_daemonset)
         await self.serve_http()
         restored = self.tracker.restore(await self.list_verdicts())
         log.info(
             "restored verdicts", count=restored, namespaces=list(self.config.namespaces) or "all"
         )
-        self.writer.start()
-        for coro in (
-            self.deadline_loop(),
-            self.publish_loop(),
-            self.vanished_loop(),
-            self.probe_loop(),
-        ):
-            self.tasks.append(asyncio.create_task(coro))
+        self.writer.start(self.supervisor.start)
+        self.supervisor.start("deadlines", self.deadline_loop)
+        self.supervisor.start("publish", self.publish_loop)
+        self.supervisor.start("vanished", self.vanished_loop)
+        self.supervisor.start("probe", self.probe_loop)
 
     async def list_verdicts(self) -> list[dict[str, Any]]:
         assert self.api is not None  # noqa: S101 - set in start()
@@ -132,13 +147,10 @@ class App:
         return items
 
     async def stop(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
         if self.writer is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.writer.idle(), 10)  # finish what was decided
-            await self.writer.stop()
+        await self.supervisor.stop()
         if self.runner is not None:
             await self.runner.cleanup()
         for api in (self.api, self.probe_api):
@@ -169,10 +181,10 @@ class App:
         last_retire = 0.0
         while True:
             await asyncio.sleep(self.config.publish_interval)
-            if time.monotonic() - last_retire > 10:
-                c.retire()
+            if time.monotonic() - last_retire > self.config.retire_interval:
                 last_retire = time.monotonic()
-            c.publish(self.config.stale_after)
+                c.retire()
+            c.publish()
 
     async def vanished_loop(self) -> None:
         """Pods deleted while we were down or while a watch was broken produce no DELETED
@@ -181,7 +193,7 @@ class App:
         assert c is not None  # noqa: S101
         assert api is not None  # noqa: S101
         while True:
-            await asyncio.sleep(5)
+            await asyncio.sleep(self.config.vanished_interval)
             for uid in c.vanished()[:50]:
                 record = c.records.get(uid)
                 if record is None:
@@ -231,13 +243,18 @@ class App:
                         )
                 else:
                     await api.call(api.version.get_code)
-                self.readiness.api_reachable, self.readiness.api_error = True, None
             except Exception as exc:
+                if self.readiness.api_reachable is not False:
+                    log.warning("API unreachable", error=api_message(exc)[:300])
                 self.readiness.api_reachable, self.readiness.api_error = (
                     False,
                     api_message(exc)[:300],
                 )
                 self.metrics.api_errors.labels("probe", status_code(exc)).inc()
+            else:
+                if self.readiness.api_reachable is False:
+                    log.info("API reachable again")
+                self.readiness.api_reachable, self.readiness.api_error = True, None
             self.readiness.checked_at = datetime.now(UTC)
             await asyncio.sleep(self.config.probe_interval)
 
@@ -253,13 +270,18 @@ class App:
         await web.TCPSite(self.runner, self.config.http_host, self.config.http_port).start()
 
     async def healthz(self, request: web.Request) -> web.Response:
-        # The process alone: answering at all proves the event loop is not blocked. A liveness
-        # probe that checked the API would restart a healthy controller during an API outage.
+        # The process alone: answering at all proves the event loop is not blocked, and no
+        # supervised task of ours keeps crashing (a bug a fresh process may not have). It
+        # checks no dependency: the loops catch API failures, an outage never crashes them,
+        # and a liveness probe that checked the API would restart a healthy controller.
+        failing = self.supervisor.failing()
+        if failing:
+            return web.json_response({"failing_tasks": failing}, status=500)
         return web.Response(text="ok\n")
 
     def readyz_report(self) -> tuple[bool, dict[str, Any]]:
         c, r = self.tracker, self.readiness
-        fresh = c.watches_fresh(self.config.stale_after) if c else False
+        fresh = c.watches_fresh() if c else False
         fw = c.firewall if c else None
         coverage = fw.coverage() if fw else None
         checks = {
@@ -268,7 +290,14 @@ class App:
             "firewall_covered": fw.covered if fw else None,
         }
         last_pod_event = c.last_event.get("pods") if c else None
+        tasks = self.supervisor.tasks
         details = {
+            "watch_stream_age_seconds": {
+                r: round(self.streams.age(r), 1) for r in ("pods", DW_PLURAL)
+            },
+            "task_restarts": {name: t.restarts for name, t in tasks.items()},
+            "failing_tasks": self.supervisor.failing(),
+            "pods_with_failing_policy": len(c.policy_failing) if c else 0,
             "api_error": r.api_error,
             "api_checked_at": r.checked_at.isoformat() if r.checked_at else None,
             "seconds_since_pod_event": round(time.monotonic() - last_pod_event, 1)
@@ -286,6 +315,20 @@ class App:
         # Served from the probe loop's cache: costs no API call, takes no controller slot.
         ok, report = self.readyz_report()
         return web.json_response(report, status=200 if ok else 503)
+
+    @contextlib.contextmanager
+    def reported(self, handler: str, body: Mapping[str, Any]) -> Iterator[None]:
+        """A bug in handling one event is logged with its traceback and counted, and the
+        next event of the object is handled afresh (kopf would only say "will ignore it")."""
+        try:
+            yield
+        except Exception:
+            self.metrics.handler_errors.labels(handler).inc()
+            meta = body.get("metadata") or {}
+            log.exception(
+                "event not handled", handler=handler, namespace=meta.get("namespace"),
+                name=meta.get("name"),
+            )  # fmt: skip
 
     async def metrics_handler(self, request: web.Request) -> web.Response:
         return web.Response(
@@ -348,7 +391,8 @@ def register(registry: kopf.OperatorRegistry, app: App) -> None:
     ) -> None:
         if app.tracker is not None:
             watches = _values(kwargs["deathwatches_by_namespace"], namespace or "")
-            app.tracker.on_pod(event.get("type"), body, watches)
+            with app.reported("pod_event", body):
+                app.tracker.on_pod(event.get("type"), body, watches)
 
     @kopf.on.event(GROUP, VERSION, DW_PLURAL, id="deathwatch_event", registry=registry)
     async def deathwatch_event(
@@ -356,7 +400,8 @@ def register(registry: kopf.OperatorRegistry, app: App) -> None:
     ) -> None:
         if app.tracker is not None:
             pods = _values(kwargs["pods_by_namespace"], namespace or "")
-            app.tracker.on_deathwatch(event.get("type"), body, pods)
+            with app.reported("deathwatch_event", body):
+                app.tracker.on_deathwatch(event.get("type"), body, pods)
 
 
 def _values(index: kopf.Index[str, Any], key: str) -> Iterable[Any]:

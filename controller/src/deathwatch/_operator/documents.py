@@ -105,7 +105,9 @@ _ALIVE = {
 }
 
 
-def verdict_status(track: Track, node: str | None) -> SandboxVerdictStatus:
+def verdict_status(
+    track: Track, node: str | None, deleted_at: datetime | None = None
+) -> SandboxVerdictStatus:
     e = track.evidence
     conditions = [
         condition(
@@ -126,6 +128,18 @@ def verdict_status(track: Track, node: str | None) -> SandboxVerdictStatus:
                 track.changed_at,
             )
         )
+    if track.policy_error is not None:
+        conditions.append(
+            condition(
+                ConditionType.POLICY_ERROR,
+                ConditionStatus.TRUE,
+                Reason.POLICY_FAILED,
+                f"policy {track.policy} failed ({track.policy_error}); judged by "
+                "container-state until it works again: Dead only on a terminated or "
+                "restarted container",
+                track.changed_at,
+            )
+        )
     return SandboxVerdictStatus(
         state=track.state,
         policy=track.policy,
@@ -141,6 +155,7 @@ def verdict_status(track: Track, node: str | None) -> SandboxVerdictStatus:
         ready_drop_at=track.ready_drop_at,
         deadline=track.deadline,
         declared_at=e.declared_at if e else None,
+        pod_deleted_at=deleted_at,
         ready_drops=track.ready_drops,
         flaps=track.flaps,
         false_positive=track.false_positive,
@@ -176,6 +191,10 @@ def track_from_status(namespace: str, name: str, status: Mapping[str, Any]) -> T
         return None
     changed_at = next(
         (c.last_transition_time for c in sv.conditions if c.type == ConditionType.ALIVE), None
+    )
+    policy_error = next(
+        (_policy_error(c.message) for c in sv.conditions if c.type == ConditionType.POLICY_ERROR),
+        None,
     )
     evidence = None
     if sv.state.terminal and sv.declared_at is not None:
@@ -213,7 +232,14 @@ def track_from_status(namespace: str, name: str, status: Mapping[str, Any]) -> T
         probe_blocked=sv.probe_blocked_by_firewall,
         evidence=evidence,
         changed_at=changed_at,
+        policy_error=policy_error,
     )
+
+
+def _policy_error(message: str) -> str:
+    """The error inside a PolicyError condition's message (see verdict_status)."""
+    inside = message.split(" failed (", 1)[-1]
+    return inside.rsplit("); judged by ", 1)[0]
 
 
 # --- DeathWatch ----------------------------------------------------------------------------
@@ -253,7 +279,7 @@ def deathwatch_conditions(
     now: datetime,
     *,
     invalid: str | None,
-    fresh: bool,
+    fresh: bool | None,
     stale_after: float,
     firewall: FirewallReading,
 ) -> list[Condition]:
@@ -265,17 +291,19 @@ def deathwatch_conditions(
     t, f, u = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOWN
     if invalid is not None:
         ready = cond(ConditionType.READY, f, Reason.INVALID_SPEC, invalid)
-    elif not fresh:
+    elif fresh is False:
         ready = cond(
             ConditionType.READY,
             u,
-            Reason.NO_RECENT_POD_EVENTS,
-            f"no pod event for over {stale_after:.0f}s: a quiet cluster, or a stale watch",
+            Reason.WATCH_STALE,
+            f"the pod watch delivered nothing, not even a bookmark, for over {stale_after:.0f}s: "
+            "a broken connection (it is reconnected); verdicts may be late",
         )
     else:
-        ready = cond(
-            ConditionType.READY, t, Reason.WATCHING, "judging the pods this DeathWatch selects"
-        )
+        message = "judging the pods this DeathWatch selects"
+        if fresh is None:
+            message += " (the watch stream's liveness cannot be observed with this kopf)"
+        ready = cond(ConditionType.READY, t, Reason.WATCHING, message)
     fw, covered = firewall, firewall.covered
     kind = ConditionType.FIREWALL_COVERED
     if fw.daemonset is None:
@@ -412,3 +440,12 @@ def false_positive_event(track: Track) -> PodEvent:
 
 def probe_blocked_event(track: Track) -> PodEvent:
     return _event(track, EventReason.PROBE_BLOCKED, PROBE_BLOCKED_MESSAGE)
+
+
+def lost_track_event(track: Track, last_seen: State | None) -> PodEvent:
+    return _event(
+        track,
+        EventReason.SANDBOX_LOST_TRACK,
+        f"Sandbox deleted while deathwatch could not watch it (last seen {last_seen}); "
+        "whether it died before it was deleted is unknown",
+    )

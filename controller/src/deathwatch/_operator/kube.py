@@ -17,6 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import urllib3
 from kubernetes import client, config
 
 from deathwatch._operator.resources import GROUP, VERSION
@@ -101,11 +102,18 @@ class ApiWrites:
 
 
 def status_code(exc: BaseException) -> str:
-    """A short label for an API failure, for metrics and logs."""
+    """A short label for an API failure, for metrics and logs: the HTTP status, `timeout`
+    (no answer in time), `connection` (refused, reset, broken), else the error's type."""
     if isinstance(exc, client.ApiException):
         return str(exc.status)
-    if isinstance(exc, TimeoutError | asyncio.TimeoutError):
+    if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
+        return status_code(exc.reason)
+    if isinstance(exc, urllib3.exceptions.NewConnectionError | ConnectionError):
+        return "connection"  # (urllib3 makes NewConnectionError a kind of connect timeout)
+    if isinstance(exc, TimeoutError | asyncio.TimeoutError | urllib3.exceptions.TimeoutError):
         return "timeout"
+    if isinstance(exc, urllib3.exceptions.ProtocolError | urllib3.exceptions.SSLError):
+        return "connection"
     return type(exc).__name__
 
 

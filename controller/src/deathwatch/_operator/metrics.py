@@ -62,6 +62,42 @@ class Metrics:
             ["operation"],
             registry=r,
         )
+        self.task_restarts = Counter(
+            "deathwatch_task_restarts",
+            "Crashes of a supervised long-running task (each followed by a restart)",
+            ["task"],
+            registry=r,
+        )
+        self.handler_errors = Counter(
+            "deathwatch_handler_errors",
+            "Unexpected errors in a watch event handler (logged with traceback; event skipped)",
+            ["handler"],
+            registry=r,
+        )
+        self.policy_errors = Counter(
+            "deathwatch_policy_errors",
+            "judge() calls of a policy that raised, returned garbage or timed out",
+            ["policy"],
+            registry=r,
+        )
+        self.relists = Counter(
+            "deathwatch_watch_relists",
+            "Watches that could not resume (410 Gone) and were followed by a new listing",
+            ["resource"],
+            registry=r,
+        )
+        self.watch_connections = Counter(
+            "deathwatch_watch_connections",
+            "Watch requests made per resource (one per server timeout, more after faults)",
+            ["resource"],
+            registry=r,
+        )
+        self.watch_activity = Gauge(
+            "deathwatch_watch_stream_activity_timestamp_seconds",
+            "When a watch stream last delivered anything, bookmarks included (unix time)",
+            ["resource"],
+            registry=r,
+        )
         self.last_event = Gauge(
             "deathwatch_watch_last_event_timestamp_seconds",
             "When the last watch event of a resource arrived (unix time)",

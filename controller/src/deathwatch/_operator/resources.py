@@ -46,6 +46,7 @@ class ConditionType(StrEnum):
     # on a SandboxVerdict
     ALIVE = "Alive"  # its reason is the verdict's cause, or its state when there is none
     PROBE_BLOCKED = "ProbeBlockedByFirewall"
+    POLICY_ERROR = "PolicyError"  # while the pod's policy fails: judged by container-state
 
 
 class Reason(StrEnum):
@@ -53,12 +54,13 @@ class Reason(StrEnum):
 
     WATCHING = "Watching"
     INVALID_SPEC = "InvalidSpec"
-    NO_RECENT_POD_EVENTS = "NoRecentPodEvents"
     NOT_CONFIGURED = "NotConfigured"
     NOT_OBSERVED = "NotObserved"
     ALL_NODES = "AllNodes"
     NODES_UNCOVERED = "NodesUncovered"
     NETWORK_PROBE_ON_AGENT_PORT = "NetworkProbeOnAgentPort"
+    POLICY_FAILED = "PolicyFailed"
+    WATCH_STALE = "WatchStale"
 
 
 class EventReason(StrEnum):
@@ -67,6 +69,7 @@ class EventReason(StrEnum):
     SANDBOX_DEAD = "SandboxDead"
     SANDBOX_FALSE_POSITIVE = "SandboxFalsePositive"
     PROBE_BLOCKED = "ProbeBlockedByFirewall"
+    SANDBOX_LOST_TRACK = "SandboxLostTrack"  # gone while nobody watched: fate unknown
 
 
 class _Object(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True, frozen=True):
@@ -108,7 +111,7 @@ class DeathWatchSpec(_Object, frozen=True):
     agent_ports: Annotated[list[Port], msgspec.Meta(max_length=64)] = msgspec.field(
         default_factory=list
     )
-    verdict_retention: Annotated[str, msgspec.Meta(pattern=DURATION_PATTERN)] = "1h"
+    verdict_retention: Annotated[str, msgspec.Meta(max_length=32, pattern=DURATION_PATTERN)] = "1h"
 
 
 class FirewallCoverage(_Object, frozen=True):

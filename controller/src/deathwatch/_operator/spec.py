@@ -22,6 +22,7 @@ from deathwatch._operator.resources import DeathWatchSpec, LabelSelector
 from deathwatch._policies import PolicyRegistry, PolicySettings, UnknownPolicy
 
 DEFAULT_RETENTION = timedelta(hours=1)
+MAX_RETENTION = timedelta(days=365)  # the CRD's bound (CEL) too: 8760h
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNITS = {
@@ -39,8 +40,11 @@ class SpecError(ValueError):
     """A DeathWatch field the controller cannot use; the message names field and value."""
 
 
-def parse_duration(text: str, field: str = "duration") -> timedelta:
-    """A Go duration ("1h", "90m", "1h30m", "45s"), as the CRD schema's pattern allows."""
+def parse_duration(
+    text: str, field: str = "duration", maximum: timedelta = MAX_RETENTION
+) -> timedelta:
+    """A Go duration ("1h", "90m", "1h30m", "45s"), as the CRD schema's pattern allows, at most
+    `maximum` (a bound, so that no later date arithmetic can overflow)."""
     if not isinstance(text, str) or not text:
         raise SpecError(f"{field}: expected a duration like 1h or 30m, got {text!r}")
     pos, seconds = 0, 0.0
@@ -51,6 +55,10 @@ def parse_duration(text: str, field: str = "duration") -> timedelta:
         pos = match.end()
     if pos != len(text):
         raise SpecError(f"{field}: expected a duration like 1h or 30m, got {text!r}")
+    if not seconds <= maximum.total_seconds():  # also catches inf and nan
+        raise SpecError(
+            f"{field}: at most {maximum.total_seconds() / 3600:.0f}h, got {text[:40]!r}"
+        )
     return timedelta(seconds=seconds)
 
 
@@ -101,7 +109,18 @@ def _selector(selector: LabelSelector | None, where: str) -> Selector:
 
 
 def read_deathwatch(body: Mapping[str, Any], registry: PolicyRegistry) -> Watch:
-    """Raises SpecError naming the first field that cannot be used."""
+    """Raises SpecError naming the first field that cannot be used, and nothing else: an
+    unforeseen failure is a SpecError too, so one bad DeathWatch is reported on its own
+    status and never takes a handler or a loop down with it."""
+    try:
+        return _read(body, registry)
+    except SpecError:
+        raise
+    except Exception as exc:
+        raise SpecError(f"spec: cannot be read: {type(exc).__name__}: {exc}"[:300]) from exc
+
+
+def _read(body: Mapping[str, Any], registry: PolicyRegistry) -> Watch:
     meta = body.get("metadata") or {}
     try:
         spec = msgspec.convert(body.get("spec") or {}, DeathWatchSpec)

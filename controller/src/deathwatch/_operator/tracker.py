@@ -22,13 +22,14 @@ import structlog
 from deathwatch._engine.engine import SignalKind, Step, Track
 from deathwatch._engine.fleet import Fleet
 from deathwatch._engine.podview import MalformedPod, PodView, read_pod
-from deathwatch._engine.timeutil import UTC
-from deathwatch._engine.verdict import State
+from deathwatch._engine.timeutil import UTC, parse_time
+from deathwatch._engine.verdict import Cause, State
 from deathwatch._operator import documents
 from deathwatch._operator.documents import FirewallReading, PodEvent
 from deathwatch._operator.metrics import Metrics
 from deathwatch._operator.resources import DW_PLURAL, SV_PLURAL, Condition, to_document
 from deathwatch._operator.spec import SpecError, Watch, read_deathwatch
+from deathwatch._operator.streams import STALE_AFTER, StreamActivity
 from deathwatch._operator.writer import LOW, NORMAL, URGENT, Desired, Writer
 from deathwatch._policies import PolicyRegistry, PolicySettings
 
@@ -64,12 +65,15 @@ class Tracker:
     by_name: dict[Key, str] = field(default_factory=dict)  # (namespace, pod name) -> uid
     dirty: set[Key] = field(default_factory=set)  # DeathWatches whose status must be recomputed
     firewall: FirewallReading = field(default_factory=lambda: FirewallReading(None))
+    streams: StreamActivity = field(default_factory=StreamActivity)
+    stale_after: float = STALE_AFTER
     last_event: dict[str, float] = field(default_factory=dict)  # resource -> monotonic time
     listing_started: float = 0.0  # monotonic time the latest (re)listing of pods began
     _in_listing: bool = False
     started: float = field(default_factory=time.monotonic)
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # a new deadline to wait for
     malformed: set[str] = field(default_factory=set)
+    policy_failing: set[str] = field(default_factory=set)  # pod uids in a policy-error spell
 
     def __post_init__(self) -> None:
         self.fleet = Fleet(self.registry)
@@ -96,7 +100,13 @@ class Tracker:
                 log.error("verdict not restored", namespace=namespace, pod=name, error=str(exc))
                 continue
             self.records[track.uid] = PodRecord(
-                namespace, name, (namespace, watch), status.get("node"), persisted=True
+                namespace,
+                name,
+                (namespace, watch),
+                status.get("node"),
+                # the retention clock carries over the restart (None: the pod may still exist)
+                deleted_at=parse_time(status.get("podDeletedAt")),
+                persisted=True,
             )
             self.by_name[(namespace, name)] = track.uid
             self.dirty.add((namespace, watch))
@@ -170,6 +180,7 @@ class Tracker:
             if previous is not None and previous != pod.uid:
                 # a new pod took the name: its verdict replaces the old one's
                 self.fleet.forget(previous)
+                self.policy_failing.discard(previous)
                 self.records.pop(previous, None)
             record = self.records[pod.uid] = PodRecord(pod.namespace, pod.name, watch.key)
             self.by_name[(pod.namespace, pod.name)] = pod.uid
@@ -196,6 +207,15 @@ class Tracker:
                 ).inc()
                 if track.state is State.DEAD:
                     events.append(documents.dead_event(track))
+                elif track.cause is Cause.UNOBSERVED:
+                    log.warning(
+                        "lost track: the pod is gone and nobody saw how it ended",
+                        namespace=track.namespace,
+                        pod=track.name,
+                        uid=track.uid,
+                        last_seen=str(signal.previous),
+                    )
+                    events.append(documents.lost_track_event(track, signal.previous))
             elif signal.kind is SignalKind.READY_DROPPED:
                 self.metrics.ready_drops.labels(track.policy).inc()
             elif signal.kind is SignalKind.FLAPPED:
@@ -212,9 +232,13 @@ class Tracker:
                 events.append(documents.false_positive_event(track))
             elif signal.kind is SignalKind.PROBE_BLOCKED:
                 events.append(documents.probe_blocked_event(track))
+            elif signal.kind is SignalKind.POLICY_FAILED:
+                self.metrics.policy_errors.labels(track.policy).inc()
+        self._policy_spell(track)
         if not track.ever_ready and track.state.terminal and not record.persisted:
             # never a running sandbox and never written: nothing to keep
             self.fleet.forget(track.uid)
+            self.policy_failing.discard(track.uid)
             self.records.pop(track.uid, None)
             self.dirty.add(watch.key)
             return
@@ -226,7 +250,9 @@ class Tracker:
                     SV_PLURAL,
                     track.namespace,
                     track.name,
-                    status=to_document(documents.verdict_status(track, record.node)),
+                    status=to_document(
+                        documents.verdict_status(track, record.node, record.deleted_at)
+                    ),
                     create=documents.verdict_object(track.namespace, track.name, watch.body),
                     events=events,
                     priority=URGENT if dead else NORMAL,
@@ -237,6 +263,23 @@ class Tracker:
         self.dirty.add(watch.key)
         if track.deadline is not None:
             self.wake.set()
+
+    def _policy_spell(self, track: Track) -> None:
+        """Log a policy's failure once per spell, and its recovery; the metric counts calls."""
+        if track.policy_error is not None and track.uid not in self.policy_failing:
+            self.policy_failing.add(track.uid)
+            log.error(
+                "policy failed; the pod is judged by container-state until it works again",
+                namespace=track.namespace,
+                pod=track.name,
+                uid=track.uid,
+                policy=track.policy,
+                error=track.policy_error,
+            )
+        elif track.policy_error is None and track.uid in self.policy_failing:
+            self.policy_failing.discard(track.uid)
+            log.info("policy works again", namespace=track.namespace, pod=track.name,
+                     uid=track.uid, policy=track.policy)  # fmt: skip
 
     # --- DeathWatches -----------------------------------------------------------------------
 
@@ -287,6 +330,7 @@ class Tracker:
         for uid, record in list(self.records.items()):
             if record.watch == key:
                 self.fleet.forget(uid)
+                self.policy_failing.discard(uid)
                 del self.records[uid]
                 self.by_name.pop((record.namespace, record.name), None)
                 self.writer.forget(SV_PLURAL, record.namespace, record.name)
@@ -299,11 +343,23 @@ class Tracker:
             watch = self.watches.get(record.watch) if record else None
             if watch is not None:
                 self._after(step, watch)
+        failures, self.fleet.failures = self.fleet.failures, []
+        for uid, exc in failures:
+            record = self.records.get(uid)
+            self.metrics.handler_errors.labels("expire").inc()
+            log.error(
+                "a Suspect window could not be judged; its next pod event judges it",
+                uid=uid,
+                namespace=record.namespace if record else None,
+                pod=record.name if record else None,
+                exc_info=exc,
+            )
 
     def vanished(self, listing_quiet: float = 10.0) -> list[str]:
-        """Tracked, live pods no watch has shown since the latest (re)listing began: deleted
-        while we were down or while a watch was broken (a relist reports what exists, not what
-        went away). The caller checks each with a GET before calling `gone`."""
+        """Tracked pods no watch has shown since the latest (re)listing began: deleted while we
+        were down or while a watch was broken (a relist reports what exists, not what went
+        away). Live ones must be judged gone; terminal ones restored from their verdicts need
+        their retention clock started. The caller checks each with a GET before `gone`."""
         now = time.monotonic()
         if self._in_listing and now - self.last_event.get("pods", 0) < listing_quiet:
             return []  # a listing is still coming in
@@ -313,7 +369,9 @@ class Tracker:
         out = []
         for uid, record in self.records.items():
             track = self.fleet.get(uid)
-            if track is not None and not track.state.terminal and record.last_seen < cutoff:
+            if track is None or record.last_seen >= cutoff:
+                continue
+            if not track.state.terminal or record.deleted_at is None:
                 out.append(uid)
         return out
 
@@ -354,6 +412,7 @@ class Tracker:
                     )
                 )
             self.fleet.forget(uid)
+            self.policy_failing.discard(uid)
             del self.records[uid]
             if self.by_name.get((record.namespace, record.name)) == uid:
                 del self.by_name[(record.namespace, record.name)]
@@ -363,12 +422,14 @@ class Tracker:
 
     # --- DeathWatch status -------------------------------------------------------------------
 
-    def watches_fresh(self, stale_after: float) -> bool:
-        seen = self.last_event.get("pods")
-        return seen is not None and time.monotonic() - seen < stale_after
+    def watches_fresh(self) -> bool | None:
+        """The pod watch streams delivered something (an event or a bookmark) lately; None
+        when that cannot be known (see streams.py)."""
+        return self.streams.fresh(["pods"], self.stale_after)
 
-    def publish(self, stale_after: float) -> None:
-        """Queue the status of every DeathWatch that changed (the writer skips no-ops)."""
+    def publish(self) -> None:
+        """Queue the status of every DeathWatch that changed (the writer skips no-ops). One
+        DeathWatch that cannot be summarised is logged and counted; the others still are."""
         keys = set(self.dirty) | set(self.watches) | set(self.invalid)
         self.dirty.clear()
         tracks_by_watch: dict[Key, list[Track]] = {}
@@ -381,24 +442,29 @@ class Tracker:
             counts[str(track.state)] = counts.get(str(track.state), 0) + 1
         for state in State:
             self.metrics.tracked.labels(str(state)).set(counts.get(str(state), 0))
-        now, fresh = self.clock(), self.watches_fresh(stale_after)
+        now, fresh = self.clock(), self.watches_fresh()
         coverage = self.firewall.coverage()
         for key in keys:
             if key not in self.watches and key not in self.invalid:
                 continue
-            conditions = self.conditions[key] = documents.deathwatch_conditions(
-                self.conditions.get(key, ()),
-                now,
-                invalid=self.invalid.get(key),
-                fresh=fresh,
-                stale_after=stale_after,
-                firewall=self.firewall,
-            )
-            spec = self.watches.get(key)
-            generation = spec.body.get("metadata", {}).get("generation") if spec else None
-            status = documents.deathwatch_status(
-                tracks_by_watch.get(key, []), coverage, conditions, generation
-            )
-            self.writer.want(
-                Desired(DW_PLURAL, key[0], key[1], status=to_document(status), priority=LOW)
-            )
+            try:
+                conditions = self.conditions[key] = documents.deathwatch_conditions(
+                    self.conditions.get(key, ()),
+                    now,
+                    invalid=self.invalid.get(key),
+                    fresh=fresh,
+                    stale_after=self.stale_after,
+                    firewall=self.firewall,
+                )
+                spec = self.watches.get(key)
+                generation = spec.body.get("metadata", {}).get("generation") if spec else None
+                status = documents.deathwatch_status(
+                    tracks_by_watch.get(key, []), coverage, conditions, generation
+                )
+                document = to_document(status)
+            except Exception:
+                self.metrics.handler_errors.labels("publish").inc()
+                log.exception("deathwatch status not computed", namespace=key[0], deathwatch=key[1])
+                self.dirty.add(key)
+                continue
+            self.writer.want(Desired(DW_PLURAL, *key, status=document, priority=LOW))

@@ -28,7 +28,7 @@ import itertools
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -125,6 +125,7 @@ def _patch(desired: Mapping[str, Any], written: Written | None) -> dict[str, Any
 
 
 Schedule = Callable[[float, Callable[[], None]], object]
+Spawn = Callable[[str, Callable[[], Coroutine[Any, Any, None]]], None]
 
 
 class Writer:
@@ -195,10 +196,14 @@ class Writer:
 
     # --- the workers ----------------------------------------------------------------------
 
-    def start(self) -> None:
-        self._tasks = [
-            asyncio.create_task(self._work(), name=f"writer-{i}") for i in range(self.workers)
-        ]
+    def start(self, spawn: Spawn | None = None) -> None:
+        """Start the workers: as plain tasks, or through `spawn(name, factory)` (the operator
+        passes its supervisor, which restarts a worker that crashes)."""
+        for i in range(self.workers):
+            if spawn is not None:
+                spawn(f"writer-{i}", self._work)
+            else:
+                self._tasks.append(asyncio.create_task(self._work(), name=f"writer-{i}"))
 
     async def stop(self) -> None:
         for task in self._tasks:

@@ -16,6 +16,7 @@ from importlib.metadata import entry_points
 from deathwatch._engine.podview import PodView
 from deathwatch._policies.base import Policy, PolicySettings
 from deathwatch._policies.builtin import BUILTIN_ORDER
+from deathwatch._policies.guard import Guarded
 
 AUTO = "auto"
 ENTRY_POINT_GROUP = "deathwatch.policies"
@@ -78,7 +79,7 @@ def _load_entry_points() -> tuple[dict[str, Policy], dict[str, str]]:
         if policy.name != ep.name:
             broken[ep.name] = f"{ep.value} calls itself {policy.name!r}, registered as {ep.name!r}"
             continue
-        loaded[ep.name] = policy
+        loaded[ep.name] = Guarded(policy)  # third-party code: time-bounded (guard.py)
     return loaded, broken
 
 

@@ -131,7 +131,7 @@ class Replay:
             removed = self.fleet.remove(pod.uid, now, pod)
             if removed is None:  # deleted before we ever saw it: judge its last state, then bury
                 self.fleet.observe(pod, now, self.policy, self.settings)
-                removed = self.fleet.remove(pod.uid, now, None)
+                removed = self.fleet.remove(pod.uid, now, pod)
             if removed is not None:
                 steps.append(removed)
         else:
