@@ -8,7 +8,7 @@ from collections.abc import Generator
 
 import pytest
 
-ENFORCED_IN_CI = ("apiserver", "netns", "node")
+ENFORCED_IN_CI = ("apiserver", "netns", "node", "chaos")
 _skipped_real: list[str] = []
 
 

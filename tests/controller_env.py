@@ -20,6 +20,22 @@ ROOT = Path(__file__).resolve().parent.parent
 GROUP, VERSION = "deathwatch.dev", "v1alpha1"
 
 
+def ready_status(script: SandboxScript) -> dict[str, Any]:
+    """The status kubelet writes once the sandbox is Ready."""
+    for m in timeline(script):
+        if m.status and any(
+            c["type"] == "Ready" and c["status"] == "True" for c in m.status["conditions"]
+        ):
+            return m.status
+    raise AssertionError("script never becomes Ready")
+
+
+def fate_status(script: SandboxScript) -> dict[str, Any]:
+    """The last status of the script (its fate)."""
+    statuses = [m.status for m in timeline(script) if m.status is not None]
+    return statuses[-1]
+
+
 class Env:
     """One test's namespace: the kubelet player, the API, and the controller process."""
 
@@ -36,6 +52,7 @@ class Env:
         self.controller: ControllerProcess | None = None
         self.kubeconfig = tmp / "controller.kubeconfig"
         self.forbidden_expected = False
+        self.server: str | None = None  # the controller's way to the API (a proxy), if not direct
 
     def bind_controller(self) -> None:
         rbac = client.RbacAuthorizationV1Api(self.api)
@@ -59,12 +76,19 @@ class Env:
             _request_timeout=30,
         )
         service_account_kubeconfig(
-            self.cp, self.api, "deathwatch-system", "deathwatch-controller", self.kubeconfig
+            self.cp,
+            self.api,
+            "deathwatch-system",
+            "deathwatch-controller",
+            self.kubeconfig,
+            server=self.server,
         )
 
-    def start_controller(self) -> ControllerProcess:
+    def start_controller(
+        self, extra: list[str] | None = None, env: dict[str, str] | None = None
+    ) -> ControllerProcess:
         self.controller = ControllerProcess(
-            self.kubeconfig, [self.ns], self.tmp / "controller.log"
+            self.kubeconfig, [self.ns], self.tmp / "controller.log", extra=extra, env=env
         ).start()
         return self.controller
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import tempfile
@@ -14,6 +15,7 @@ import pytest
 from kubernetes import client, watch
 
 from hack.localcluster import controlplane
+from tests.conftest import _binaries_or_skip
 from tests.kube import pod_body, wait_for
 
 pytestmark = pytest.mark.apiserver
@@ -273,6 +275,24 @@ def test_start_under_15s_and_teardown_leaves_nothing() -> None:
     for port in ports:
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still open"
+
+
+def test_down_stops_in_order_and_fast(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`hack/control-plane.sh down` stops the controller-manager and the apiserver while
+    etcd still answers: all at once, the apiserver retried its dead etcd until killed (15 s)."""
+    _binaries_or_skip()
+    monkeypatch.setattr(controlplane, "STATE", tmp_path / "control-plane.json")
+    assert controlplane.cli_up() == 0
+    pids = list(json.loads((tmp_path / "control-plane.json").read_text())["pids"].values())
+    started = time.monotonic()
+    assert controlplane.cli_down() == 0
+    took = time.monotonic() - started
+    assert not any(controlplane.alive(pid) for pid in pids)
+    print(f"control plane down in {took:.1f}s")
+    assert took < 5, f"down took {took:.1f}s"
+    capsys.readouterr()
 
 
 def test_a_start_failure_shows_each_components_log(tmp_path: Path) -> None:

@@ -22,15 +22,23 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def service_account_kubeconfig(
-    cp: ControlPlane, api: client.ApiClient, namespace: str, name: str, path: Path
+    cp: ControlPlane,
+    api: client.ApiClient,
+    namespace: str,
+    name: str,
+    path: Path,
+    server: str | None = None,
 ) -> Path:
     """A kubeconfig holding a TokenRequest token of the ServiceAccount: the controller then
-    runs with exactly the RBAC its manifests grant, as it would in its Pod."""
+    runs with exactly the RBAC its manifests grant, as it would in its Pod. `server` replaces
+    the apiserver's address (a chaos proxy in front of it)."""
     core = client.CoreV1Api(api)
     token = core.create_namespaced_service_account_token(
         name, namespace, {"spec": {"expirationSeconds": 3600}}, _request_timeout=30
     ).status.token
-    path.write_text(kubeconfig(cp.server, cp.certs / "ca.crt", None, None, token=token, user=name))
+    path.write_text(
+        kubeconfig(server or cp.server, cp.certs / "ca.crt", None, None, token=token, user=name)
+    )
     return path
 
 
@@ -41,11 +49,13 @@ class ControllerProcess:
         namespaces: list[str],
         log: Path,
         extra: list[str] | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.kubeconfig = kubeconfig_path
         self.namespaces = namespaces
         self.log = log
         self.extra = extra or []
+        self.env = env or {}
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -66,7 +76,7 @@ class ControllerProcess:
         for ns in self.namespaces:
             args += ["--namespace", ns]
         args += self.extra
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         with self.log.open("ab") as logf:
             self.proc = subprocess.Popen(
                 args, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=ROOT

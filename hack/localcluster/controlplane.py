@@ -319,6 +319,30 @@ class ControlPlane:
             ],
         ).start()
 
+    # --- etcd, for faults the tests inject ----------------------------------------------
+
+    def _etcd(self, path: str, body: dict[str, object]) -> dict[str, object]:
+        """etcd's v3 HTTP gateway (JSON; keys base64)."""
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.etcd_port}{path}",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as resp:  # noqa: S310 - loopback
+            answer: dict[str, object] = json.loads(resp.read())
+        return answer
+
+    def etcd_revision(self) -> int:
+        header = self._etcd("/v3/kv/range", {"key": "AA=="})["header"]
+        return int(header["revision"])  # type: ignore[index]
+
+    def compact(self) -> int:
+        """Compact etcd's history up to now: every watch resuming from an older resource
+        version gets 410 Gone and must list again. Returns the revision compacted at."""
+        revision = self.etcd_revision()
+        self._etcd("/v3/kv/compaction", {"revision": revision, "physical": True})
+        return revision
+
     def stop(self) -> None:
         for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
             proc = self.processes.get(name)
@@ -447,7 +471,11 @@ def cli_down() -> int:
         print("not up")
         return 0
     state = json.loads(STATE.read_text())
-    stop_pids(list(state["pids"].values()))
+    # in order, as ControlPlane.stop does: the controller-manager and the apiserver while etcd
+    # still answers (an apiserver whose etcd is gone retries until it is killed: 15 s)
+    for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+        if name in state["pids"]:
+            stop_pids([state["pids"][name]])
     shutil.rmtree(state["workdir"], ignore_errors=True)
     STATE.unlink()
     print("control plane down")
