@@ -3,7 +3,7 @@
 # outside the repository, the way envtest-style suites get a real control plane.
 #
 #   hack/build-k8s.sh [component...]     default: etcd kube-apiserver kube-controller-manager kubectl
-#   components: etcd kube-apiserver kube-controller-manager kubectl kubelet kube-scheduler
+#   components: etcd kube-apiserver kube-controller-manager kubectl kubelet kube-scheduler kube-proxy
 #
 # Idempotent: a binary whose --version already reports the pinned version is kept.
 # Output: $DEATHWATCH_CACHE/k8s/$K8S_VERSION/bin (DEATHWATCH_CACHE defaults to ~/.cache/deathwatch).
@@ -37,7 +37,7 @@ want_version() { if [ "$1" = etcd ]; then echo "$ETCD_VERSION"; else echo "$K8S_
 
 todo=()
 for c in "${components[@]}"; do
-  case $c in etcd | kube-apiserver | kube-controller-manager | kubectl | kubelet | kube-scheduler) ;;
+  case $c in etcd | kube-apiserver | kube-controller-manager | kubectl | kubelet | kube-scheduler | kube-proxy) ;;
     *) log "unknown component: $c"; exit 2 ;;
   esac
   have=$(reported_version "$c")

@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Install what deathwatch needs on a fresh Debian machine; idempotent and quick when done.
-#   hack/setup.sh            Python package + test tools, nftables/iproute2, the control plane
-#                            and a node's parts (containerd, runc, CNI plugins, busybox, kubelet)
-# Heavy outputs (Go-built Kubernetes binaries) live in ~/.cache/deathwatch, outside the repo.
+#   hack/setup.sh            Python packages + test tools, nftables/iproute2, the control plane
+#                            (+ scheduler), a node's parts (containerd, runc, CNI plugins,
+#                            busybox, kubelet, kube-proxy), and both product images built from
+#                            their Dockerfiles (buildah + mmdebstrap; no engine, no registry)
+# Heavy outputs (Go-built Kubernetes binaries, images) live in ~/.cache/deathwatch, outside
+# the repo, keyed by version or content: a second run builds nothing.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 log() { printf '[setup] %s\n' "$*" >&2; }
 
 missing=()
-for pkg in nftables iproute2 containerd runc containernetworking-plugins busybox-static openssl; do
+for pkg in nftables iproute2 containerd runc containernetworking-plugins busybox-static openssl \
+    buildah mmdebstrap; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -37,7 +41,14 @@ if [ ! -f "$stamp" ] || ! installed_here || ! command -v deathwatch >/dev/null \
 fi
 
 if command -v go >/dev/null; then
-  "$root/hack/build-k8s.sh" etcd kube-apiserver kube-controller-manager kubectl kubelet
+  "$root/hack/build-k8s.sh" etcd kube-apiserver kube-controller-manager kubectl kubelet \
+    kube-scheduler kube-proxy
 else
   log "go not found: the real control plane cannot be built; apiserver tests will skip outside CI"
+fi
+
+if [ "$(id -u)" = 0 ] && command -v buildah >/dev/null && command -v mmdebstrap >/dev/null; then
+  "$root/hack/build-images.sh" >&2
+else
+  log "not root or no buildah/mmdebstrap: the product images are not built (deploy lane skips)"
 fi
