@@ -59,10 +59,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def port_open(port: int) -> bool:
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as s:
         s.settimeout(0.2)
-        return s.connect_ex(("127.0.0.1", port)) == 0
+        return s.connect_ex((host, port)) == 0
 
 
 class StartError(RuntimeError):
@@ -73,13 +73,16 @@ def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
 
 
-def make_certs(d: Path) -> None:
-    """CA, apiserver serving cert, client certs, service-account key pair (openssl)."""
+def make_certs(d: Path, serving_ips: tuple[str, ...] = ()) -> None:
+    """CA, apiserver serving cert (for 127.0.0.1, the Service IP and `serving_ips`), client
+    certs of each component, service-account key pair (openssl)."""
     d.mkdir(parents=True, exist_ok=True)
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
              "-days", "2", "-subj", "/CN=deathwatch-local-ca", cwd=d)  # fmt: skip
     (d / "apiserver.ext").write_text(
-        "subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,"
+        "subjectAltName=IP:127.0.0.1,IP:10.0.0.1,"
+        + "".join(f"IP:{ip}," for ip in serving_ips)
+        + "DNS:localhost,DNS:kubernetes,"
         "DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\n"
         "extendedKeyUsage=serverAuth\n"
     )
@@ -88,6 +91,7 @@ def make_certs(d: Path) -> None:
         ("apiserver", "/CN=kube-apiserver", "apiserver.ext"),
         ("admin", "/O=system:masters/CN=deathwatch-admin", "client.ext"),
         ("controller-manager", "/CN=system:kube-controller-manager", "client.ext"),
+        ("scheduler", "/CN=system:kube-scheduler", "client.ext"),
         (
             "apiserver-kubelet-client",
             "/O=kubeadm:cluster-admins/CN=kube-apiserver-kubelet-client",
@@ -170,6 +174,12 @@ class ControlPlane:
     workdir: Path
     binaries: Path = field(default_factory=bin_dir)
     with_controller_manager: bool = True
+    with_scheduler: bool = False  # pods name their node unless a scheduler runs (cluster.py)
+    # a real kubelet reports (cluster.py): the node controllers may run, untainting it when Ready
+    with_node_controllers: bool = False
+    # where kube-apiserver listens and what it advertises (the `kubernetes` Service's endpoint):
+    # loopback, or an address pods can reach, the node's bridge (cluster.py); never outside
+    bind_address: str = "127.0.0.1"
     etcd_port: int = field(default_factory=free_port)
     etcd_peer_port: int = field(default_factory=free_port)
     apiserver_port: int = field(default_factory=free_port)
@@ -177,7 +187,7 @@ class ControlPlane:
 
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.apiserver_port}"
+        return f"https://{self.bind_address}:{self.apiserver_port}"
 
     @property
     def certs(self) -> Path:
@@ -199,11 +209,13 @@ class ControlPlane:
     # --- lifecycle ----------------------------------------------------------------------
 
     def start(self, timeout: float = 60) -> None:
-        for b in ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl"):
+        needed = ["etcd", "kube-apiserver", "kube-controller-manager", "kubectl"]
+        for b in needed + ["kube-scheduler"] * self.with_scheduler:
             if not (self.binaries / b).exists():
-                raise StartError(f"{self.binaries / b} is missing: run hack/build-k8s.sh")
+                raise StartError(f"{self.binaries / b} is missing: run hack/build-k8s.sh {b}")
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
-        make_certs(self.certs)
+        extra_ips = () if self.bind_address == "127.0.0.1" else (self.bind_address,)
+        make_certs(self.certs, extra_ips)
         self.kubeconfig.write_text(
             kubeconfig(
                 self.server,
@@ -212,20 +224,26 @@ class ControlPlane:
                 self.certs / "admin.key",
             )
         )
-        (self.workdir / "controller-manager.kubeconfig").write_text(
-            kubeconfig(
-                self.server,
-                self.certs / "ca.crt",
-                self.certs / "controller-manager.crt",
-                self.certs / "controller-manager.key",
-                user="system:kube-controller-manager",
+        for component, user in (
+            ("controller-manager", "system:kube-controller-manager"),
+            ("scheduler", "system:kube-scheduler"),
+        ):
+            (self.workdir / f"{component}.kubeconfig").write_text(
+                kubeconfig(
+                    self.server,
+                    self.certs / "ca.crt",
+                    self.certs / f"{component}.crt",
+                    self.certs / f"{component}.key",
+                    user=user,
+                )
             )
-        )
         try:
             self._start_etcd(timeout)
             self.start_apiserver(timeout)
             if self.with_controller_manager:
                 self._start_controller_manager()
+            if self.with_scheduler:
+                self._start_scheduler()
         except BaseException:
             self.stop()
             raise
@@ -256,8 +274,8 @@ class ControlPlane:
         return [
             str(self.binaries / "kube-apiserver"),
             f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            f"--bind-address={self.bind_address}",
+            f"--advertise-address={self.bind_address}",
             f"--secure-port={self.apiserver_port}",
             f"--cert-dir={self.workdir / 'apiserver-certs'}",
             f"--tls-cert-file={pki / 'apiserver.crt'}",
@@ -266,6 +284,7 @@ class ControlPlane:
             f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
             f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
             f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+            "--kubelet-preferred-address-types=InternalIP",  # no DNS for node names here
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
@@ -292,7 +311,7 @@ class ControlPlane:
         if proc is not None:
             proc.stop()
         deadline = time.monotonic() + 10
-        while port_open(self.apiserver_port) and time.monotonic() < deadline:
+        while port_open(self.apiserver_port, self.bind_address) and time.monotonic() < deadline:
             time.sleep(0.05)
 
     def _start_controller_manager(self) -> None:
@@ -308,12 +327,30 @@ class ControlPlane:
                 "--bind-address=127.0.0.1",
                 "--secure-port=0",
                 # see the module docstring: no kubelet runs, the tests write pod status
-                "--controllers=*,-node-lifecycle-controller,-pod-garbage-collector-controller",
+                "--controllers=*"
+                if self.with_node_controllers
+                else "--controllers=*,-node-lifecycle-controller,-pod-garbage-collector-controller",
                 f"--service-account-private-key-file={pki / 'sa.key'}",
                 f"--root-ca-file={pki / 'ca.crt'}",
                 f"--cluster-signing-cert-file={pki / 'ca.crt'}",
                 f"--cluster-signing-key-file={pki / 'ca.key'}",
                 "--use-service-account-credentials=true",
+                "--leader-elect=false",
+                "--v=1",
+            ],
+        ).start()
+
+    def _start_scheduler(self) -> None:
+        kc = self.workdir / "scheduler.kubeconfig"
+        self._process(
+            "kube-scheduler",
+            [
+                str(self.binaries / "kube-scheduler"),
+                f"--kubeconfig={kc}",
+                f"--authentication-kubeconfig={kc}",
+                f"--authorization-kubeconfig={kc}",
+                "--bind-address=127.0.0.1",
+                "--secure-port=0",
                 "--leader-elect=false",
                 "--v=1",
             ],
@@ -344,7 +381,7 @@ class ControlPlane:
         return revision
 
     def stop(self) -> None:
-        for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+        for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
             proc = self.processes.get(name)
             if proc is not None:
                 proc.stop()
@@ -473,7 +510,7 @@ def cli_down() -> int:
     state = json.loads(STATE.read_text())
     # in order, as ControlPlane.stop does: the controller-manager and the apiserver while etcd
     # still answers (an apiserver whose etcd is gone retries until it is killed: 15 s)
-    for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+    for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
         if name in state["pids"]:
             stop_pids([state["pids"][name]])
     shutil.rmtree(state["workdir"], ignore_errors=True)

@@ -89,6 +89,11 @@ class Node:
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="deathwatch-node-")))
     processes: dict[str, Process] = field(default_factory=dict)
     kubelet_port: int = field(default_factory=free_port)
+    kube_proxy: bool = False  # Services: kube-proxy in nftables mode (cluster.py)
+    # the node's address, where its kubelet listens (logs, exec) and hostNetwork pods live:
+    # the host's own by default, the bridge's in a whole cluster (reachable by the API
+    # server, never from outside this machine; cluster.py)
+    node_ip: str = field(default_factory=_host_ip)
     # what existed before up(): down() removes only what appeared after (kubelet creates
     # iptables-nft tables with its canary and KUBE-FIREWALL chains; containerd /run/containerd)
     tables_before: set[str] | None = None
@@ -118,6 +123,8 @@ class Node:
             self._import_images()
             self._kubelet()
             self._wait_ready(timeout)
+            if self.kube_proxy:
+                self._kube_proxy(timeout)
         except BaseException:
             self.down()
             raise
@@ -178,14 +185,62 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                 raise RuntimeError(f"containerd did not start:\n{proc.tail()}")
             time.sleep(0.1)
 
-    def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return _run("ctr", "--address", str(self.sock), "-n", "k8s.io", *args, check=check)
+    def ctr(
+        self, *args: str, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        return _run(
+            "ctr", "--address", str(self.sock), "-n", "k8s.io", *args, check=check, timeout=timeout
+        )
 
     def _import_images(self) -> None:
         for ref, tar in images.build_all(self.workdir / "images").items():
-            self.ctr("images", "import", "--snapshotter", "overlayfs", str(tar))
-            if ref not in self.ctr("images", "ls", "-q").stdout.split():
-                raise RuntimeError(f"image {ref} not imported")
+            self.import_image(tar, ref)
+
+    def import_image(self, archive: Path, ref: str) -> None:
+        """An OCI archive into this node's containerd, where the kubelet finds it by `ref`
+        (there is no registry: pods must use imagePullPolicy Never or IfNotPresent)."""
+        self.ctr("images", "import", "--snapshotter", "overlayfs", str(archive), timeout=300)
+        if ref not in self.ctr("images", "ls", "-q").stdout.split():
+            raise RuntimeError(f"image {ref} not imported from {archive}")
+
+    def _kube_proxy(self, timeout: float) -> None:
+        """kube-proxy in nftables mode, as a process on the host: ClusterIP Services (the
+        `kubernetes` one included) for pods and the host, its DNAT beside our table."""
+        pki = self.workdir / "pki"
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "kube-proxy.key",
+                 "-out", "kube-proxy.csr", "-subj", "/CN=system:kube-proxy", cwd=pki)  # fmt: skip
+        _openssl("x509", "-req", "-in", "kube-proxy.csr", "-CA", str(self.cp.certs / "ca.crt"),
+                 "-CAkey", str(self.cp.certs / "ca.key"), "-CAcreateserial", "-out",
+                 "kube-proxy.crt", "-days", "2", "-extfile", "client.ext", cwd=pki)  # fmt: skip
+        kc = self.workdir / "kube-proxy.kubeconfig"
+        kc.write_text(kubeconfig(self.cp.server, self.cp.certs / "ca.crt", pki / "kube-proxy.crt",
+                                 pki / "kube-proxy.key", user="system:kube-proxy"))  # fmt: skip
+        health, metrics = free_port(), free_port()
+        config = self.workdir / "kube-proxy.yaml"
+        config.write_text(
+            f"""apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {{kubeconfig: {kc}}}
+mode: nftables
+clusterCIDR: {POD_SUBNET}
+hostnameOverride: {NODE_NAME}
+healthzBindAddress: 127.0.0.1:{health}
+metricsBindAddress: 127.0.0.1:{metrics}
+conntrack: {{maxPerCore: 0}}
+"""
+        )
+        proc = Process(
+            "kube-proxy",
+            [str(bin_dir() / "kube-proxy"), f"--config={config}", "--v=1"],
+            self.workdir / "logs" / "kube-proxy.log",
+        )
+        self.processes["kube-proxy"] = proc
+        proc.start()
+        deadline = time.monotonic() + timeout
+        while "table ip kube-proxy" not in _run("nft", "list", "tables", check=False).stdout:
+            if not proc.running or time.monotonic() > deadline:
+                raise RuntimeError(f"kube-proxy did not program nftables:\n{proc.tail(40)}")
+            time.sleep(0.2)
 
     def _kubelet(self) -> None:
         pki = self.workdir / "pki"
@@ -193,7 +248,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         ca = self.cp.certs
         (pki / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
         (pki / "serving.ext").write_text(
-            f"subjectAltName=IP:127.0.0.1,IP:{_host_ip()},DNS:{NODE_NAME}\nextendedKeyUsage=serverAuth\n"
+            f"subjectAltName=IP:127.0.0.1,IP:{self.node_ip},DNS:{NODE_NAME}\nextendedKeyUsage=serverAuth\n"
         )
         for name, subject, ext in (
             ("kubelet-client", f"/O=system:nodes/CN=system:node:{NODE_NAME}", "client.ext"),
@@ -231,7 +286,7 @@ kind: KubeletConfiguration
 cgroupDriver: cgroupfs
 failCgroupV1: false
 containerRuntimeEndpoint: unix://{self.sock}
-address: 127.0.0.1
+address: {"127.0.0.1" if self.node_ip == _host_ip() else self.node_ip}
 port: {self.kubelet_port}
 readOnlyPort: 0
 healthzPort: 0
@@ -261,7 +316,7 @@ resolvConf: ""
                 f"--root-dir={self.workdir / 'kubelet'}",
                 f"--cert-dir={self.workdir / 'kubelet-certs'}",
                 f"--hostname-override={NODE_NAME}",
-                f"--node-ip={_host_ip()}",
+                f"--node-ip={self.node_ip}",
                 "--v=1",
             ],
             self.workdir / "logs" / "kubelet.log",
@@ -295,9 +350,10 @@ resolvConf: ""
     def down(self) -> None:
         """Remove everything this node created. Safe to call more than once, and after a
         failed up()."""
-        kubelet = self.processes.get("kubelet")
-        if kubelet is not None:
-            kubelet.stop(timeout=20)
+        for name in ("kube-proxy", "kubelet"):
+            proc = self.processes.get(name)
+            if proc is not None:
+                proc.stop(timeout=20)
         if self.sock.exists():
             # stop and remove every pod sandbox and container the node left behind
             tasks = self.ctr("tasks", "ls", "-q", check=False).stdout.split()

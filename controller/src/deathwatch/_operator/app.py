@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -88,7 +89,26 @@ class App:
     # --- startup and shutdown ------------------------------------------------------------
 
     async def start(self, settings: kopf.OperatorSettings) -> None:
+        """kopf's startup handler, retried (TemporaryError) until the verdicts can be listed:
+        so every step before that must be done once, however often this runs."""
         configure_kopf(settings, self.config)
+        if self.tracker is None:
+            self._build()
+        if self.runner is None:
+            await self.serve_http()  # /healthz answers while the API is still out of reach
+        assert self.tracker is not None  # noqa: S101 - made by _build
+        assert self.writer is not None  # noqa: S101
+        restored = self.tracker.restore(await self.list_verdicts())
+        log.info(
+            "restored verdicts", count=restored, namespaces=list(self.config.namespaces) or "all"
+        )
+        self.writer.start(self.supervisor.start)
+        self.supervisor.start("deadlines", self.deadline_loop)
+        self.supervisor.start("publish", self.publish_loop)
+        self.supervisor.start("vanished", self.vanished_loop)
+        self.supervisor.start("probe", self.probe_loop)
+
+    def _build(self) -> None:
         configuration = load_configuration(self.config.kubeconfig)
         self.api = Api(configuration, self.config.writers + 2, "deathwatch-api")
         # /readyz and firewall coverage use their own client and thread: they can never
@@ -105,16 +125,6 @@ class App:
             stale_after=self.config.stream_stale_after,
         )
         self.tracker.firewall = FirewallReading(self.config.firewall_daemonset)
-        await self.serve_http()
-        restored = self.tracker.restore(await self.list_verdicts())
-        log.info(
-            "restored verdicts", count=restored, namespaces=list(self.config.namespaces) or "all"
-        )
-        self.writer.start(self.supervisor.start)
-        self.supervisor.start("deadlines", self.deadline_loop)
-        self.supervisor.start("publish", self.publish_loop)
-        self.supervisor.start("vanished", self.vanished_loop)
-        self.supervisor.start("probe", self.probe_loop)
 
     async def list_verdicts(self) -> list[dict[str, Any]]:
         assert self.api is not None  # noqa: S101 - set in start()
@@ -359,7 +369,12 @@ def register(registry: kopf.OperatorRegistry, app: App) -> None:
 
     @kopf.on.login(id="login", registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+        # The same as the API client (kube.load_configuration): --kubeconfig if given, else
+        # in a pod the Service address from the environment, as client-go does (kopf's own
+        # service-account login asks DNS for kubernetes.default.svc; no DNS, no controller).
+        if app.config.kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            return kopf.login_via_client(**kwargs)
+        return kopf.login_with_kubeconfig(**kwargs)
 
     @kopf.on.startup(id="startup", registry=registry, backoff=2)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:

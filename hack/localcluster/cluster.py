@@ -1,0 +1,102 @@
+"""A whole cluster on this machine, to install deathwatch the way an operator does: etcd,
+kube-apiserver, kube-controller-manager and kube-scheduler; one node (containerd, runc, the
+CNI bridge, kubelet, kube-proxy in nftables mode); both product images built from their
+Dockerfiles and imported (productimages.py). Then `kubectl apply -k manifests/overlays/local-node`.
+
+The API server listens on the node's bridge address (10.88.0.1), never on an address that
+leaves this machine: pods reach it there, and through the `kubernetes` Service (10.0.0.1:443)
+that kube-proxy translates, so the controller pod uses in-cluster config as anywhere else.
+The bridge is made before the API server starts (the CNI plugin then adopts it) and removed
+by the node's teardown.
+
+    with running() as c:       # c.cp: the control plane, c.node: the node
+        c.kubectl("apply", "-k", "manifests/overlays/local-node")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from hack.localcluster import productimages
+from hack.localcluster.controlplane import ControlPlane
+from hack.localcluster.node import BRIDGE, POD_SUBNET, Node, node_available
+
+BRIDGE_IP = POD_SUBNET.rsplit(".", 1)[0] + ".1"  # the CNI bridge's gateway: 10.88.0.1
+ROOT = Path(__file__).resolve().parent.parent.parent
+OVERLAY = ROOT / "manifests" / "overlays" / "local-node"
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+
+def _bridge() -> None:
+    _ip("link", "add", BRIDGE, "type", "bridge")
+    _ip("addr", "add", f"{BRIDGE_IP}/{POD_SUBNET.rsplit('/', 1)[1]}", "dev", BRIDGE)
+    _ip("link", "set", BRIDGE, "up")
+
+
+def available() -> str | None:
+    """None if a whole cluster can run here, else why not (one line)."""
+    reason = node_available()
+    if reason:
+        return reason
+    for tool in ("buildah", "mmdebstrap"):
+        if subprocess.run(["which", tool], capture_output=True, check=False).returncode:
+            return f"{tool} not found (hack/setup.sh installs it)"
+    return None
+
+
+@dataclass
+class Cluster:
+    cp: ControlPlane
+    node: Node
+    images: dict[str, productimages.Image]
+
+    def kubectl(
+        self, *args: str, check: bool = True, timeout: float = 120, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return self.cp.kubectl_run(*args, check=check, timeout=timeout, input=input)
+
+
+@contextlib.contextmanager
+def running(workdir: Path | None = None) -> Iterator[Cluster]:
+    reason = available()
+    if reason:
+        raise RuntimeError(f"cannot run a cluster here: {reason}")
+    images = productimages.build_all()  # cached: nothing to do unless the sources changed
+    workdir = workdir or Path(tempfile.mkdtemp(prefix="deathwatch-cluster-"))
+    _bridge()
+    cp = ControlPlane(
+        workdir / "cp", bind_address=BRIDGE_IP, with_scheduler=True, with_node_controllers=True
+    )
+    node: Node | None = None
+    try:
+        cp.start()
+        node = Node(cp, workdir=workdir / "node", kube_proxy=True, node_ip=BRIDGE_IP).up()
+        for image in images.values():
+            node.import_image(image.archive, image.name)
+        yield Cluster(cp, node, images)
+    finally:
+        if node is not None:
+            node.down()
+        else:
+            subprocess.run(["ip", "link", "del", BRIDGE], check=False, capture_output=True)
+        cp.destroy()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def wait_rollouts(c: Cluster, timeout: float = 180) -> float:
+    """Both of deathwatch's workloads rolled out (every pod Ready); returns the seconds taken."""
+    started = time.monotonic()
+    for kind in ("daemonset/deathwatch-firewall", "deployment/deathwatch-controller"):
+        c.kubectl("rollout", "status", "-n", "deathwatch-system", kind, f"--timeout={timeout:.0f}s",
+                  timeout=timeout + 30)  # fmt: skip
+    return time.monotonic() - started
