@@ -8,7 +8,7 @@ from collections.abc import Generator
 
 import pytest
 
-ENFORCED_IN_CI = ("apiserver", "netns", "node", "chaos")
+ENFORCED_IN_CI = ("apiserver", "netns", "node", "chaos", "deploy")
 _skipped_real: list[str] = []
 
 
@@ -57,12 +57,10 @@ from hack.localcluster import controlplane  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _binaries_or_skip() -> None:
-    missing = [
-        b
-        for b in ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl")
-        if not (controlplane.bin_dir() / b).exists()
-    ]
+def _binaries_or_skip(*extra: str) -> None:
+    """The control plane's binaries (and `extra` components), built once if missing."""
+    wanted = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl", *extra)
+    missing = [b for b in wanted if not (controlplane.bin_dir() / b).exists()]
     if not missing:
         return
     if shutil.which("go") is None:
@@ -70,7 +68,7 @@ def _binaries_or_skip() -> None:
             f"no Go to build the control plane ({', '.join(missing)} missing); see hack/build-k8s.sh"
         )
     # builds once (minutes), then cached in ~/.cache/deathwatch for every later run
-    subprocess.run([str(ROOT / "hack" / "build-k8s.sh")], check=True, timeout=3600)
+    subprocess.run([str(ROOT / "hack" / "build-k8s.sh"), *wanted], check=True, timeout=3600)
 
 
 @pytest.fixture(scope="session")

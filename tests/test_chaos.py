@@ -20,6 +20,7 @@ import copy
 import functools
 import itertools
 import json
+import os
 import shutil
 import threading
 import time
@@ -393,7 +394,10 @@ def not_ready(script: SandboxScript) -> dict[str, Any]:
 
 def test_a_policy_that_raises_costs_only_its_own_pods(chaos: Chaos) -> None:
     c = chaos
-    c.env.start_controller(env={"PYTHONPATH": str(plugin_site(c.env.tmp))})
+    site = str(plugin_site(c.env.tmp))  # added to what the process would import anyway
+    c.env.start_controller(
+        env={"PYTHONPATH": os.pathsep.join([site, os.environ.get("PYTHONPATH", "")])}
+    )
     timing = {"probe": "exec", "period_seconds": 1, "failure_threshold": 1, "timeout_seconds": 1}
     c.env.deathwatch("flaky", policy="flaky",
                      podSelector={"matchLabels": {"app": "sandbox", "judge": "flaky"}})  # fmt: skip

@@ -48,7 +48,9 @@ def by_kind(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> d
 
 
 @pytest.mark.apiserver
-@pytest.mark.parametrize("path", ["", "overlays/cluster", "overlays/namespaced"])
+@pytest.mark.parametrize(
+    "path", ["", "overlays/cluster", "overlays/namespaced", "overlays/local-node"]
+)
 def test_every_rendered_object_is_valid_for_kubernetes_1_35(path: str) -> None:
     objs = kustomize(MANIFESTS / path)
     kinds = {o["kind"] for o in objs}
@@ -64,6 +66,41 @@ def test_every_rendered_object_is_valid_for_kubernetes_1_35(path: str) -> None:
     } <= kinds
     for obj in objs:
         kubernetes_validate.validate(obj, K8S_SCHEMA_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("path", ["uninstall", "overlays/local-node/uninstall"])
+def test_the_uninstall_step_is_valid_and_touches_only_the_table(path: str) -> None:
+    objs = kustomize(MANIFESTS / path)
+    assert sorted(o["kind"] for o in objs) == ["DaemonSet", "Namespace"]
+    for obj in objs:
+        kubernetes_validate.validate(obj, K8S_SCHEMA_VERSION, strict=True)
+    pod = by_kind(objs, "DaemonSet")["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    assert init["args"] == ["cleanup"]
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN"]}
+    assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_the_local_node_overlay_changes_only_image_names_and_the_pod_range() -> None:
+    base, local = kustomize(MANIFESTS), kustomize(MANIFESTS / "overlays" / "local-node")
+    assert [(o["kind"], o["metadata"]["name"]) for o in base] == [
+        (o["kind"], o["metadata"]["name"]) for o in local
+    ]
+    changed = [
+        (b["kind"], b["metadata"]["name"]) for b, o in zip(base, local, strict=True) if b != o
+    ]
+    assert changed == [
+        ("ConfigMap", "deathwatch-firewall"),
+        ("Deployment", "deathwatch-controller"),
+        ("DaemonSet", "deathwatch-firewall"),
+    ]
+    images = {
+        c["image"]
+        for o in local
+        if o["kind"] in ("Deployment", "DaemonSet")
+        for c in o["spec"]["template"]["spec"]["containers"]
+    }
+    assert images == {"deathwatch.local/controller:dev", "deathwatch.local/firewall:dev"}
 
 
 @pytest.mark.apiserver
@@ -199,11 +236,12 @@ def test_one_version_for_both_distributions_and_the_shipped_images() -> None:
     assert version("deathwatch") == version("deathwatch-firewall") == want
     images = [
         c["image"]
-        for obj in kustomize(MANIFESTS)
+        for obj in kustomize(MANIFESTS) + kustomize(MANIFESTS / "uninstall")
         if obj["kind"] in ("Deployment", "DaemonSet")
-        for c in obj["spec"]["template"]["spec"]["containers"]
+        for c in obj["spec"]["template"]["spec"].get("initContainers", [])
+        + obj["spec"]["template"]["spec"]["containers"]
     ]
-    assert sorted(images) == [f"deathwatch/controller:{want}", f"deathwatch/firewall:{want}"]
+    assert sorted(set(images)) == [f"deathwatch/controller:{want}", f"deathwatch/firewall:{want}"]
 
 
 def test_controller_image_is_non_root_and_multi_stage() -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from kubernetes import watch
 
-from hack.localcluster import controlplane, images
+from hack.localcluster import agentpods, controlplane
 from hack.localcluster.netns_tool import connect_once
 from hack.localcluster.node import NODE_NAME, POD_SUBNET, Node, node_available
 from tests.controller_env import Env
@@ -60,40 +60,9 @@ def agent_pod(
     memory: str = "32Mi",
     labels: dict[str, str] | None = None,
 ) -> str:
-    n: Node = e.node  # type: ignore[attr-defined]
-    container: dict[str, Any] = {
-        "name": "agent",
-        "image": images.AGENT,
-        "imagePullPolicy": "Never",
-        "ports": [
-            {"name": "agent", "containerPort": 49983},
-            {"name": "http", "containerPort": 8080},
-        ],
-        "volumeMounts": [{"name": "ctl", "mountPath": "/ctl"}],
-        "resources": {"limits": {"memory": memory}, "requests": {"memory": "8Mi", "cpu": "10m"}},
-    }
-    if probe:
-        container["readinessProbe"] = probe
-    if environment:
-        container["env"] = [{"name": k, "value": v} for k, v in environment.items()]
-    body = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": labels if labels is not None else {"app": "sandbox"}},
-        "spec": {
-            "nodeName": NODE_NAME,
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 2,
-            "automountServiceAccountToken": False,
-            "containers": [container],
-            "volumes": [
-                {
-                    "name": "ctl",
-                    "hostPath": {"path": str(n.ctl(f"{e.ns}-{name}")), "type": "Directory"},
-                }
-            ],
-        },
-    }
+    target = (environment or {}).get("TARGET")
+    body = agentpods.agent_pod(name, ctl(e, name), node=NODE_NAME, probe=probe, target=target,
+                               labels=labels, memory=memory)  # fmt: skip
     e.core.create_namespaced_pod(e.ns, body, _request_timeout=30)
     return name
 
