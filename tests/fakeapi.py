@@ -1,7 +1,8 @@
-"""An in-memory stand-in for the four API calls the writer makes (writer.WriteApi), for unit
-tests of the writer's and the tracker's logic. It keeps objects and Events, applies status
-patches as JSON merge patches (RFC 7386, as the API does), answers 404/409 like the API, and
-lets a test hold calls in flight or make the next ones fail."""
+"""An in-memory stand-in for the calls the writer makes (writer.WriteApi), for unit tests of
+the writer's and the tracker's logic. It keeps objects and Events with resourceVersions,
+applies status patches as JSON merge patches (RFC 7386, as the API does), answers 404/409
+like the API (a stale resourceVersion in a patch or a delete precondition is a 409), and lets
+a test hold calls in flight or make the next ones fail."""
 
 from __future__ import annotations
 
@@ -37,6 +38,22 @@ class FakeApi:
         self.hold: asyncio.Event | None = None  # while set to an unset Event, calls wait
         self._inflight: Counter[Key] = Counter()
         self.most_inflight: Counter[Key] = Counter()
+        self._rv = 0
+
+    def _bump(self, key: Key) -> str:
+        self._rv += 1
+        self.objects[key].setdefault("metadata", {})["resourceVersion"] = str(self._rv)
+        return str(self._rv)
+
+    def version(self, plural: str, namespace: str, name: str) -> str:
+        return str(self.objects[(plural, namespace, name)]["metadata"]["resourceVersion"])
+
+    def put(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> str:
+        """Another writer (a replica that lost the lease, a person): the object changes."""
+        key = (plural, namespace, name)
+        self.objects.setdefault(key, {"metadata": {"name": name, "namespace": namespace}})
+        self.objects[key]["status"] = copy.deepcopy(status)
+        return self._bump(key)
 
     async def _call(self, operation: str, key: Key) -> None:
         self.calls.append((operation, key))
@@ -50,28 +67,47 @@ class FakeApi:
         finally:
             self._inflight[key] -= 1
 
-    async def create(self, plural: str, namespace: str, body: dict[str, Any]) -> None:
+    async def create(self, plural: str, namespace: str, body: dict[str, Any]) -> str:
         key = (plural, namespace, body["metadata"]["name"])
         await self._call("create", key)
         if key in self.objects:
             raise ApiException(status=409, reason="AlreadyExists")
         self.objects[key] = copy.deepcopy(body)
+        return self._bump(key)
 
     async def patch_status(
         self, plural: str, namespace: str, name: str, patch: dict[str, Any]
-    ) -> None:
+    ) -> str:
         key = (plural, namespace, name)
         await self._call("patch_status", key)
         if key not in self.objects:
             raise ApiException(status=404, reason="NotFound")
+        precondition = (patch.get("metadata") or {}).get("resourceVersion")
+        if precondition is not None and precondition != self.version(*key):
+            raise ApiException(status=409, reason="Conflict")
         self.patches.append((key, copy.deepcopy(patch)))
         self.objects[key] = merge_patch(self.objects[key], patch)
+        return self._bump(key)
 
-    async def delete(self, plural: str, namespace: str, name: str) -> None:
+    async def delete(
+        self, plural: str, namespace: str, name: str, resource_version: str | None = None
+    ) -> None:
         key = (plural, namespace, name)
         await self._call("delete", key)
-        if self.objects.pop(key, None) is None:
+        if key not in self.objects:
             raise ApiException(status=404, reason="NotFound")
+        if resource_version is not None and resource_version != self.version(*key):
+            raise ApiException(status=409, reason="Conflict")
+        del self.objects[key]
+
+    async def get_status(
+        self, plural: str, namespace: str, name: str
+    ) -> tuple[dict[str, Any], str] | None:
+        key = (plural, namespace, name)
+        await self._call("get_status", key)
+        if key not in self.objects:
+            return None
+        return copy.deepcopy(self.objects[key].get("status") or {}), self.version(*key)
 
     async def create_event(self, namespace: str, body: dict[str, Any]) -> None:
         key = ("events", namespace, body["metadata"]["name"])

@@ -216,14 +216,50 @@ async def test_a_verdict_deleted_behind_our_back_is_created_again() -> None:
 
 async def test_nothing_is_sent_for_a_status_the_api_already_holds() -> None:
     async with running() as (writer, api, _):
-        writer.knows(SV_PLURAL, NS, "a", {"state": "Alive", "podUID": "uid-a"})
+        version = api.put(SV_PLURAL, NS, "a", {"state": "Alive", "podUID": "uid-a"})
+        writer.knows(SV_PLURAL, NS, "a", {"state": "Alive", "podUID": "uid-a"}, version)
         writer.want(sv("a"))
         await settle(writer)
         writer.want(sv("a", flaps=1))
         await settle(writer)
     assert [k for k, _ in api.patches] == [key("a")]
-    # the patch removes nothing it did not know and sets what changed
-    assert api.patches[0][1] == {"status": {"state": "Alive", "podUID": "uid-a", "flaps": 1}}
+    # the patch removes nothing it did not know, sets what changed, and holds only if the
+    # object is still the version we know
+    assert api.patches[0][1] == {
+        "status": {"state": "Alive", "podUID": "uid-a", "flaps": 1},
+        "metadata": {"resourceVersion": version},
+    }
+
+
+async def test_a_write_made_meanwhile_by_another_replica_is_read_not_overwritten_blind() -> None:
+    async with running() as (writer, api, _):
+        writer.want(sv("a", state="Alive"))
+        await settle(writer)
+        # a replica that has lost the lease writes late; our precondition catches it
+        api.put(SV_PLURAL, NS, "a", {"state": "Suspect", "podUID": "uid-a"})
+        writer.want(sv("a", state="Dead", flaps=0))
+        await settle(writer)
+    assert api.status(*key("a")) == {"state": "Dead", "podUID": "uid-a", "flaps": 0}
+    assert [op for op, _ in api.calls] == [
+        "create", "patch_status", "patch_status", "get_status", "patch_status",
+    ]  # fmt: skip
+    assert writer.metrics.api_errors.labels("patch_verdict_status", "409")._value.get() == 1
+
+
+async def test_a_late_write_of_a_replica_that_lost_the_lease_is_refused() -> None:
+    """The other side: our write, held up and arriving after someone else's, fails (409)."""
+    async with running() as (writer, api, timers):
+        writer.want(sv("a", state="Alive"))
+        await settle(writer)
+        api.hold = asyncio.Event()
+        writer.want(sv("a", state="Alive", flaps=1))  # in flight, held in the network...
+        await until(lambda: len(api.calls) == 3)
+        api.put(SV_PLURAL, NS, "a", {"state": "Dead", "podUID": "uid-a"})  # ...the new leader
+        writer.standby()  # and we are fenced meanwhile
+        api.hold.set()
+        await asyncio.sleep(0.05)
+    assert api.status(*key("a")) == {"state": "Dead", "podUID": "uid-a"}  # not undone
+    assert timers.delays == []
 
 
 async def test_a_removed_field_is_nulled_in_the_merge_patch() -> None:

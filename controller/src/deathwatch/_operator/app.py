@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -26,7 +26,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from deathwatch._engine.podview import MalformedPod, PodView, read_pod
 from deathwatch._engine.timeutil import UTC
 from deathwatch._operator.documents import FirewallReading
-from deathwatch._operator.kube import Api, ApiWrites, api_message, load_configuration, status_code
+from deathwatch._operator.kube import (
+    Api,
+    ApiLease,
+    ApiWrites,
+    api_message,
+    load_configuration,
+    status_code,
+)
+from deathwatch._operator.leader import Elector, LeaseTimings
 from deathwatch._operator.metrics import Metrics
 from deathwatch._operator.resources import DW_PLURAL, GROUP, SV_PLURAL, VERSION, to_document
 from deathwatch._operator.spec import SpecError, Watch, read_deathwatch
@@ -54,6 +62,11 @@ class Config:
     retire_interval: float = 10.0  # how often verdicts past their retention are looked for
     vanished_interval: float = 5.0  # how often pods no watch shows are looked up
     writers: int = 8
+    leader_elect: bool = True  # False: this process is the only writer (one replica)
+    identity: str = "deathwatch"  # the pod's name: on the Lease, and as field manager
+    lease_name: str = "deathwatch-controller"
+    lease_namespace: str = "deathwatch-system"
+    lease_timings: LeaseTimings = field(default_factory=LeaseTimings)
 
     @property
     def clusterwide(self) -> bool:
@@ -78,8 +91,10 @@ class App:
     writer: Writer | None = None
     api: Api | None = None
     probe_api: Api | None = None
+    lease_api: Api | None = None
     supervisor: Supervisor = field(init=False)
     streams: StreamActivity = field(init=False)
+    elector: Elector | None = None
     runner: web.AppRunner | None = None
 
     def __post_init__(self) -> None:
@@ -103,6 +118,9 @@ class App:
             "restored verdicts", count=restored, namespaces=list(self.config.namespaces) or "all"
         )
         self.writer.start(self.supervisor.start)
+        if self.elector is not None:
+            self.supervisor.start("leader-election", self.elector.run)
+            self.supervisor.start("lease-watch", self.elector.watch)
         self.supervisor.start("deadlines", self.deadline_loop)
         self.supervisor.start("publish", self.publish_loop)
         self.supervisor.start("vanished", self.vanished_loop)
@@ -110,11 +128,38 @@ class App:
 
     def _build(self) -> None:
         configuration = load_configuration(self.config.kubeconfig)
-        self.api = Api(configuration, self.config.writers + 2, "deathwatch-api")
+        self.api = Api(configuration, self.config.writers + 2, "writes", self.config.identity)
         # /readyz and firewall coverage use their own client and thread: they can never
         # queue behind, or take a slot from, the controller's own API work
-        self.probe_api = Api(load_configuration(self.config.kubeconfig), 1, "deathwatch-probe")
-        self.writer = Writer(ApiWrites(self.api), self.metrics, workers=self.config.writers)
+        self.probe_api = Api(
+            load_configuration(self.config.kubeconfig), 1, "probe", self.config.identity
+        )
+        cfg = self.config
+        may_write: Callable[[], bool] = lambda: True  # noqa: E731 - the only writer
+        if cfg.leader_elect:
+            # the Lease on a client of its own: a renewal never waits behind writes (two
+            # connections: the renewals', and the Lease watch's on its own thread)
+            self.lease_api = Api(load_configuration(cfg.kubeconfig), 2, "lease", cfg.identity)
+            lease = ApiLease(
+                self.lease_api,
+                cfg.lease_name,
+                cfg.lease_namespace,
+                cfg.lease_timings.renew_deadline / 2,
+                cfg.identity,
+            )
+            self.elector = Elector(
+                lease,
+                cfg.identity,
+                cfg.lease_name,
+                cfg.lease_namespace,
+                self.metrics,
+                cfg.lease_timings,
+                on_change=self._leading,
+            )
+            may_write = self.elector.may_write
+        writes = ApiWrites(self.api, may_write=may_write, field_manager=cfg.identity)
+        self.writer = Writer(writes, self.metrics, workers=cfg.writers, may_write=may_write,
+                             leading=not cfg.leader_elect)  # fmt: skip
         if not install_stream_hook(self.streams):
             log.warning("watch stream liveness cannot be observed; /readyz reports it unknown")
         self.tracker = Tracker(
@@ -125,6 +170,19 @@ class App:
             stale_after=self.config.stream_stale_after,
         )
         self.tracker.firewall = FirewallReading(self.config.firewall_daemonset)
+        if self.elector is not None:
+            self.tracker.leader = lambda: self.elector.leader if self.elector else None
+        else:
+            self.tracker.leader = lambda: cfg.identity
+
+    def _leading(self, leading: bool) -> None:
+        """The elector's verdict: write (everything pending that differs), or stand by."""
+        if self.writer is None:
+            return
+        if leading:
+            self.writer.lead()
+        else:
+            self.writer.standby()
 
     async def list_verdicts(self) -> list[dict[str, Any]]:
         assert self.api is not None  # noqa: S101 - set in start()
@@ -157,13 +215,18 @@ class App:
         return items
 
     async def stop(self) -> None:
-        if self.writer is not None:
+        """SIGTERM: a leader finishes what it decided (bounded), stops writing, then releases
+        the Lease so a standby takes over at its next try instead of after the lease runs out."""
+        if self.writer is not None and self.writer.leading:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.writer.idle(), 10)  # finish what was decided
+                await asyncio.wait_for(self.writer.idle(), 10)
+            self.writer.standby()
+        if self.elector is not None:
+            await self.elector.release()
         await self.supervisor.stop()
         if self.runner is not None:
             await self.runner.cleanup()
-        for api in (self.api, self.probe_api):
+        for api in (self.api, self.probe_api, self.lease_api):
             if api is not None:
                 api.close()
 
@@ -308,6 +371,7 @@ class App:
             "task_restarts": {name: t.restarts for name, t in tasks.items()},
             "failing_tasks": self.supervisor.failing(),
             "pods_with_failing_policy": len(c.policy_failing) if c else 0,
+            "leader": self.elector.status() if self.elector else {"leader_election": "off"},
             "api_error": r.api_error,
             "api_checked_at": r.checked_at.isoformat() if r.checked_at else None,
             "seconds_since_pod_event": round(time.monotonic() - last_pod_event, 1)
@@ -325,6 +389,14 @@ class App:
         # Served from the probe loop's cache: costs no API call, takes no controller slot.
         ok, report = self.readyz_report()
         return web.json_response(report, status=200 if ok else 503)
+
+    def observed(self, plural: str, event_type: str | None, body: Mapping[str, Any]) -> None:
+        if self.writer is None:
+            return
+        meta = body.get("metadata") or {}
+        status = None if event_type == "DELETED" else dict(body.get("status") or {})
+        self.writer.observed(plural, meta.get("namespace") or "", meta.get("name") or "", status,
+                             meta.get("resourceVersion"))  # fmt: skip
 
     @contextlib.contextmanager
     def reported(self, handler: str, body: Mapping[str, Any]) -> Iterator[None]:
@@ -349,7 +421,7 @@ class App:
 
 def configure_kopf(settings: kopf.OperatorSettings, config: Config) -> None:
     settings.posting.enabled = False  # our Events are posted by the writer, once each
-    settings.peering.standalone = True  # one replica (Deployment strategy Recreate)
+    settings.peering.standalone = True  # no kopf peering: the Lease elects the writer (ADR 0011)
     settings.scanning.disabled = True  # fixed resources: no CRD or namespace watching needed
     settings.networking.request_timeout = 30
     settings.networking.connect_timeout = 10
@@ -417,6 +489,14 @@ def register(registry: kopf.OperatorRegistry, app: App) -> None:
             pods = _values(kwargs["pods_by_namespace"], namespace or "")
             with app.reported("deathwatch_event", body):
                 app.tracker.on_deathwatch(event.get("type"), body, pods)
+                app.observed(DW_PLURAL, event.get("type"), body)
+
+    @kopf.on.event(GROUP, VERSION, SV_PLURAL, id="verdict_event", registry=registry)
+    async def verdict_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        # what the leader published: a standby keeps up with it, so that on takeover it
+        # writes only what differs (writer.observed; ignored while leading)
+        with app.reported("verdict_event", body):
+            app.observed(SV_PLURAL, event.get("type"), body)
 
 
 def _values(index: kopf.Index[str, Any], key: str) -> Iterable[Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import socket
 import sys
 
 EXIT_BAD_CONFIG = 2
@@ -43,6 +44,30 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         metavar="SELECTOR",
         help="only watch pods matching this label selector (server-side), e.g. app=sandbox",
     )
+    election = p.add_argument_group(
+        "leader election", "replicas elect one writer on a Lease; the others stand by, hot"
+    )
+    election.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="elect a leader (default); --no-leader-elect: this process is the only writer",
+    )
+    election.add_argument(
+        "--identity",
+        default=os.environ.get("POD_NAME") or os.environ.get("HOSTNAME") or socket.gethostname(),
+        help="this replica's name on the Lease and as field manager (default: $POD_NAME)",
+    )
+    election.add_argument("--lease-name", default="deathwatch-controller")
+    election.add_argument(
+        "--lease-namespace", default=os.environ.get("POD_NAMESPACE") or "deathwatch-system"
+    )
+    for flag, default, what in (
+        ("--lease-duration", 15.0, "a standby takes over a lease unchanged this long"),
+        ("--renew-deadline", 10.0, "a leader unable to renew this long stops writing"),
+        ("--retry-period", 2.0, "how often to try to acquire or renew"),
+    ):
+        election.add_argument(flag, type=float, default=default, metavar="SECONDS", help=what)
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(run=run)
 
@@ -52,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
     from deathwatch._operator import logs
     from deathwatch._operator.app import App, Config, register
+    from deathwatch._operator.leader import LeaseTimings
 
     if args.firewall_daemonset is not None and args.firewall_daemonset.count("/") != 1:
         print(
@@ -73,6 +99,14 @@ def run(args: argparse.Namespace) -> int:
             )
             return EXIT_BAD_CONFIG
         os.environ["KUBECONFIG"] = args.kubeconfig  # for kopf's own login as well
+    try:
+        timings = LeaseTimings(args.lease_duration, args.renew_deadline, args.retry_period)
+    except ValueError as exc:
+        print(f"deathwatch controller: {exc}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    if not args.identity:
+        print("deathwatch controller: --identity: empty", file=sys.stderr)
+        return EXIT_BAD_CONFIG
     logs.configure(args.log_level)
     config = Config(
         namespaces=tuple(dict.fromkeys(args.namespace)),
@@ -81,6 +115,11 @@ def run(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         firewall_daemonset=args.firewall_daemonset,
         pod_label_selector=args.pod_label_selector,
+        leader_elect=args.leader_elect,
+        identity=args.identity,
+        lease_name=args.lease_name,
+        lease_namespace=args.lease_namespace,
+        lease_timings=timings,
     )
     app = App(config)
     registry = kopf.OperatorRegistry()

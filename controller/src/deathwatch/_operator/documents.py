@@ -329,6 +329,7 @@ def deathwatch_status(
     firewall: FirewallCoverage | None,
     conditions: list[Condition],
     generation: int | None,
+    leader: str | None = None,
 ) -> DeathWatchStatus:
     """The DeathWatch status: counts, the last deaths with evidence, firewall coverage."""
     counts = dict.fromkeys(State, 0)
@@ -351,6 +352,7 @@ def deathwatch_status(
         flaps=flaps,
         false_positives=false_positives,
         observed_generation=generation,
+        leader=leader,
         firewall=firewall,
         last_deaths=[
             LastDeath(

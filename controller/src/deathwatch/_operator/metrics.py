@@ -86,6 +86,12 @@ class Metrics:
             ["resource"],
             registry=r,
         )
+        self.leader = Gauge(
+            "deathwatch_leader",
+            "1 while this replica holds the Lease and may write, else 0",
+            ["identity"],
+            registry=r,
+        )
         self.watch_connections = Counter(
             "deathwatch_watch_connections",
             "Watch requests made per resource (one per server timeout, more after faults)",

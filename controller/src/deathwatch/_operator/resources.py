@@ -144,6 +144,7 @@ class DeathWatchStatus(_Object, frozen=True):
     flaps: int
     false_positives: int
     observed_generation: int | None = None
+    leader: str | None = None  # the controller replica that holds the Lease and writes
     firewall: FirewallCoverage | None = None
     last_deaths: Annotated[list[LastDeath], msgspec.Meta(max_length=20)] = msgspec.field(
         default_factory=list

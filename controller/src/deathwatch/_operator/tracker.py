@@ -67,6 +67,7 @@ class Tracker:
     firewall: FirewallReading = field(default_factory=lambda: FirewallReading(None))
     streams: StreamActivity = field(default_factory=StreamActivity)
     stale_after: float = STALE_AFTER
+    leader: Callable[[], str | None] = field(default=lambda: None)  # who writes (leader.py)
     last_event: dict[str, float] = field(default_factory=dict)  # resource -> monotonic time
     listing_started: float = 0.0  # monotonic time the latest (re)listing of pods began
     _in_listing: bool = False
@@ -89,7 +90,7 @@ class Tracker:
             status = sv.get("status") or {}
             if not namespace or not name:
                 continue
-            self.writer.knows(SV_PLURAL, namespace, name, status)
+            self.writer.knows(SV_PLURAL, namespace, name, status, meta.get("resourceVersion"))
             track = documents.track_from_status(namespace, name, status)
             if track is None:
                 continue
@@ -459,7 +460,7 @@ class Tracker:
                 spec = self.watches.get(key)
                 generation = spec.body.get("metadata", {}).get("generation") if spec else None
                 status = documents.deathwatch_status(
-                    tracks_by_watch.get(key, []), coverage, conditions, generation
+                    tracks_by_watch.get(key, []), coverage, conditions, generation, self.leader()
                 )
                 document = to_document(status)
             except Exception:

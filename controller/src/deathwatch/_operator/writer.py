@@ -16,6 +16,14 @@ The engine decides; this module only makes the API agree, with these rules:
   The Event is created before the verdict it announces, so a crash between the two repeats
   the transition on restart (event deduplicated) instead of losing the Event.
 
+- Only the leader writes (leader.py). A standby keeps every desire, unsent, and watches what
+  the leader writes (`observed`): a desire the API already holds is dropped, but for the
+  times each replica noted on its own (`Written.gist`). On takeover (`lead`) it writes only
+  what still differs. A fenced leader (`may_write` false: its lease could no longer be
+  proven) stops at once, before sending anything more; its queue is kept, not flushed.
+- A write is checked against what the API holds again when it is taken off the queue, not
+  only when it was wanted: a pod event during an in-flight write sends nothing new.
+
 The writer builds nothing: documents.py makes every body, and the writer only decides when
 and how to send them, through the four calls of `WriteApi` (kube.ApiWrites in production, a
 fake in the unit tests).
@@ -37,7 +45,7 @@ import structlog
 
 from deathwatch._engine.timeutil import UTC
 from deathwatch._operator.documents import PodEvent
-from deathwatch._operator.kube import api_message, retryable, status_code
+from deathwatch._operator.kube import Fenced, api_message, retryable, status_code
 from deathwatch._operator.metrics import Metrics
 from deathwatch._operator.resources import DW_PLURAL, SV_PLURAL
 
@@ -49,17 +57,26 @@ Key = tuple[str, str, str]  # (plural, namespace, name)
 
 
 class WriteApi(Protocol):
-    """The only calls the writer makes; each raises the client's ApiException on refusal."""
+    """The only calls the writer makes; each raises the client's ApiException on refusal.
+    `create` and `patch_status` return the object's new resourceVersion; a patch carrying
+    `metadata.resourceVersion`, and a delete given one, fail (409) if the object changed since:
+    a write from a replica that lost the lease, arriving late, cannot undo a newer one."""
 
-    async def create(self, plural: str, namespace: str, body: dict[str, Any]) -> None: ...
+    async def create(self, plural: str, namespace: str, body: dict[str, Any]) -> str: ...
 
     async def patch_status(
         self, plural: str, namespace: str, name: str, patch: dict[str, Any]
+    ) -> str: ...
+
+    async def delete(
+        self, plural: str, namespace: str, name: str, resource_version: str | None
     ) -> None: ...
 
-    async def delete(self, plural: str, namespace: str, name: str) -> None: ...
-
     async def create_event(self, namespace: str, body: dict[str, Any]) -> None: ...
+
+    async def get_status(
+        self, plural: str, namespace: str, name: str
+    ) -> tuple[dict[str, Any], str] | None: ...
 
 
 @dataclass
@@ -94,6 +111,21 @@ class Desired:
 
 
 _KEYSETS: dict[tuple[str, ...], tuple[str, ...]] = {}
+# When each replica noticed something: two replicas judging the same events agree on all but
+# these, so a new leader does not rewrite a verdict only to put its own times on it.
+VOLATILE = frozenset({"declaredAt", "podDeletedAt", "lastTransitionTime", "observedAt"})
+
+
+def _without_volatile(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _without_volatile(v) for k, v in value.items() if k not in VOLATILE}
+    if isinstance(value, list):
+        return [_without_volatile(v) for v in value]
+    return value
+
+
+def _hash(value: Any) -> int:
+    return hash(json.dumps(value, sort_keys=True, separators=(",", ":"), default=str))
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,16 +135,23 @@ class Written:
 
     keys: tuple[str, ...]  # shared between objects with the same fields
     digest: int
+    gist: int  # the digest without the VOLATILE times
     pod_uid: str | None
+    version: str | None  # the object's resourceVersion: the precondition of the next write
 
     @staticmethod
-    def of(status: Mapping[str, Any]) -> Written:
+    def of(status: Mapping[str, Any], version: str | None = None) -> Written:
         keys = tuple(sorted(status))
-        text = json.dumps(status, sort_keys=True, separators=(",", ":"), default=str)
-        return Written(_KEYSETS.setdefault(keys, keys), hash(text), status.get("podUID"))
+        return Written(
+            _KEYSETS.setdefault(keys, keys),
+            _hash(status),
+            _hash(_without_volatile(status)),
+            status.get("podUID"),
+            version,
+        )
 
     def same(self, status: Mapping[str, Any]) -> bool:
-        return Written.of(status) == self
+        return Written.of(status).digest == self.digest
 
 
 def _patch(desired: Mapping[str, Any], written: Written | None) -> dict[str, Any]:
@@ -125,6 +164,8 @@ def _patch(desired: Mapping[str, Any], written: Written | None) -> dict[str, Any
 
 
 Schedule = Callable[[float, Callable[[], None]], object]
+
+
 Spawn = Callable[[str, Callable[[], Coroutine[Any, Any, None]]], None]
 
 
@@ -136,6 +177,8 @@ class Writer:
         workers: int = 8,
         schedule: Schedule | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        may_write: Callable[[], bool] = lambda: True,
+        leading: bool = True,
     ) -> None:
         self.api = api
         self.metrics = metrics
@@ -155,14 +198,27 @@ class Writer:
         self._idle = asyncio.Event()
         self._idle.set()
         self.instance = os.environ.get("HOSTNAME", "deathwatch")
+        # only the leader writes (leader.py); a standby keeps desires and watches (observed)
+        self.may_write = may_write
+        self.leading = leading
+        self._leading = asyncio.Event()
+        if leading:
+            self._leading.set()
 
     # --- what the controller asks for ---------------------------------------------------
 
-    def knows(self, plural: str, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+    def knows(
+        self,
+        plural: str,
+        namespace: str,
+        name: str,
+        status: Mapping[str, Any],
+        version: str | None = None,
+    ) -> None:
         """Record an object as it exists in the API (restored at start): no write needed."""
         key = (plural, namespace, name)
         self._exists.add(key)
-        self._written[key] = Written.of(status)
+        self._written[key] = Written.of(status, version)
 
     def forget(self, plural: str, namespace: str, name: str) -> None:
         """The object went with its owner: nothing is known about it any more."""
@@ -172,19 +228,67 @@ class Writer:
 
     def want(self, desired: Desired) -> None:
         key = desired.key
-        if (
-            desired.delete_if_uid is None
-            and not desired.events
-            and key not in self._pending
-            and desired.status is not None
-            and (written := self._written.get(key)) is not None
-            and written.same(desired.status)
-            and (key in self._exists or desired.create is None)
-        ):
+        if key not in self._pending and self._holds(desired, exactly=True):
             return  # the API already says exactly this
         previous = self._pending.get(key)
         self._pending[key] = previous.merged_into(desired) if previous else desired
         self._enqueue(key, self._pending[key].priority)
+
+    def _holds(self, desired: Desired, exactly: bool) -> bool:
+        """The API already holds what `desired` asks (to the letter, or but for the times
+        each replica notes on its own), and there is no Event to post."""
+        key = desired.key
+        if desired.delete_if_uid is not None:
+            return key not in self._exists and key not in self._written
+        written = self._written.get(key)
+        if desired.status is None or written is None or (desired.events and exactly):
+            return False
+        if desired.create is not None and key not in self._exists:
+            return False
+        if exactly:
+            return written.same(desired.status)
+        return written.gist == Written.of(desired.status).gist
+
+    # --- leading and standing by (leader.py) ----------------------------------------------
+
+    def lead(self) -> None:
+        """This replica writes from now on: everything it wants that the API does not hold."""
+        self.leading = True
+        self._leading.set()
+        for key, desired in list(self._pending.items()):
+            if self._holds(desired, exactly=False):
+                del self._pending[key]  # the old leader wrote it (its Events before it)
+            else:
+                self._enqueue(key, desired.priority)
+        self._update_idle()
+
+    def standby(self) -> None:
+        """Not the leader (or fenced): nothing more is sent; what is wanted stays pending."""
+        self.leading = False
+        self._leading.clear()
+
+    def observed(
+        self,
+        plural: str,
+        namespace: str,
+        name: str,
+        status: Mapping[str, Any] | None,
+        version: str | None = None,
+    ) -> None:
+        """What a watch shows the API holds (None: deleted). While standing by, that is the
+        leader's work: it updates what is known and settles our own desires for it. While
+        leading, it is our own writes coming back, and ignored."""
+        if self.leading:
+            return
+        key = (plural, namespace, name)
+        if status is None:
+            self.forget(plural, namespace, name)
+        else:
+            self.knows(plural, namespace, name, status, version)
+        desired = self._pending.get(key)
+        if desired is not None and self._holds(desired, exactly=False):
+            del self._pending[key]
+        self._update_idle()
 
     @property
     def backlog(self) -> int:
@@ -214,20 +318,33 @@ class Writer:
         self._idle.clear()
         if key in self._queued or key in self._inflight or key in self._backoff:
             return  # already waiting, picked up when the current write or backoff ends
+        if not self.leading:
+            return  # kept pending; `lead` queues it
         self._queued.add(key)
         self._queue.put_nowait((priority, next(self._seq), key))
 
     def _update_idle(self) -> None:
-        if not self._pending and not self._inflight and not self._backoff:
+        if not self._inflight and not self._backoff and (not self._pending or not self.leading):
             self._idle.set()
 
     async def _work(self) -> None:
         while True:
+            await self._leading.wait()
             _, _, key = await self._queue.get()
             self._queued.discard(key)
             desired = self._pending.pop(key, None)
             if desired is None:
                 self._update_idle()
+                continue
+            if not self.leading or not self.may_write():
+                # fenced between want and now: keep it for a later term, send nothing
+                self._pending[key] = desired
+                if self.leading:
+                    self.standby()  # the elector's own timer says the same at this deadline
+                self._update_idle()
+                continue
+            if self._holds(desired, exactly=True):
+                self._update_idle()  # written meanwhile (a pod event during an in-flight write)
                 continue
             self._inflight.add(key)
             try:
@@ -245,6 +362,12 @@ class Writer:
     def _failed(self, desired: Desired, exc: Exception) -> None:
         code = status_code(exc)
         where = {"resource": desired.plural, "namespace": desired.namespace, "name": desired.name}
+        if isinstance(exc, Fenced):
+            newer = self._pending.get(desired.key)
+            self._pending[desired.key] = desired.merged_into(newer) if newer else desired
+            log.warning("write held back: no longer provably the leader", **where)
+            self.standby()
+            return
         if not retryable(exc):
             log.error("write refused", **where, code=code, error=api_message(exc))
             return
@@ -273,13 +396,14 @@ class Writer:
         schedule = self._schedule or asyncio.get_running_loop().call_later
         schedule(delay, again)
 
-    async def _call(self, operation: str, fn: Callable[..., Any], *args: Any) -> None:
+    async def _call(self, operation: str, fn: Callable[..., Any], *args: Any) -> Any:
         try:
-            await fn(*args)
+            result = await fn(*args)
         except Exception as exc:
             self.metrics.api_errors.labels(operation, status_code(exc)).inc()
             raise
         self.metrics.api_writes.labels(operation).inc()
+        return result
 
     async def _write(self, d: Desired) -> None:
         for event in list(d.events):
@@ -304,40 +428,56 @@ class Writer:
             raise
 
     async def _write_status(
-        self, d: Desired, status: dict[str, Any], recreated: bool = False
+        self, d: Desired, status: dict[str, Any], retried: bool = False
     ) -> None:
         key = d.key
         noun = "verdict" if d.plural == SV_PLURAL else "deathwatch"
         if d.create is not None and key not in self._exists:
             try:
-                await self._call(f"create_{noun}", self.api.create, d.plural, d.namespace, d.create)
+                created = await self._call(
+                    f"create_{noun}", self.api.create, d.plural, d.namespace, d.create
+                )
             except Exception as exc:
                 if status_code(exc) != "409":
                     raise
                 self._written.pop(key, None)  # exists, status unknown to us: write it whole
+            else:
+                self._written[key] = Written.of({}, created)
             self._exists.add(key)
+        written = self._written.get(key)
+        patch: dict[str, Any] = {"status": _patch(status, written)}
+        if written is not None and written.version is not None:
+            patch["metadata"] = {"resourceVersion": written.version}  # the precondition
         try:
-            await self._call(
-                f"patch_{noun}_status",
-                self.api.patch_status,
-                d.plural,
-                d.namespace,
-                d.name,
-                {"status": _patch(status, self._written.get(key))},
+            version = await self._call(
+                f"patch_{noun}_status", self.api.patch_status, d.plural, d.namespace, d.name, patch
             )
         except Exception as exc:
-            if status_code(exc) != "404":
+            code = status_code(exc)
+            if code not in ("404", "409") or retried:
                 raise
-            if d.plural == DW_PLURAL:
+            if not self.leading or not self.may_write():
+                raise Fenced("not retried: no longer the leader") from exc
+            if code == "404" and d.plural == DW_PLURAL:
                 return  # the DeathWatch is gone: nothing to report on
+            if code == "409":
+                # changed since we last wrote or saw it (another replica's write): read it,
+                # and write ours on what it is now
+                current = await self.api.get_status(d.plural, d.namespace, d.name)
+                if current is not None:
+                    self.knows(d.plural, d.namespace, d.name, *current)
+                    if self._holds(d, exactly=True):
+                        return
+                    await self._write_status(d, status, retried=True)
+                    return
+            # deleted behind our back: create it again now (a Dead verdict has no next desire)
             self._exists.discard(key)
             self._written.pop(key, None)
-            if d.create is None or recreated:
+            if d.create is None:
                 raise
-            # deleted behind our back: create it again now (a Dead verdict has no next desire)
-            await self._write_status(d, status, recreated=True)
+            await self._write_status(d, status, retried=True)
             return
-        self._written[key] = Written.of(status)
+        self._written[key] = Written.of(status, version)
         if d.ready_drop_at is not None and status.get("state") == "Dead":
             now = self.clock()
             self.metrics.verdict_latency.observe(max(0.0, (now - d.ready_drop_at).total_seconds()))
@@ -349,10 +489,13 @@ class Writer:
         written = self._written.get(key)
         if written is not None and written.pod_uid not in (None, d.delete_if_uid):
             return  # the name now belongs to a newer pod: its verdict stays
+        version = written.version if written is not None else None
         try:
-            await self._call("delete_verdict", self.api.delete, d.plural, d.namespace, d.name)
+            await self._call(
+                "delete_verdict", self.api.delete, d.plural, d.namespace, d.name, version
+            )
         except Exception as exc:
-            if status_code(exc) != "404":
-                raise
+            if status_code(exc) not in ("404", "409"):
+                raise  # 409: changed meanwhile (a newer pod's verdict): not ours to delete
         self._exists.discard(key)
         self._written.pop(key, None)
