@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client, config
+from prometheus_client.parser import text_string_to_metric_families
 
 from deathwatch.firewall.config import parse_config
 from deathwatch.firewall.nft import SystemNft
@@ -106,17 +107,31 @@ class Deployed:
             self.core.list_namespaced_event(NS, field_selector=selector, _request_timeout=10).items
         )
 
+    def lease_holder(self) -> str | None:
+        lease = client.CoordinationV1Api(self.api).read_namespaced_lease(
+            "deathwatch-controller", SYSTEM, _request_timeout=10
+        )
+        return lease.spec.holder_identity  # type: ignore[no-any-return]
+
+    def controller_pods(self) -> dict[str, Any]:
+        pods = self.core.list_namespaced_pod(
+            SYSTEM, label_selector="app.kubernetes.io/component=controller", _request_timeout=10
+        ).items
+        return {p.metadata.name: p for p in pods if p.metadata.deletion_timestamp is None}
+
     def controller_metric(self, name: str, **labels: str) -> float:
         """From /metrics through the controller's Service ClusterIP (kube-proxy's DNAT)."""
-        from prometheus_client.parser import text_string_to_metric_families
-
         svc = self.core.read_namespaced_service(
             "deathwatch-controller-metrics", SYSTEM, _request_timeout=10
         )
-        with urllib.request.urlopen(f"http://{svc.spec.cluster_ip}:8080/metrics", timeout=10) as r:
-            text = r.read().decode()
-        return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-                   if s.name == name and labels.items() <= s.labels.items())  # fmt: skip
+        return _metric(f"http://{svc.spec.cluster_ip}:8080/metrics", name, **labels)
+
+
+def _metric(url: str, name: str, **labels: str) -> float:
+    with urllib.request.urlopen(url, timeout=10) as r:  # noqa: S310 - http:// built here
+        text = r.read().decode()
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == name and labels.items() <= s.labels.items())  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -223,9 +238,14 @@ def test_the_controller_pod_judges_real_deaths_under_its_own_account(deployed: D
     for name in (killed, oom, hung):
         wait_for(functools.partial(lambda n: d.events(n, "SandboxDead") == 1, name),
                  what=f"{name}'s SandboxDead")  # fmt: skip
-    table = d.c.kubectl("get", "dw", "-n", NS).stdout
-    RESULTS["kubectl_get_dw"] = table.splitlines()
-    assert table.splitlines()[1].split()[6] == "1/1", table  # FIREWALL column: coverage
+
+    # FIREWALL column: coverage, read from the DaemonSet every probe interval (15 s); the
+    # agent may have turned Ready after the controller's first read
+    def coverage() -> str:
+        return str(d.c.kubectl("get", "dw", "-n", NS).stdout.splitlines()[1].split()[6])
+
+    wait_for(lambda: coverage() == "1/1", timeout=25, what="FIREWALL 1/1 in kubectl get dw")
+    RESULTS["kubectl_get_dw"] = d.c.kubectl("get", "dw", "-n", NS).stdout.splitlines()
     # under its ServiceAccount and the shipped RBAC: never refused (read via its Service)
     assert d.controller_metric("deathwatch_api_errors_total", code="403") == 0
     assert d.controller_metric("deathwatch_verdicts_total", state="Dead") >= 3
@@ -263,28 +283,84 @@ def test_a_firewall_rollout_never_opens_the_hole(deployed: Deployed) -> None:
     assert outcomes["refused"] > 100, outcomes
 
 
+def test_two_replicas_one_leader_and_a_warm_standby(deployed: Deployed) -> None:
+    d = deployed
+
+    def two() -> dict[str, Any] | None:
+        pods = d.controller_pods()
+        return pods if len(pods) == 2 else None
+
+    pods = wait_for(two, what="two controller pods")
+    holder = wait_for(d.lease_holder, what="a Lease holder")
+    assert holder in pods
+    dw = d.custom.get_namespaced_custom_object(
+        "deathwatch.dev", "v1alpha1", NS, "deathwatches", "sandboxes", _request_timeout=10)  # fmt: skip
+    wait_for(lambda: d.custom.get_namespaced_custom_object(
+        "deathwatch.dev", "v1alpha1", NS, "deathwatches", "sandboxes", _request_timeout=10,
+    ).get("status", {}).get("leader") == holder, what="DeathWatch status names the leader")  # fmt: skip
+    leading = {name: _metric(f"http://{p.status.pod_ip}:8080/metrics", "deathwatch_leader")
+               for name, p in pods.items()}  # fmt: skip
+    assert leading == {n: float(n == holder) for n in pods}, leading
+    RESULTS["controller_replicas"] = {"pods": sorted(pods), "leader": holder,
+                                      "dw_generation": dw["metadata"]["generation"]}  # fmt: skip
+
+
 def test_a_death_during_a_controller_rollout_gets_one_verdict_and_one_event(
     deployed: Deployed,
 ) -> None:
     d = deployed
     victim = d.pod("dies-in-the-gap")
     d.wait_state(victim, "Alive")
+    before = set(d.controller_pods())
+    leader_before = d.lease_holder()
     d.c.kubectl("rollout", "restart", "-n", SYSTEM, "deployment/deathwatch-controller")
+    # dies as the first old pod goes (maxSurge 1: a new one is Ready first)
+    wait_for(lambda: len(set(d.controller_pods()) - before) >= 1, timeout=90,
+             what="a new controller pod")  # fmt: skip
     (d.ctl(victim) / "exit").write_text("7")
     died = time.monotonic()
-    d.c.kubectl("rollout", "status", "-n", SYSTEM, "deployment/deathwatch-controller",
-                "--timeout=120s", timeout=150)  # fmt: skip
     dead = d.wait_state(victim, "Dead", timeout=90)
     latency = time.monotonic() - died
+    d.c.kubectl("rollout", "status", "-n", SYSTEM, "deployment/deathwatch-controller",
+                "--timeout=120s", timeout=150)  # fmt: skip
     assert (dead["cause"], dead["exitCode"]) == ("ContainerExited", 7)
     wait_for(lambda: d.events(victim, "SandboxDead") == 1, what="one SandboxDead")
-    time.sleep(2)
+    after = set(d.controller_pods())
+    leader_after = wait_for(lambda: (h := d.lease_holder()) in after and h, timeout=60,
+                            what="a new pod holds the Lease")  # fmt: skip
+    assert not before & after
     assert d.events(victim, "SandboxDead") == 1
     RESULTS["death_during_controller_rollout"] = {
         "verdict": dead["state"], "cause": dead["cause"], "exit_code": dead["exitCode"],
         "sandbox_dead_events": d.events(victim, "SandboxDead"),
-        "seconds_from_death_to_verdict": round(latency, 1),
+        "seconds_from_death_to_verdict": round(latency, 2),
+        "leader_before": leader_before, "leader_after": leader_after,
     }  # fmt: skip
+
+
+def test_the_leader_killed_outright_loses_no_death(deployed: Deployed) -> None:
+    """SIGKILL to the leader's container (an OOM kill): no release. Whoever gets the Lease
+    next (the standby once it expires, or the restarted container under the same identity)
+    writes the verdict, once."""
+    d = deployed
+    victim = d.pod("dies-with-the-leader")
+    d.wait_state(victim, "Alive")
+    holder = wait_for(d.lease_holder, what="a Lease holder")
+    container = d.controller_pods()[holder].status.container_statuses[0].container_id
+    d.c.node.ctr("tasks", "kill", "-s", "SIGKILL", container.split("://", 1)[1])
+    (d.ctl(victim) / "exit").write_text("9")
+    died = time.monotonic()
+    dead = d.wait_state(victim, "Dead", timeout=90)
+    latency = time.monotonic() - died
+    assert (dead["cause"], dead["exitCode"]) == ("ContainerExited", 9)
+    wait_for(lambda: d.events(victim, "SandboxDead") == 1, what="one SandboxDead")
+    RESULTS["leader_sigkill"] = {
+        "killed": holder, "new_leader": d.lease_holder(),
+        "seconds_from_death_to_verdict": round(latency, 2),
+        "sandbox_dead_events": d.events(victim, "SandboxDead"),
+    }  # fmt: skip
+    d.c.kubectl("rollout", "status", "-n", SYSTEM, "deployment/deathwatch-controller",
+                "--timeout=120s", timeout=150)  # fmt: skip
 
 
 def test_uninstall_leaves_the_rule_on_purpose_and_the_cleanup_step_removes_it(

@@ -121,7 +121,11 @@ def test_namespaced_overlay_binds_only_the_chosen_namespaces() -> None:
 def test_controller_deployment_is_locked_down_and_probed_as_documented() -> None:
     d = by_kind(kustomize(MANIFESTS), "Deployment", "deathwatch-controller")
     spec = d["spec"]
-    assert (spec["replicas"], spec["strategy"]["type"]) == (1, "Recreate")
+    assert (spec["replicas"], spec["strategy"]["type"]) == (2, "RollingUpdate")
+    assert spec["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    pdb = by_kind(kustomize(MANIFESTS), "PodDisruptionBudget", "deathwatch-controller")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"] == spec["selector"]
     pod = spec["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -383,3 +387,15 @@ def test_controller_rbac_allows_its_job_and_refuses_everything_else(
     assert not _allowed(
         api, "get", "daemonsets", "apps", "kube-system", "status", "deathwatch-firewall"
     )
+    # leader election: its one Lease, in its own namespace, and nothing else
+    lease = ("leases", "coordination.k8s.io", "deathwatch-system")
+    for verb in ("get", "update", "list", "watch"):
+        assert _allowed(api, verb, *lease, None, "deathwatch-controller")
+        assert not _allowed(api, verb, *lease, None, "kube-scheduler")
+        assert not _allowed(api, verb, "leases", "coordination.k8s.io", "kube-system", None,
+                            "deathwatch-controller")  # fmt: skip
+    assert _allowed(api, "create", *lease)
+    assert not _allowed(api, "delete", *lease, None, "deathwatch-controller")
+    assert not _allowed(api, "list", *lease)  # every Lease of the namespace: no
+    assert not _allowed(api, "watch", *lease)
+    assert not _allowed(api, "create", "leases", "coordination.k8s.io", "kube-system")

@@ -75,6 +75,8 @@ class ControllerProcess:
         args += ["--http-host", "127.0.0.1", "--http-port", str(self.port)]
         for ns in self.namespaces:
             args += ["--namespace", ns]
+        if not any("leader-elect" in a for a in self.extra):
+            args.append("--no-leader-elect")  # the only writer, unless a test elects replicas
         args += self.extra
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         with self.log.open("ab") as logf:

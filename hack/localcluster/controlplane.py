@@ -169,6 +169,23 @@ class Process:
         return "\n".join(text[-lines:])
 
 
+# Which writes the audit log keeps (ControlPlane(audit=True)): those of deathwatch's objects,
+# of Events and of Leases, at the Metadata level (who, what, when, the request URI with its
+# fieldManager); nothing else, so the log stays small.
+AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    verbs: [create, update, patch, delete]
+    resources:
+      - {group: deathwatch.dev}
+      - {group: "", resources: [events]}
+      - {group: coordination.k8s.io, resources: [leases]}
+  - level: None
+"""
+
+
 @dataclass
 class ControlPlane:
     workdir: Path
@@ -180,6 +197,8 @@ class ControlPlane:
     # where kube-apiserver listens and what it advertises (the `kubernetes` Service's endpoint):
     # loopback, or an address pods can reach, the node's bridge (cluster.py); never outside
     bind_address: str = "127.0.0.1"
+    # every write to deathwatch's objects, Events and Leases, as JSON lines (audit_log)
+    audit: bool = False
     etcd_port: int = field(default_factory=free_port)
     etcd_peer_port: int = field(default_factory=free_port)
     apiserver_port: int = field(default_factory=free_port)
@@ -269,10 +288,23 @@ class ControlPlane:
         proc.start()
         self._wait(lambda: self._http_ok(f"{c}/health"), timeout, "etcd")
 
+    @property
+    def audit_log(self) -> Path:
+        return self.workdir / "logs" / "audit.jsonl"
+
+    def _audit_args(self) -> list[str]:
+        if not self.audit:
+            return []
+        policy = self.workdir / "audit-policy.yaml"
+        policy.write_text(AUDIT_POLICY)
+        return [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
+                "--audit-log-format=json", "--audit-log-mode=blocking"]  # fmt: skip
+
     def apiserver_args(self) -> list[str]:
         pki = self.certs
         return [
             str(self.binaries / "kube-apiserver"),
+            *self._audit_args(),
             f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
             f"--bind-address={self.bind_address}",
             f"--advertise-address={self.bind_address}",
