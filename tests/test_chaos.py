@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import copy
 import functools
-import itertools
 import json
 import os
 import shutil
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,14 +29,14 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client, config, watch
+from kubernetes import client, config
 
 from hack.localcluster import controlplane
 from hack.localcluster.chaosproxy import ChaosProxy
 from hack.localcluster.controller_process import ControllerProcess
 from hack.localcluster.sandbox_script import Fate, SandboxScript
 from tests.conftest import _binaries_or_skip
-from tests.controller_env import GROUP, VERSION, Env, fate_status, ready_status
+from tests.controller_env import GROUP, VERSION, Env, VerdictRecorder, fate_status, ready_status
 from tests.kube import wait_for
 
 pytestmark = pytest.mark.chaos
@@ -59,62 +57,6 @@ def cp() -> Iterator[controlplane.ControlPlane]:
         c.kubectl_run("apply", "-f", str(ROOT / "manifests" / "base" / "rbac" / "controller.yaml"))
         yield c
     print("\nchaos lane measurements:", json.dumps(RESULTS, indent=1))
-
-
-class VerdictRecorder:
-    """Every state each SandboxVerdict of the namespace goes through, seen on a watch of its
-    own (relisting after any break), to prove no verdict is ever taken back."""
-
-    def __init__(self, api: client.ApiClient, namespace: str) -> None:
-        self.custom = client.CustomObjectsApi(api)
-        self.ns = namespace
-        self.seen: dict[str, list[tuple[str | None, str | None]]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _note(self, obj: dict[str, Any]) -> None:
-        status = obj.get("status") or {}
-        entry = (status.get("podUID"), status.get("state"))
-        history = self.seen.setdefault(obj["metadata"]["name"], [])
-        if not history or history[-1] != entry:
-            history.append(entry)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                listed = self.custom.list_namespaced_custom_object(
-                    GROUP, VERSION, self.ns, "sandboxverdicts", _request_timeout=10
-                )
-                for obj in listed["items"]:
-                    self._note(obj)
-                stream = watch.Watch().stream(
-                    self.custom.list_namespaced_custom_object, GROUP, VERSION, self.ns,
-                    "sandboxverdicts", resource_version=listed["metadata"]["resourceVersion"],
-                    timeout_seconds=5, _request_timeout=10,
-                )  # fmt: skip
-                for event in stream:
-                    if event["type"] in ("ADDED", "MODIFIED"):
-                        self._note(event["object"])
-                    if self._stop.is_set():
-                        return
-            except Exception:  # the apiserver restarts in one case: relist and carry on
-                self._stop.wait(0.5)
-
-    def start(self) -> VerdictRecorder:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(15)
-
-    def taken_back(self) -> list[str]:
-        out = []
-        for name, history in self.seen.items():
-            for (uid, state), (later_uid, later_state) in itertools.pairwise(history):
-                if state == "Dead" and later_uid == uid and later_state != "Dead":
-                    out.append(f"{name}: {history}")
-        return out
 
 
 @dataclass

@@ -186,7 +186,7 @@ def test_agent_repairs_drift_reloads_config_and_leaves_the_rule_on_sigterm(
         stdout=log,
         stderr=subprocess.STDOUT,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])},
     )
 
     def in_force(config: Path = cfg) -> bool:

@@ -257,7 +257,7 @@ def test_firewall_on_the_node_refuses_kubelets_tcp_probe_but_not_an_exec_probe(
         stdout=(tmp_path / "agent.log").open("w"),
         stderr=subprocess.STDOUT,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])},
     )
     try:
         check = [
