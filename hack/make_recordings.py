@@ -195,13 +195,17 @@ def main() -> None:
 NFT_CONFIG = {
     "podCIDRs": ["10.244.0.0/16", "10.1.2.3/32", "fd00:10:244::/56"],
     "agentPorts": [49983, 8000],
+    "allowedSources": ["10.0.5.0/24", "fd00:5::7/128"],
 }
+NFT_SANDBOXES = ("10.244.1.2", "10.244.1.7", "fd00:10:244:1::2")
 
 
 def record_nft_listing() -> None:
     """`nft -j list table inet deathwatch` as this machine's nft prints it, after applying
-    NFT_CONFIG in a throwaway network namespace and being refused 3 times (v4) and 2 (v6).
+    NFT_CONFIG (with NFT_SANDBOXES) in a throwaway network namespace and being refused 3 times
+    (v4) and 2 (v6) by the output rule.
     Needs root; tests/test_firewall.py reduces the file and compares it with the model."""
+    import ipaddress
     import subprocess
 
     from deathwatch.firewall.config import parse_config
@@ -225,7 +229,8 @@ def record_nft_listing() -> None:
         run("ip", "addr", "add", "fd00:9::1/64", "dev", "d0", "nodad")
         run("ip", "route", "add", "10.244.0.0/16", "dev", "d0")
         run("ip", "route", "add", "fd00:10:244::/56", "dev", "d0")
-        run("nft", "-f", "-", stdin=script(desired(parse_config(NFT_CONFIG))))
+        sandboxes = [ipaddress.ip_address(a) for a in NFT_SANDBOXES]
+        run("nft", "-f", "-", stdin=script(desired(parse_config(NFT_CONFIG), sandboxes)))
         for addr, times in (("10.244.0.5", 3), ("fd00:10:244::5", 2)):
             for _ in range(times):
                 run("busybox", "nc", "-w", "1", addr, "49983", stdin="", check=False)

@@ -8,6 +8,7 @@ import json
 import signal
 import subprocess
 import sys
+from ipaddress import ip_address
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import pytest
 from deathwatch.firewall.agent import Agent
 from deathwatch.firewall.config import ConfigError, load_config, parse_config
 from deathwatch.firewall.nft import NftError
-from deathwatch.firewall.ruleset import COMMENT, desired
+from deathwatch.firewall.ruleset import COMMENT, INBOUND_COMMENT, SANDBOX_SETS, desired
 from deathwatch.firewall.table import (
     Chain,
     Match,
@@ -27,6 +28,7 @@ from deathwatch.firewall.table import (
     from_json,
     script,
 )
+from hack.make_recordings import NFT_CONFIG, NFT_SANDBOXES
 from tests.kube import wait_for
 
 DATA = Path(__file__).parent / "data" / "nft"
@@ -59,6 +61,18 @@ GOOD = {"podCIDRs": ["10.244.0.0/16", "fd00:10:244::/56"], "agentPorts": [49983]
         (
             {"podCIDRs": ["10.0.0.0/8"], "agentPorts": [80], "agentPort": 1},
             "unknown field 'agentPort'",
+        ),
+        (
+            {"podCIDRs": ["10.0.0.0/8"], "agentPorts": [80], "inbound": "yes"},
+            "inbound: expected true or false, got 'yes'",
+        ),
+        (
+            {"podCIDRs": ["10.0.0.0/8"], "agentPorts": [80], "allowedSources": ["gateway"]},
+            "allowedSources[0]: invalid CIDR 'gateway'",
+        ),
+        (
+            {"podCIDRs": ["10.0.0.0/8"], "agentPorts": [80], "sandboxSelector": "app=a=b"},
+            "sandboxSelector: expected a label selector string (e.g. app=sandbox), got 'app=a=b'",
         ),
         (["podCIDRs"], "expected a mapping"),
     ],
@@ -94,11 +108,18 @@ table inet deathwatch
 delete table inet deathwatch
 table inet deathwatch {
 \tset pod_v4 { type ipv4_addr; flags interval; elements = { 10.244.0.0/16 } }
+\tset sandbox_v4 { type ipv4_addr; }
 \tset pod_v6 { type ipv6_addr; flags interval; elements = { fd00:10:244::/56 } }
+\tset sandbox_v6 { type ipv6_addr; }
 \tchain output {
 \t\ttype filter hook output priority -90; policy accept;
-\t\tip daddr @pod_v4 tcp dport { 49983 } counter reject with tcp reset comment "deathwatch: refuse host and hostNetwork connections to sandbox agent ports"
-\t\tip6 daddr @pod_v6 tcp dport { 49983 } counter reject with tcp reset comment "deathwatch: refuse host and hostNetwork connections to sandbox agent ports"
+\t\ttcp dport { 49983 } ip daddr @pod_v4 fib saddr type local counter reject with tcp reset comment "deathwatch: refuse host and hostNetwork connections to sandbox agent ports"
+\t\ttcp dport { 49983 } ip6 daddr @pod_v6 fib saddr type local counter reject with tcp reset comment "deathwatch: refuse host and hostNetwork connections to sandbox agent ports"
+\t}
+\tchain inbound {
+\t\ttype filter hook forward priority -90; policy accept;
+\t\ttcp dport { 49983 } ip daddr @sandbox_v4 ip saddr != @pod_v4 counter reject with tcp reset comment "deathwatch: refuse connections from outside the pod network to sandbox agents"
+\t\ttcp dport { 49983 } ip6 daddr @sandbox_v6 ip6 saddr != @pod_v6 counter reject with tcp reset comment "deathwatch: refuse connections from outside the pod network to sandbox agents"
 \t}
 }
 """
@@ -109,33 +130,63 @@ def test_the_whole_script_for_a_config_is_pinned() -> None:
     assert script(desired(parse_config(GOOD))) == GOLDEN
 
 
-def test_v4_only_config_has_no_v6_rule_and_cidrs_are_collapsed() -> None:
+def test_v4_only_config_without_inbound_has_one_rule_and_cidrs_are_collapsed() -> None:
     config = parse_config(
-        {"podCIDRs": ["10.244.0.0/17", "10.244.128.0/17"], "agentPorts": [8000, 1]}
+        {
+            "podCIDRs": ["10.244.0.0/17", "10.244.128.0/17"],
+            "agentPorts": [8000, 1],
+            "inbound": False,
+        }
     )
     rule = Rule(
-        (Match("ip daddr", "@pod_v4"), Match("tcp dport", "{ 1, 8000 }")),
+        (
+            Match("tcp dport", "{ 1, 8000 }"),
+            Match("ip daddr", "@pod_v4"),
+            Match("fib saddr type", "local"),
+        ),
         "reject with tcp reset",
         comment=COMMENT,
     )
-    assert desired(config) == Table(
+    assert desired(config, [ip_address("10.244.1.2")]) == Table(
         (Set("pod_v4", "ipv4_addr", ("interval",), ("10.244.0.0/16",)),),
         (Chain("output", "filter", "output", -90, "accept", (rule,)),),
     )
+
+
+def test_the_inbound_rule_guards_this_nodes_sandboxes_but_for_pods_and_allowed_sources() -> None:
+    config = parse_config({**GOOD, "allowedSources": ["10.0.5.0/24", "10.0.5.7/32"]})
+    table = desired(config, [ip_address("10.244.1.2"), ip_address("fd00:10:244:1::2")])
+    sets = {s.name: s.elements for s in table.sets}
+    assert sets["sandbox_v4"] == ("10.244.1.2",)  # a hash set of addresses
+    assert sets["sandbox_v6"] == ("fd00:10:244:1::2",)
+    assert sets["allowed_v4"] == ("10.0.5.0/24",)  # collapsed
+    assert "allowed_v6" not in sets  # none allowed: no set, no match
+    inbound = next(c for c in table.chains if c.name == "inbound")
+    assert (inbound.hook, inbound.priority) == ("forward", -90)
+    assert inbound.rules[0] == Rule(
+        (
+            Match("tcp dport", "{ 49983 }"),
+            Match("ip daddr", "@sandbox_v4"),
+            Match("ip saddr", "@pod_v4", "!="),
+            Match("ip saddr", "@allowed_v4", "!="),
+        ),
+        "reject with tcp reset",
+        comment=INBOUND_COMMENT,
+    )
+    # the readiness probe has no sandbox list: it compares those sets but for their elements
+    bare = desired(config)
+    assert differences(bare, table)
+    assert differences(bare, table, SANDBOX_SETS) == []
+    assert differences(bare, desired(parse_config(GOOD)), SANDBOX_SETS)  # allowed differs
 
 
 def test_a_real_nft_listing_reduces_to_exactly_the_desired_table() -> None:
     # recorded from nft 1.0.6 (Debian bookworm) after `deathwatch-firewall apply` of this
     # config; test_firewall_netns proves the same against the live kernel
     listing = json.loads((DATA / "nft-1.0.6-list-table.json").read_text())
-    config = parse_config(
-        {
-            "podCIDRs": ["10.244.0.0/16", "10.1.2.3/32", "fd00:10:244::/56"],
-            "agentPorts": [49983, 8000],
-        }
-    )
+    config = parse_config(NFT_CONFIG)
     have = from_json(listing)
-    assert have == desired(config)
+    assert have == desired(config, [ip_address(a) for a in NFT_SANDBOXES])
     assert have is not None and have.rejected_packets == 5  # 3 + 2 counted in the recording
 
 
@@ -143,10 +194,10 @@ def test_differences_name_what_drifted() -> None:
     want = desired(parse_config(GOOD))
     assert differences(want, None) == ["table inet deathwatch is missing"]
     assert differences(want, want) == []
-    (chain,) = want.chains
-    flushed = Table(want.sets, (Chain(chain.name, chain.type, chain.hook, chain.priority),))
+    chain, inbound = want.chains
+    flushed = Table(want.sets, (Chain(chain.name, chain.type, chain.hook, chain.priority), inbound))
     assert differences(want, flushed) == [f"chain output: want {chain}, have {flushed.chains[0]}"]
-    emptied = Table((Set("pod_v4", "ipv4_addr", ("interval",)), want.sets[1]), want.chains)
+    emptied = Table((Set("pod_v4", "ipv4_addr", ("interval",)), *want.sets[1:]), want.chains)
     assert [d.split(":")[0] for d in differences(want, emptied)] == ["set pod_v4"]
 
 
@@ -219,8 +270,10 @@ def test_agent_applies_repairs_and_keeps_the_rule_on_a_bad_config(tmp_path: Path
     assert agent.metrics.rule_present._value.get() == 1
     nft.fail = True
     assert nft.table is not None
-    (chain,) = nft.table.chains
-    nft.table = Table(nft.table.sets, (Chain(chain.name, chain.type, chain.hook, chain.priority),))
+    chain, inbound = nft.table.chains
+    nft.table = Table(
+        nft.table.sets, (Chain(chain.name, chain.type, chain.hook, chain.priority), inbound)
+    )
     agent.step()  # flushed and cannot be repaired: never raises
     assert agent.metrics.sync_failures.labels("nft")._value.get() == 1
     assert agent.metrics.rule_present._value.get() == 0
@@ -235,7 +288,8 @@ def test_agent_counts_refusals_across_replacements(tmp_path: Path) -> None:
     assert nft.table is not None
     counted = [dataclasses.replace(r, packets=4) for r in nft.table.chains[0].rules]
     nft.table = Table(
-        nft.table.sets, (dataclasses.replace(nft.table.chains[0], rules=tuple(counted)),)
+        nft.table.sets,
+        (dataclasses.replace(nft.table.chains[0], rules=tuple(counted)), nft.table.chains[1]),
     )
     agent.step()
     assert agent.metrics.rejected._value.get() == 8  # counters are not drift

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from ipaddress import ip_address
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,15 @@ import pytest
 from deathwatch.firewall.config import load_config
 from deathwatch.firewall.ruleset import desired
 from deathwatch.firewall.table import from_json
-from hack.localcluster.netnode import AGENT_PORT, OTHER_PORT, Node, netns_available, node
+from hack.localcluster.netnode import (
+    AGENT_PORT,
+    GATEWAY,
+    OTHER_PORT,
+    Node,
+    netns_available,
+    node,
+    two_nodes,
+)
 from tests.kube import wait_for
 
 pytestmark = pytest.mark.netns
@@ -258,3 +267,110 @@ def test_agent_repairs_drift_reloads_config_and_leaves_the_rule_on_sigterm(
     ]
     assert any(e.get("event") == "drift repaired" for e in events)
     assert any(e.get("event") == "agent stopping; the table stays in place" for e in events)
+
+
+# --- the output rule keys on the host's own source address ---------------------------------
+
+CLIENT = "10.244.7.9"  # a pod address of another range: never an address of this host
+
+
+def test_a_connection_sent_on_the_output_path_from_a_pod_address_passes(
+    host: Node, tmp_path: Path
+) -> None:
+    """IPVS sends a client pod's Service connection out through the host's output hook with
+    the pod's address as source: it must reach the sandbox. Reproduced with a transparent
+    socket bound to a pod address, and the reply steered back to it as TPROXY does."""
+    sbx = host.sandbox
+    assert sbx is not None
+    host.ns_exec(host.host, "ip", "rule", "add", "fwmark", "0x77", "lookup", "177")
+    host.ns_exec(host.host, "ip", "route", "add", "local", f"{CLIENT}/32", "dev", "lo",
+                 "table", "177")  # fmt: skip
+    host.nft("-f", "-", stdin=f"""
+table ip steer {{
+  chain pre {{ type filter hook prerouting priority -150; ip daddr {CLIENT} meta mark set 0x77; }}
+}}
+""")  # fmt: skip
+    assert host.connect(host.host, sbx.v4, AGENT_PORT, source=CLIENT) == "connected"
+    cfg = config_file(tmp_path, host, [AGENT_PORT])
+    assert firewall(host, "apply", "--config", str(cfg)).returncode == 0
+    outcomes = {
+        "pod address via output -> agent": host.connect(
+            host.host, sbx.v4, AGENT_PORT, source=CLIENT
+        ),
+        "host -> agent": host.connect(host.host, sbx.v4, AGENT_PORT),
+        "host -> other port": host.connect(host.host, sbx.v4, OTHER_PORT),
+    }
+    assert outcomes == {
+        "pod address via output -> agent": "connected",
+        "host -> agent": "refused",
+        "host -> other port": "connected",
+    }
+
+
+# --- the receiving side: two nodes, only A runs the agent ----------------------------------
+
+
+@pytest.fixture(params=["routed", "bridge"])
+def nodes(request: pytest.FixtureRequest) -> Iterator[tuple[Node, Node]]:
+    reason = netns_available()
+    if reason:
+        pytest.skip(reason)
+    with two_nodes(request.param) as (a, b):
+        assert a.sandbox is not None and a.ordinary is not None and b.ordinary is not None
+        a.listen(a.sandbox)
+        a.listen(a.ordinary)  # not a sandbox, but listening on the agent port too
+        for ns in (b.host, b.ordinary.ns):
+            a.wait_reachable(ns, a.sandbox.v4, AGENT_PORT)
+            a.wait_reachable(ns, a.sandbox.v6, AGENT_PORT)
+        yield a, b
+
+
+def test_another_nodes_host_is_refused_by_the_sandboxs_own_node_alone(
+    nodes: tuple[Node, Node], tmp_path: Path
+) -> None:
+    a, b = nodes
+    sbx, other, b_pod = a.sandbox, a.ordinary, b.ordinary
+    assert sbx is not None and other is not None and b_pod is not None
+    path = tmp_path / "fw.yaml"
+    path.write_text(
+        json.dumps(
+            {"podCIDRs": ["10.244.0.0/16", "fd00:10:244::/56"], "agentPorts": [AGENT_PORT],
+             "allowedSources": [f"{GATEWAY}/32"]}
+        )
+    )  # fmt: skip
+    # the hole: B's host reaches A's sandbox agent; B runs no agent and never will here
+    assert a.connect(b.host, sbx.v4, AGENT_PORT) == "connected"
+    applied = firewall(a, "apply", "--config", str(path), "--sandbox", sbx.v4, "--sandbox", sbx.v6)
+    assert applied.returncode == 0, applied.stderr
+    assert b.nft("list", "tables").stdout.strip() == ""  # nothing on B
+    outcomes = {
+        "B host -> A sandbox agent v4": a.connect(b.host, sbx.v4, AGENT_PORT),
+        "B host -> A sandbox agent v6": a.connect(b.host, sbx.v6, AGENT_PORT),
+        "B host -> A sandbox other port": a.connect(b.host, sbx.v4, OTHER_PORT),
+        "B pod -> A sandbox agent v4": a.connect(b_pod.ns, sbx.v4, AGENT_PORT),
+        "B pod -> A sandbox agent v6": a.connect(b_pod.ns, sbx.v6, AGENT_PORT),
+        "B gateway (allowed) -> A sandbox agent": a.connect(
+            b.host, sbx.v4, AGENT_PORT, source=GATEWAY
+        ),
+        "B host -> A non-sandbox pod's agent port": a.connect(b.host, other.v4, AGENT_PORT),
+        "A host -> A sandbox agent": a.connect(a.host, sbx.v4, AGENT_PORT),
+        "A pod -> A sandbox agent": a.connect(other.ns, sbx.v4, AGENT_PORT),
+    }
+    assert outcomes == {
+        "B host -> A sandbox agent v4": "refused",
+        "B host -> A sandbox agent v6": "refused",
+        "B host -> A sandbox other port": "connected",
+        "B pod -> A sandbox agent v4": "connected",
+        "B pod -> A sandbox agent v6": "connected",
+        "B gateway (allowed) -> A sandbox agent": "connected",
+        "B host -> A non-sandbox pod's agent port": "connected",
+        "A host -> A sandbox agent": "refused",
+        "A pod -> A sandbox agent": "connected",
+    }
+    config = load_config(path)
+    live = from_json(json.loads(a.nft("-j", "list", "table", "inet", "deathwatch").stdout))
+    assert live == desired(config, [ip_address(sbx.v4), ip_address(sbx.v6)])
+    # inbound off: A's output rule alone cannot stop B's host (B must run the agent)
+    path.write_text(json.dumps({**json.loads(path.read_text()), "inbound": False}))
+    assert firewall(a, "apply", "--config", str(path)).returncode == 0
+    assert a.connect(b.host, sbx.v4, AGENT_PORT) == "connected"

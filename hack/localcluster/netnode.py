@@ -51,6 +51,7 @@ class Pod:
 @dataclass
 class Node:
     wiring: str = "routed"  # or "bridge"
+    subnet: int = 1  # this node's pod range: 10.244.<subnet>.0/24, fd00:10:244:<subnet>::/64
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
     host: str = ""
     sandbox: Pod | None = None
@@ -80,14 +81,16 @@ class Node:
                 self.ns_exec(self.host, "sysctl", "-qw", key)
             if self.wiring == "bridge":
                 self.ns_exec(self.host, "ip", "link", "add", "br0", "type", "bridge")
-                self.ns_exec(self.host, "ip", "addr", "add", "10.244.1.1/24", "dev", "br0")
+                self.ns_exec(
+                    self.host, "ip", "addr", "add", f"10.244.{self.subnet}.1/24", "dev", "br0"
+                )
                 self.ns_exec(
                     self.host,
                     "ip",
                     "-6",
                     "addr",
                     "add",
-                    "fd00:10:244:1::1/64",
+                    f"fd00:10:244:{self.subnet}::1/64",
                     "dev",
                     "br0",
                     "nodad",
@@ -119,14 +122,16 @@ class Node:
             "netns",
             ns,
         )
-        v4, v6 = f"10.244.1.{n}", f"fd00:10:244:1::{n}"
+        v4, v6 = f"10.244.{self.subnet}.{n}", f"fd00:10:244:{self.subnet}::{n}"
         if self.wiring == "bridge":
             self.ns_exec(self.host, "ip", "link", "set", host_if, "master", "br0", "up")
             self.ns_exec(ns, "ip", "addr", "add", f"{v4}/24", "dev", pod_if)
             self.ns_exec(ns, "ip", "-6", "addr", "add", f"{v6}/64", "dev", pod_if, "nodad")
             self.ns_exec(ns, "ip", "link", "set", pod_if, "up")
-            self.ns_exec(ns, "ip", "route", "add", "default", "via", "10.244.1.1")
-            self.ns_exec(ns, "ip", "-6", "route", "add", "default", "via", "fd00:10:244:1::1")
+            self.ns_exec(ns, "ip", "route", "add", "default", "via", f"10.244.{self.subnet}.1")
+            self.ns_exec(
+                ns, "ip", "-6", "route", "add", "default", "via", f"fd00:10:244:{self.subnet}::1"
+            )
         else:
             gw4, gw6 = "169.254.1.1", "fe80::1"
             self.ns_exec(self.host, "ip", "link", "set", host_if, "up")
@@ -153,18 +158,16 @@ class Node:
         if line.strip() != "ready":
             raise RuntimeError(f"listener in {pod.ns} did not start: {line!r}")
 
-    def connect(self, ns: str, host: str, port: int, timeout: float = 2.0) -> str:
-        """connected, refused (TCP reset) or timeout, from namespace `ns`."""
+    def connect(
+        self, ns: str, host: str, port: int, timeout: float = 2.0, source: str | None = None
+    ) -> str:
+        """connected, refused (TCP reset) or timeout, from namespace `ns` (and address
+        `source`, which need not be local there)."""
+        how = ["connect-from", source] if source else ["connect"]
         out = self.ns_exec(
-            ns,
-            sys.executable,
-            str(TOOL),
-            "connect",
-            host,
-            str(port),
-            str(timeout),
+            ns, sys.executable, str(TOOL), *how, host, str(port), str(timeout),
             timeout=timeout + 10,
-        )
+        )  # fmt: skip
         return out.stdout.split()[0]
 
     def wait_reachable(self, ns: str, host: str, port: int, timeout: float = 10) -> None:
@@ -210,6 +213,41 @@ def node(wiring: str = "routed") -> Iterator[Node]:
         yield n
     finally:
         n.destroy()
+
+
+# the node network between two nodes (their InternalIPs), and a second address on B: a
+# "gateway" host that may be allowed to reach sandbox agents
+NODE_A, NODE_B, GATEWAY = "192.168.77.1", "192.168.77.2", "192.168.77.3"
+NODE_A6, NODE_B6 = "fd00:77::1", "fd00:77::2"
+
+
+@contextlib.contextmanager
+def two_nodes(wiring: str = "routed") -> Iterator[tuple[Node, Node]]:
+    """Two nodes, A (pods 10.244.1.0/24) and B (10.244.2.0/24), their hosts joined by a
+    link with each node's pod range routed to the other node, as a CNI's native routing
+    does it (Calico BGP without overlay, flannel host-gw, Cilium native routing)."""
+    a, b = Node(wiring, subnet=1), Node(wiring, subnet=2)
+    try:
+        a.create()
+        b.create()
+        link_a, link_b = f"na{a.tag}", f"nb{b.tag}"
+        a.ns_exec(a.host, "ip", "link", "add", link_a, "type", "veth", "peer", "name", link_b,
+                  "netns", b.host)  # fmt: skip
+        for n, dev, v4, v6, other, other4, other6 in (
+            (a, link_a, NODE_A, NODE_A6, b, NODE_B, NODE_B6),
+            (b, link_b, NODE_B, NODE_B6, a, NODE_A, NODE_A6),
+        ):
+            n.ns_exec(n.host, "ip", "addr", "add", f"{v4}/24", "dev", dev)
+            n.ns_exec(n.host, "ip", "-6", "addr", "add", f"{v6}/64", "dev", dev, "nodad")
+            n.ns_exec(n.host, "ip", "link", "set", dev, "up")
+            n.ns_exec(n.host, "ip", "route", "add", f"10.244.{other.subnet}.0/24", "via", other4)
+            n.ns_exec(n.host, "ip", "-6", "route", "add", f"fd00:10:244:{other.subnet}::/64",
+                      "via", other6)  # fmt: skip
+        b.ns_exec(b.host, "ip", "addr", "add", f"{GATEWAY}/24", "dev", link_b)
+        yield a, b
+    finally:
+        b.destroy()
+        a.destroy()
 
 
 def netns_available() -> str | None:

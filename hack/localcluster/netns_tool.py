@@ -2,6 +2,9 @@
 
 listen PORT [PORT...]         accept and echo on each port until killed (prints "ready")
 connect HOST PORT [TIMEOUT]   one connect: prints connected/refused/timeout and the time
+connect-from SRC HOST PORT [TIMEOUT]
+                              the same from source address SRC, which need not be local
+                              (IP_TRANSPARENT, as IPVS sends a client pod's packets)
 connects HOST PORT N          N connects; prints JSON {outcome: count, latencies_us: [...]}
 hold HOST PORT                connect, print "held", wait for a line on stdin, then send
                               and receive: prints "alive" or the error (e.g. reset)
@@ -46,9 +49,20 @@ def listen(ports: list[int]) -> None:
     threading.Event().wait()
 
 
-def connect_once(host: str, port: int, timeout: float) -> tuple[str, float]:
+IP_TRANSPARENT = 19  # linux/in.h; IPV6_TRANSPARENT is 75
+
+
+def connect_once(
+    host: str, port: int, timeout: float, source: str | None = None
+) -> tuple[str, float]:
     s = socket.socket(_family(host), socket.SOCK_STREAM)
     s.settimeout(timeout)
+    if source is not None:
+        if ":" in host:
+            s.setsockopt(socket.IPPROTO_IPV6, 75, 1)
+        else:
+            s.setsockopt(socket.IPPROTO_IP, IP_TRANSPARENT, 1)
+        s.bind((source, 0))
     started = time.perf_counter()
     try:
         s.connect((host, port))
@@ -71,6 +85,11 @@ def main() -> None:
     elif cmd == "connect":
         outcome, elapsed = connect_once(
             args[0], int(args[1]), float(args[2]) if len(args) > 2 else 2.0
+        )
+        print(outcome, f"{elapsed * 1e6:.1f}")
+    elif cmd == "connect-from":
+        outcome, elapsed = connect_once(
+            args[1], int(args[2]), float(args[3]) if len(args) > 3 else 2.0, source=args[0]
         )
         print(outcome, f"{elapsed * 1e6:.1f}")
     elif cmd == "connects":

@@ -3,7 +3,11 @@
 Every resync: reload the config if the file changed (a bad new config is logged and counted
 and the previous rule stays in force), read the live table back (`nft -j`), and if anything
 differs (deleted, flushed, edited by someone else) replace the whole table atomically, then
-read it back again to prove the repair. On SIGTERM the agent exits and leaves the table:
+read it back again to prove the repair. In a cluster (`ClusterLink`) it also lists the
+sandbox pods of its node for the inbound rule before the sync (woken at once by a watch when
+they change), and after it renews the node's coverage Lease (coverage.py). An API it cannot
+reach leaves the last known sandboxes in force and the Lease unrenewed: the controller then
+sees the node's coverage go stale. On SIGTERM the agent exits and leaves the table:
 a DaemonSet rollout must never open the hole, not even between two pods. Removal is the
 explicit `cleanup` command (uninstall).
 """
@@ -13,27 +17,55 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import structlog
 
 from deathwatch.firewall.config import ConfigError, FirewallConfig, load_config
+from deathwatch.firewall.coverage import NodeState, lease_body, publish
+from deathwatch.firewall.kubeapi import ApiError, KubeApi
 from deathwatch.firewall.metrics import FirewallMetrics
 from deathwatch.firewall.nft import Nft, NftError
-from deathwatch.firewall.ruleset import desired
+from deathwatch.firewall.ruleset import Address, desired
+from deathwatch.firewall.sandboxes import PodWatch, list_sandboxes
 from deathwatch.firewall.table import Table, differences
 
 log = structlog.get_logger("deathwatch.firewall")
 
 
+@dataclass(frozen=True)
+class ClusterLink:
+    """Where the agent runs: the API, its node, its own pod, its namespace."""
+
+    api: KubeApi
+    node: str
+    identity: str
+    namespace: str
+
+
 class Agent:
     def __init__(
-        self, config_path: str | Path, nft: Nft, metrics: FirewallMetrics | None = None
+        self,
+        config_path: str | Path,
+        nft: Nft,
+        metrics: FirewallMetrics | None = None,
+        link: ClusterLink | None = None,
+        sandboxes: Sequence[Address] = (),
     ) -> None:
         self.path = Path(config_path)
         self.nft = nft
         self.metrics = metrics or FirewallMetrics()
+        self.link = link
         self.config: FirewallConfig | None = None
+        # the sandboxes of this node: listed from the API in a cluster, else as given
+        self.sandboxes: tuple[Address, ...] = tuple(sandboxes)
+        self._sandboxes_known = link is None
+        self._file_digest = "invalid"  # the config the mounted file asks for
+        self._in_force = False
+        self.wake = threading.Event()
         self._digest: str | None = None
         self._rejected_seen = 0
         self._applied_once = False
@@ -51,6 +83,7 @@ class Agent:
         try:
             config = load_config(self.path)
         except ConfigError as exc:
+            self._file_digest = "invalid"
             self.metrics.sync_failures.labels("config").inc()
             log.error(
                 "config rejected; the previous rule stays in force",
@@ -67,13 +100,14 @@ class Agent:
                 resync_seconds=config.resync_seconds,
             )
         self.config = config
+        self._file_digest = config.digest()
         return changed
 
     def sync(self) -> str:
         """Make the live table match the config. Returns unchanged, applied or repaired."""
         if self.config is None:
             raise NftError("no valid config yet: the table is left as it is")
-        want = desired(self.config)
+        want = desired(self.config, self.sandboxes)
         have = self.nft.list_table()
         diffs = differences(want, have)
         self._count_rejected(have)
@@ -105,17 +139,59 @@ class Agent:
             self.metrics.rejected.inc(now)  # replaced by someone else: counting restarted
         self._rejected_seen = now
 
+    def list_sandboxes(self) -> None:
+        """Learn this node's sandboxes; on failure keep the last known (counted, logged)."""
+        if self.link is None or self.config is None or not self.config.inbound:
+            return
+        try:
+            found = list_sandboxes(self.link.api, self.link.node, self.config.sandbox_selector)
+        except ApiError as exc:
+            self._sandboxes_known = False
+            self.metrics.sync_failures.labels("sandboxes").inc()
+            log.error("cannot list this node's sandboxes; the last known stay guarded",
+                      error=str(exc)[:300], guarded=len(self.sandboxes))  # fmt: skip
+            return
+        if found != self.sandboxes:
+            log.info("sandboxes changed", sandboxes=[str(a) for a in found])
+        self.sandboxes, self._sandboxes_known = found, True
+        self.metrics.sandboxes.set(len(found))
+
+    def publish(self) -> None:
+        """Renew this node's coverage Lease with what is in force now."""
+        if self.link is None or self.config is None:
+            return  # nothing enforced yet: no claim to make (a missing Lease says so)
+        link = self.link
+        state = NodeState(
+            self.config,
+            self._file_digest,
+            self._in_force,
+            len(self.sandboxes) if self._sandboxes_known else None,
+        )
+        try:
+            publish(
+                link.api,
+                lease_body(link.node, link.identity, link.namespace, state, datetime.now(UTC)),
+            )
+        except (ApiError, KeyError, TypeError) as exc:
+            self.metrics.sync_failures.labels("coverage").inc()
+            log.error("cannot renew the coverage Lease", error=str(exc)[:300])
+            return
+        self.metrics.coverage_published.set(time.time())
+
     def step(self) -> None:
-        """One resync: reload, sync, record the outcome. Never raises."""
+        """One resync: reload, list sandboxes, sync, publish, record the outcome. Never
+        raises."""
         if self.reload():
             self._config_changed = True
+        self.list_sandboxes()
+        self._in_force = False
         try:
             result = self.sync()
         except NftError as exc:
             self.metrics.sync_failures.labels("nft").inc()
             try:
                 present = (
-                    not differences(desired(self.config), self.nft.list_table())
+                    not differences(desired(self.config, self.sandboxes), self.nft.list_table())
                     if self.config
                     else False
                 )
@@ -123,14 +199,30 @@ class Agent:
                 present = False
             self.metrics.rule_present.set(1 if present else 0)
             log.error("sync failed", error=str(exc))
+            self._in_force = present
+            self.publish()
             return
+        self._in_force = True
         if result != "unchanged":
             log.info("table synced", result=result)
+        self.publish()
 
     def run(self, stop: threading.Event) -> None:
-        log.info("agent started", config=str(self.path))
+        log.info("agent started", config=str(self.path),
+                 node=self.link.node if self.link else None)  # fmt: skip
+        if self.link is not None:
+            link = self.link
+            PodWatch(
+                link.api,
+                link.node,
+                lambda: self.config.sandbox_selector if self.config else "",
+                self.wake.set,
+                lambda: self.metrics.sync_failures.labels("watch").inc(),
+                stop,
+            ).start()
         while not stop.is_set():
             self.step()
             interval = self.config.resync_seconds if self.config else 10.0
-            stop.wait(interval)
+            self.wake.wait(interval)  # a resync, a sandbox change, or stop
+            self.wake.clear()
         log.info("agent stopping; the table stays in place")

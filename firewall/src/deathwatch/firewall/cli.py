@@ -7,10 +7,13 @@ usage (the message names the field and value).
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import os
 import signal
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from types import FrameType
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
@@ -33,7 +36,38 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         a = sub.add_parser(name, help=text, description=text)
         a.add_argument("--config", required=name != "cleanup", help="YAML or JSON config file")
+        if name in ("render", "apply", "check", "agent"):
+            a.add_argument(
+                "--sandbox",
+                action="append",
+                default=[],
+                type=_address,
+                metavar="IP",
+                help="a sandbox address on this node, for the inbound rule (repeatable); in a "
+                "cluster the agent lists them from the API instead. check without it compares "
+                "the sandbox sets but for their elements",
+            )
         if name == "agent":
+            a.add_argument(
+                "--node-name",
+                default=os.environ.get("NODE_NAME"),
+                help="this node (env NODE_NAME): with it the agent lists the node's "
+                "sandboxes and publishes its coverage Lease; without it, it keeps the table",
+            )
+            a.add_argument(
+                "--namespace",
+                default=os.environ.get("POD_NAMESPACE", "deathwatch-system"),
+                help="where the coverage Lease lives (env POD_NAMESPACE)",
+            )
+            a.add_argument(
+                "--identity",
+                default=os.environ.get("POD_NAME"),
+                help="the agent's pod (env POD_NAME)",
+            )
+            a.add_argument("--kube-api", help="API server URL (default: in-cluster)")
+            a.add_argument("--nft", default="nft", help="the nft program (default: nft)")
+            a.add_argument("--kube-token-file", help="bearer token file (with --kube-api)")
+            a.add_argument("--kube-ca-file", help="CA bundle (with --kube-api)")
             a.add_argument(
                 "--metrics-port", type=int, default=9101, help="Prometheus /metrics port (0: off)"
             )
@@ -42,6 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
                 "--log-level", default="info", choices=("debug", "info", "warning", "error")
             )
     return p
+
+
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an IP address: {text!r}") from None
 
 
 def _version() -> str:
@@ -64,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     from deathwatch.firewall.config import ConfigError, load_config
     from deathwatch.firewall.nft import NftError, SystemNft
-    from deathwatch.firewall.ruleset import desired
+    from deathwatch.firewall.ruleset import SANDBOX_SETS, desired
     from deathwatch.firewall.table import differences, script
 
     nft = SystemNft()
@@ -83,13 +124,16 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"deathwatch-firewall {args.action}: {exc}", file=sys.stderr)
         return EXIT_BAD_CONFIG
+    want = desired(config, args.sandbox)
     if args.action == "render":
-        sys.stdout.write(script(desired(config)))
+        sys.stdout.write(script(want))
         return EXIT_OK
+    # the readiness probe knows no sandbox addresses: the agent keeps those sets
+    loose = SANDBOX_SETS if args.action == "check" and not args.sandbox else ()
     try:
         if args.action == "apply":
-            nft.apply(desired(config))
-        diffs = differences(desired(config), nft.list_table())
+            nft.apply(want)
+        diffs = differences(want, nft.list_table(), loose)
     except NftError as exc:
         print(f"deathwatch-firewall {args.action}: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -109,22 +153,45 @@ def _agent(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
     from deathwatch.firewall import logs
-    from deathwatch.firewall.agent import Agent
+    from deathwatch.firewall.agent import Agent, ClusterLink
+    from deathwatch.firewall.kubeapi import ApiError, KubeApi
     from deathwatch.firewall.metrics import FirewallMetrics
     from deathwatch.firewall.nft import SystemNft
 
     logs.configure(args.log_level)
+    link = None
+    if args.node_name:
+        try:
+            api = (
+                KubeApi(
+                    args.kube_api.rstrip("/"),
+                    Path(args.kube_token_file or "/dev/null"),
+                    Path(args.kube_ca_file) if args.kube_ca_file else None,
+                )
+                if args.kube_api
+                else KubeApi.in_cluster()
+            )
+        except ApiError as exc:
+            print(f"deathwatch-firewall agent: {exc}", file=sys.stderr)
+            return EXIT_BAD_CONFIG
+        if not args.identity:
+            print("deathwatch-firewall agent: --identity (env POD_NAME) is required with "
+                  "--node-name", file=sys.stderr)  # fmt: skip
+            return EXIT_BAD_CONFIG
+        link = ClusterLink(api, args.node_name, args.identity, args.namespace)
     metrics = FirewallMetrics()
     if args.metrics_port:
         start_http_server(args.metrics_port, args.metrics_host, registry=metrics.registry)
     stop = threading.Event()
+    agent = Agent(args.config, SystemNft(args.nft), metrics, link, args.sandbox)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()  # the loop ends; the table stays (a rollout must never open the hole)
+        agent.wake.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    Agent(args.config, SystemNft(), metrics).run(stop)
+    agent.run(stop)
     return EXIT_OK
 
 

@@ -1,8 +1,12 @@
 """The firewall agent's configuration: the file the DaemonSet mounts from a ConfigMap.
 
-    podCIDRs: ["10.244.0.0/16", "fd00:10:244::/56"]   # IPv4 and/or IPv6 pod ranges
+    podCIDRs: ["10.244.0.0/16", "fd00:10:244::/56"]   # IPv4 and/or IPv6 pod ranges (all nodes)
     agentPorts: [49983]                                # TCP ports of the sandbox agent
     resyncSeconds: 10                                  # how often the live table is checked
+    inbound: true                  # also refuse, on the sandbox's own node, connections from
+                                   # outside the pod ranges (other nodes' hosts, NodePorts)
+    allowedSources: ["10.0.5.7/32"]                    # ... except from these (a gateway)
+    sandboxSelector: "app=sandbox"  # which pods on this node are sandboxes (label selector)
 
 YAML or JSON, decoded through a typed model (`ConfigFile`: types and bounds declared once).
 Validated strictly: an unknown key, a wrong type or a bad value is an error that names the
@@ -12,17 +16,19 @@ that refuses to start.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 import yaml
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+N = TypeVar("N", ipaddress.IPv4Network, ipaddress.IPv6Network)
 DEFAULT_RESYNC = 10.0
 MAX_RESYNC = 3600.0
 
@@ -39,9 +45,19 @@ class ConfigFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     resync_seconds: Annotated[float, msgspec.Meta(gt=0, le=MAX_RESYNC)] = msgspec.field(
         name="resyncSeconds", default=DEFAULT_RESYNC
     )
+    inbound: bool = True
+    allowed_sources: list[str] = msgspec.field(name="allowedSources", default_factory=list)
+    sandbox_selector: Annotated[str, msgspec.Meta(max_length=1024)] = msgspec.field(
+        name="sandboxSelector", default=""
+    )
 
 
-KEYS = ("podCIDRs", "agentPorts", "resyncSeconds")
+KEYS = ("podCIDRs", "agentPorts", "resyncSeconds", "inbound", "allowedSources", "sandboxSelector")
+# a label selector as kubectl takes it: key=value, key!=value, key, !key, key in (a,b)
+_SELECTOR = re.compile(
+    r"^\s*(!?[\w./-]+(\s*(==?|!=)\s*[\w.-]*|\s+(in|notin)\s*\([\w.,\s-]*\))?)"
+    r"(\s*,\s*!?[\w./-]+(\s*(==?|!=)\s*[\w.-]*|\s+(in|notin)\s*\([\w.,\s-]*\))?)*\s*$"
+)
 # what each field must be, in words, for messages that name the field and the value
 _EXPECTED = {
     "podCIDRs": "a non-empty list of CIDRs",
@@ -49,6 +65,10 @@ _EXPECTED = {
     "agentPorts": "a non-empty list of TCP ports",
     "agentPorts[]": "a TCP port 1-65535",
     "resyncSeconds": f"seconds in (0, {MAX_RESYNC:.0f}]",
+    "inbound": "true or false",
+    "allowedSources": "a list of CIDRs",
+    "allowedSources[]": "a CIDR string",
+    "sandboxSelector": "a label selector string (e.g. app=sandbox)",
 }
 
 
@@ -57,16 +77,41 @@ class FirewallConfig:
     pod_cidrs: tuple[Network, ...]
     agent_ports: tuple[int, ...]
     resync_seconds: float = DEFAULT_RESYNC
+    inbound: bool = True
+    allowed_sources: tuple[Network, ...] = ()
+    sandbox_selector: str = ""
 
     @property
     def v4(self) -> tuple[ipaddress.IPv4Network, ...]:
-        nets = [n for n in self.pod_cidrs if isinstance(n, ipaddress.IPv4Network)]
-        return tuple(ipaddress.collapse_addresses(nets))
+        return _collapsed(self.pod_cidrs, ipaddress.IPv4Network)
 
     @property
     def v6(self) -> tuple[ipaddress.IPv6Network, ...]:
-        nets = [n for n in self.pod_cidrs if isinstance(n, ipaddress.IPv6Network)]
-        return tuple(ipaddress.collapse_addresses(nets))
+        return _collapsed(self.pod_cidrs, ipaddress.IPv6Network)
+
+    def allowed(self, version: int) -> tuple[Network, ...]:
+        if version == 4:
+            return _collapsed(self.allowed_sources, ipaddress.IPv4Network)
+        return _collapsed(self.allowed_sources, ipaddress.IPv6Network)
+
+    def digest(self) -> str:
+        """A short name for this config, published with the node's coverage: which rule a
+        node enforces, comparable across nodes and with what the controller expects."""
+        text = json.dumps(
+            {
+                "podCIDRs": sorted(str(n) for n in self.pod_cidrs),
+                "agentPorts": list(self.agent_ports),
+                "inbound": self.inbound,
+                "allowedSources": sorted(str(n) for n in self.allowed_sources),
+                "sandboxSelector": self.sandbox_selector,
+            },
+            sort_keys=True,
+        )
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _collapsed(nets: tuple[Network, ...], kind: type[N]) -> tuple[N, ...]:
+    return tuple(ipaddress.collapse_addresses(n for n in nets if isinstance(n, kind)))
 
 
 def _explain(exc: msgspec.ValidationError, data: Any) -> str:
@@ -96,15 +141,31 @@ def parse_config(data: object, source: str = "config") -> FirewallConfig:
         raw = msgspec.convert(data, ConfigFile)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"{source}: {_explain(exc, data)}") from None
+    if len(set(raw.agent_ports)) != len(raw.agent_ports):
+        raise ConfigError(f"{source}: agentPorts: duplicate port in {raw.agent_ports!r}")
+    if raw.sandbox_selector and not _SELECTOR.match(raw.sandbox_selector):
+        raise ConfigError(
+            f"{source}: sandboxSelector: expected {_EXPECTED['sandboxSelector']}, "
+            f"got {raw.sandbox_selector!r}"
+        )
+    return FirewallConfig(
+        _networks(raw.pod_cidrs, "podCIDRs", source),
+        tuple(sorted(raw.agent_ports)),
+        raw.resync_seconds,
+        raw.inbound,
+        _networks(raw.allowed_sources, "allowedSources", source),
+        raw.sandbox_selector.strip(),
+    )
+
+
+def _networks(cidrs: list[str], name: str, source: str) -> tuple[Network, ...]:
     networks: list[Network] = []
-    for i, cidr in enumerate(raw.pod_cidrs):
+    for i, cidr in enumerate(cidrs):
         try:
             networks.append(ipaddress.ip_network(cidr, strict=True))
         except ValueError as exc:
-            raise ConfigError(f"{source}: podCIDRs[{i}]: invalid CIDR {cidr!r}: {exc}") from None
-    if len(set(raw.agent_ports)) != len(raw.agent_ports):
-        raise ConfigError(f"{source}: agentPorts: duplicate port in {raw.agent_ports!r}")
-    return FirewallConfig(tuple(networks), tuple(sorted(raw.agent_ports)), raw.resync_seconds)
+            raise ConfigError(f"{source}: {name}[{i}]: invalid CIDR {cidr!r}: {exc}") from None
+    return tuple(networks)
 
 
 def load_config(path: str | Path) -> FirewallConfig:

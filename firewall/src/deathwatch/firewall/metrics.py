@@ -17,7 +17,8 @@ class FirewallMetrics:
         )
         self.sync_failures = Counter(
             "deathwatch_firewall_sync_failures",
-            "Failed syncs, by reason (nft, config)",
+            "Failed syncs, by reason (nft, config, sandboxes: the pod list, coverage: the Lease,"
+            " watch: the pod watch)",
             ["reason"],
             registry=r,
         )
@@ -40,5 +41,15 @@ class FirewallMetrics:
             "deathwatch_firewall_apply_seconds",
             "Time of one atomic table replacement (nft -f)",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+            registry=r,
+        )
+        self.sandboxes = Gauge(
+            "deathwatch_firewall_sandboxes",
+            "Sandbox pods of this node guarded by the inbound rule (as last listed)",
+            registry=r,
+        )
+        self.coverage_published = Gauge(
+            "deathwatch_firewall_coverage_published_timestamp_seconds",
+            "When this node's coverage Lease was last renewed",
             registry=r,
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 FAMILY, NAME = "inet", "deathwatch"
@@ -23,7 +23,8 @@ class Set:
     name: str
     type: str  # ipv4_addr, ipv6_addr, inet_service
     flags: tuple[str, ...] = ()
-    elements: tuple[str, ...] = ()  # networks as CIDRs, ports as numbers; sorted as text
+    # networks as CIDRs (interval sets), addresses (hash sets), ports as numbers; sorted as text
+    elements: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -101,8 +102,10 @@ def script(table: Table) -> str:
 # --- reading `nft -j list table inet deathwatch` back ---------------------------------------
 
 
-def _element(e: Any) -> str:
+def _element(e: Any, interval: bool = True) -> str:
     if isinstance(e, str):
+        if not interval:  # a hash set holds addresses, never prefixes
+            return str(ipaddress.ip_address(e))
         return str(ipaddress.ip_network(e, strict=False))
     if isinstance(e, int):
         return str(e)
@@ -175,7 +178,11 @@ def from_json(listing: Mapping[str, Any] | None) -> Table | None:
                     s["name"],
                     s.get("type", ""),
                     tuple(s.get("flags", [])),
-                    tuple(sorted(_element(e) for e in s.get("elem", []))),
+                    tuple(
+                        sorted(
+                            _element(e, "interval" in s.get("flags", [])) for e in s.get("elem", [])
+                        )
+                    ),
                 )
             )
         elif "chain" in item:
@@ -198,12 +205,21 @@ def from_json(listing: Mapping[str, Any] | None) -> Table | None:
     )
 
 
-def differences(want: Table, have: Table | None) -> list[str]:
-    """What is wrong with the live table, one line each; empty when it is exactly right."""
+def differences(want: Table, have: Table | None, any_elements: tuple[str, ...] = ()) -> list[str]:
+    """What is wrong with the live table, one line each; empty when it is exactly right.
+    Sets named in `any_elements` are compared but for their elements (filled at run time
+    from data the caller does not have: the readiness probe knows no sandbox addresses)."""
     if have is None:
         return [f"table {FAMILY} {NAME} is missing"]
+
+    def loose(sets: tuple[Set, ...]) -> tuple[Set, ...]:
+        return tuple(replace(s, elements=()) if s.name in any_elements else s for s in sets)
+
     out: list[str] = []
-    for kind, wanted, found in (("set", want.sets, have.sets), ("chain", want.chains, have.chains)):
+    for kind, wanted, found in (
+        ("set", loose(want.sets), loose(have.sets)),
+        ("chain", want.chains, have.chains),
+    ):
         w = {x.name: x for x in wanted}
         h = {x.name: x for x in found}
         for name in sorted(w.keys() | h.keys()):

@@ -1,0 +1,105 @@
+"""The node's coverage, published as a Lease: "this node is shielded, with this config".
+
+One `coordination.k8s.io/v1` Lease per node, in the agent's namespace, renewed at every
+resync. A Lease because it is what Kubernetes uses for exactly this ("this holder is alive as
+of renewTime, for leaseDurationSeconds": node heartbeats in kube-node-lease): a reader judges
+staleness on its own clock with no extra convention, the object is tiny, and RBAC can give the
+agent leases in one namespace and nothing else (docs/adr/0012). What the node enforces rides in
+annotations, read by the controller (deathwatch/_operator/shield.py; tests/test_shield.py
+holds the two to one format).
+
+`lease_body` is pure; `publish` is the one call that makes the API agree (get, then create or
+update with the resourceVersion read: two agents on one node would conflict, not interleave).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from deathwatch.firewall.config import FirewallConfig
+from deathwatch.firewall.kubeapi import ApiError, KubeApi
+
+PREFIX = "deathwatch.dev/"
+NODE, CONFIG, CONFIG_FILE, RULE = (
+    f"{PREFIX}{k}" for k in ("node", "config", "config-file", "rule")
+)
+POD_CIDRS, AGENT_PORTS, INBOUND, SANDBOXES = (
+    f"{PREFIX}{k}" for k in ("pod-cidrs", "agent-ports", "inbound", "sandboxes")
+)
+LABELS = {
+    "app.kubernetes.io/name": "deathwatch",
+    "app.kubernetes.io/component": "firewall-coverage",
+}
+# published at every resync; valid for 1.5 of them, so one late renewal is not a gap, and a
+# stopped agent is seen within 2 resyncs
+VALIDITY = 1.5
+
+
+def lease_name(node: str) -> str:
+    name = f"deathwatch-firewall.{node}"
+    if len(name) > 253:
+        name = f"deathwatch-firewall.{hashlib.sha256(node.encode()).hexdigest()[:32]}"
+    return name
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """What the agent knows after a resync."""
+
+    config: FirewallConfig
+    config_file: str  # the digest of the mounted file's config, "invalid" if it was refused
+    rule_in_force: bool
+    sandboxes: int | None  # None: the sandbox list could not be read
+
+
+def lease_body(
+    node: str, identity: str, namespace: str, state: NodeState, now: datetime
+) -> dict[str, Any]:
+    config = state.config
+    stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": lease_name(node),
+            "namespace": namespace,
+            "labels": LABELS,
+            "annotations": {
+                NODE: node,
+                CONFIG: config.digest(),
+                CONFIG_FILE: state.config_file,
+                RULE: "in-force" if state.rule_in_force else "missing",
+                POD_CIDRS: ",".join(str(n) for n in config.pod_cidrs),
+                AGENT_PORTS: ",".join(str(p) for p in config.agent_ports),
+                INBOUND: "true" if config.inbound else "false",
+                SANDBOXES: "unknown" if state.sandboxes is None else str(state.sandboxes),
+            },
+        },
+        "spec": {
+            "holderIdentity": identity,
+            "leaseDurationSeconds": max(1, math.ceil(config.resync_seconds * VALIDITY)),
+            "renewTime": stamp,
+        },
+    }
+
+
+def publish(api: KubeApi, body: dict[str, Any]) -> None:
+    meta = body["metadata"]
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{meta['namespace']}/leases"
+    try:
+        current = api.call("GET", f"{path}/{meta['name']}")
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+        body["spec"]["acquireTime"] = body["spec"]["renewTime"]
+        api.call("POST", path, body)
+        return
+    body["metadata"] = {**meta, "resourceVersion": current["metadata"]["resourceVersion"]}
+    body["spec"]["acquireTime"] = (current.get("spec") or {}).get("acquireTime")
+    if (current.get("spec") or {}).get("holderIdentity") != body["spec"]["holderIdentity"]:
+        body["spec"]["acquireTime"] = body["spec"]["renewTime"]  # a new agent pod
+    api.call("PUT", f"{path}/{meta['name']}", body)
