@@ -39,7 +39,9 @@ def test_crds_are_established_with_printer_columns(
         input="apiVersion: deathwatch.dev/v1alpha1\nkind: DeathWatch\nmetadata: {name: sandboxes}\nspec: {podSelector: {matchLabels: {app: sandbox}}}\n",
     )
     table = control_plane.kubectl_run("get", "dw", "-n", namespace).stdout.splitlines()[0].split()
-    assert table == ["NAME", "TRACKED", "ALIVE", "SUSPECT", "DEAD", "FLAPS", "FIREWALL", "AGE"]
+    assert table == [
+        "NAME", "TRACKED", "ALIVE", "SUSPECT", "DEAD", "FLAPS", "FIREWALL", "UNCOVERED", "AGE"
+    ]  # fmt: skip
     dw = control_plane.kubectl_run(
         "get", "dw", "sandboxes", "-n", namespace, "-o", "jsonpath={.spec}"
     ).stdout

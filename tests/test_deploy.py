@@ -245,6 +245,16 @@ def test_the_controller_pod_judges_real_deaths_under_its_own_account(deployed: D
         return str(d.c.kubectl("get", "dw", "-n", NS).stdout.splitlines()[1].split()[6])
 
     wait_for(lambda: coverage() == "1/1", timeout=25, what="FIREWALL 1/1 in kubectl get dw")
+
+    # and per sandbox: the agent's coverage Lease for this node, joined with the verdict
+    def shielded(name: str) -> str | None:
+        sv = d.custom.get_namespaced_custom_object("deathwatch.dev", "v1alpha1", NS, "sandboxverdicts", name,
+                                                   _request_timeout=10)  # fmt: skip
+        found = [c for c in sv.get("status", {}).get("conditions", []) if c["type"] == "Shielded"]
+        return f"{found[0]['status']}/{found[0]['reason']}" if found else None
+
+    wait_for(lambda: shielded(lives) == "True/RuleInForce", timeout=25, what="lives Shielded")
+    RESULTS["shielded"] = shielded(lives)
     RESULTS["kubectl_get_dw"] = d.c.kubectl("get", "dw", "-n", NS).stdout.splitlines()
     # under its ServiceAccount and the shipped RBAC: never refused (read via its Service)
     assert d.controller_metric("deathwatch_api_errors_total", code="403") == 0

@@ -106,7 +106,10 @@ def test_the_local_node_overlay_changes_only_image_names_and_the_pod_range() -> 
 @pytest.mark.apiserver
 def test_namespaced_overlay_binds_only_the_chosen_namespaces() -> None:
     objs = kustomize(MANIFESTS / "overlays" / "namespaced")
-    assert not [o for o in objs if o["kind"] == "ClusterRoleBinding"]
+    # the controller's reach ends at the chosen namespaces; the firewall's node agent still
+    # reads its own node's pods in any namespace (pods list/watch, nothing else)
+    cluster_bindings = [o for o in objs if o["kind"] == "ClusterRoleBinding"]
+    assert [b["roleRef"]["name"] for b in cluster_bindings] == ["deathwatch-firewall"]
     bindings = [
         o
         for o in objs
@@ -303,13 +306,14 @@ def _allowed(
     namespace: str | None = "sandboxes",
     subresource: str | None = None,
     name: str | None = None,
+    user: str | None = None,
 ) -> bool:
     review = client.AuthorizationV1Api(api).create_subject_access_review(
         {
             "apiVersion": "authorization.k8s.io/v1",
             "kind": "SubjectAccessReview",
             "spec": {
-                "user": SA_USER,
+                "user": user or SA_USER,
                 "groups": [
                     "system:serviceaccounts",
                     "system:serviceaccounts:deathwatch-system",
@@ -335,6 +339,35 @@ def _allowed(
 
 
 @pytest.mark.apiserver
+def test_firewall_rbac_reads_pods_and_keeps_its_coverage_leases_only(
+    control_plane: controlplane.ControlPlane, api: client.ApiClient
+) -> None:
+    control_plane.kubectl_run("create", "namespace", "deathwatch-system", check=False)
+    control_plane.kubectl_run("apply", "-f", str(MANIFESTS / "base" / "rbac"))
+    user = "system:serviceaccount:deathwatch-system:deathwatch-firewall"
+    lease = ("leases", "coordination.k8s.io", "deathwatch-system")
+    for verb, resource, group, namespace in (
+        ("list", "pods", "", None),
+        ("watch", "pods", "", None),
+        ("get", *lease),
+        ("create", *lease),
+        ("update", *lease),
+    ):
+        assert _allowed(api, verb, resource, group, namespace, user=user), (verb, resource)
+    for verb, resource, group, namespace in (
+        ("get", "pods", "", "sandboxes"),
+        ("patch", "pods", "", "sandboxes"),
+        ("delete", "pods", "", "sandboxes"),
+        ("delete", *lease),
+        ("list", *lease),
+        ("create", "leases", "coordination.k8s.io", "kube-node-lease"),
+        ("get", "secrets", "", "deathwatch-system"),
+        ("list", "nodes", "", None),
+        ("get", "configmaps", "", "deathwatch-system"),
+    ):
+        assert not _allowed(api, verb, resource, group, namespace, user=user), (verb, resource)
+
+
 def test_controller_rbac_allows_its_job_and_refuses_everything_else(
     control_plane: controlplane.ControlPlane, api: client.ApiClient
 ) -> None:
@@ -391,11 +424,13 @@ def test_controller_rbac_allows_its_job_and_refuses_everything_else(
     lease = ("leases", "coordination.k8s.io", "deathwatch-system")
     for verb in ("get", "update", "list", "watch"):
         assert _allowed(api, verb, *lease, None, "deathwatch-controller")
-        assert not _allowed(api, verb, *lease, None, "kube-scheduler")
+        if verb != "list":  # listing the namespace's Leases is granted (coverage)
+            assert not _allowed(api, verb, *lease, None, "kube-scheduler")
         assert not _allowed(api, verb, "leases", "coordination.k8s.io", "kube-system", None,
                             "deathwatch-controller")  # fmt: skip
     assert _allowed(api, "create", *lease)
     assert not _allowed(api, "delete", *lease, None, "deathwatch-controller")
-    assert not _allowed(api, "list", *lease)  # every Lease of the namespace: no
+    assert _allowed(api, "list", *lease)  # the firewall agents' coverage Leases
     assert not _allowed(api, "watch", *lease)
+    assert not _allowed(api, "list", "leases", "coordination.k8s.io", "kube-system")
     assert not _allowed(api, "create", "leases", "coordination.k8s.io", "kube-system")

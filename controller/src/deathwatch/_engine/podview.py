@@ -91,6 +91,7 @@ class PodView(msgspec.Struct, frozen=True):
     # API writes deletionTimestamp as the deadline by which the pod must be gone.
     deletion_requested_at: datetime | None
     node_name: str | None
+    pod_ips: tuple[str, ...]  # as assigned (empty until the pod has a sandbox network)
     containers: tuple[ContainerView, ...]
     readiness_probes: tuple[ProbeView, ...]
     container_ports: Mapping[str, int]
@@ -245,6 +246,8 @@ def view_of(pod: raw.Pod) -> PodView:
         ready_changed_at=ready_changed_at,
         deletion_requested_at=deletion_requested_at,
         node_name=spec.node_name,
+        pod_ips=tuple(p.ip for p in status.pod_ips or () if p.ip)
+        or ((status.pod_ip,) if status.pod_ip else ()),
         containers=tuple(containers),
         readiness_probes=tuple(probes),
         container_ports=ports,

@@ -86,9 +86,15 @@ class ContainerStatus(msgspec.Struct, rename="camel", frozen=True, gc=False):
     last_state: ContainerState | None = None
 
 
+class PodIP(msgspec.Struct, frozen=True, gc=False):
+    ip: str | None = None
+
+
 class PodStatus(msgspec.Struct, rename="camel", frozen=True, gc=False):
     phase: str | None = None
     reason: str | None = None
+    pod_ip: str | None = msgspec.field(name="podIP", default=None)
+    pod_ips: list[PodIP] | None = msgspec.field(name="podIPs", default=None)
     conditions: list[Condition] | None = None
     container_statuses: list[ContainerStatus] | None = None
 

@@ -37,6 +37,7 @@ from deathwatch._operator.kube import (
 from deathwatch._operator.leader import Elector, LeaseTimings
 from deathwatch._operator.metrics import Metrics
 from deathwatch._operator.resources import DW_PLURAL, GROUP, SV_PLURAL, VERSION, to_document
+from deathwatch._operator.shield import SELECTOR
 from deathwatch._operator.spec import SpecError, Watch, read_deathwatch
 from deathwatch._operator.streams import STALE_AFTER, StreamActivity
 from deathwatch._operator.streams import install as install_stream_hook
@@ -57,6 +58,7 @@ class Config:
     firewall_daemonset: str | None = None  # "namespace/name"
     pod_label_selector: str | None = None  # optional server-side prefilter of watched pods
     probe_interval: float = 15.0  # /readyz and firewall coverage: one light API call per interval
+    coverage_interval: float = 5.0  # the firewall agents' coverage Leases: one list per interval
     publish_interval: float = 1.0  # DeathWatch status, at most once per interval
     stream_stale_after: float = STALE_AFTER  # nothing from a watch stream this long: stale
     retire_interval: float = 10.0  # how often verdicts past their retention are looked for
@@ -125,6 +127,8 @@ class App:
         self.supervisor.start("publish", self.publish_loop)
         self.supervisor.start("vanished", self.vanished_loop)
         self.supervisor.start("probe", self.probe_loop)
+        if self.tracker is not None and self.tracker.coverage is not None:
+            self.supervisor.start("firewall-coverage", self.coverage_loop)
 
     def _build(self) -> None:
         configuration = load_configuration(self.config.kubeconfig)
@@ -170,6 +174,10 @@ class App:
             stale_after=self.config.stream_stale_after,
         )
         self.tracker.firewall = FirewallReading(self.config.firewall_daemonset)
+        if self.config.firewall_daemonset:
+            # the agents' coverage Leases live next to their DaemonSet: judge Shielded
+            self.tracker.coverage = {}
+            self.tracker.coverage_interval = self.config.coverage_interval
         if self.elector is not None:
             self.tracker.leader = lambda: self.elector.leader if self.elector else None
         else:
@@ -257,6 +265,7 @@ class App:
             if time.monotonic() - last_retire > self.config.retire_interval:
                 last_retire = time.monotonic()
                 c.retire()
+            c.reshield()  # coverage claims go stale with no event: judged on the clock
             c.publish()
 
     async def vanished_loop(self) -> None:
@@ -285,6 +294,34 @@ class App:
                     c.still_there(uid)
                 else:
                     c.gone(uid)  # the name belongs to a newer pod
+
+    async def coverage_loop(self) -> None:
+        """List the firewall agents' coverage Leases (one per node) every interval. A failed
+        read is counted and logged; past a claim's validity without a read, every sandbox's
+        Shielded turns Unknown rather than False (shield.py)."""
+        c, api = self.tracker, self.probe_api
+        assert c is not None  # noqa: S101
+        assert api is not None  # noqa: S101
+        namespace = (self.config.firewall_daemonset or "/").split("/", 1)[0]
+        failing = False
+        while True:
+            try:
+                leases = await api.call(
+                    api.coordination.list_namespaced_lease, namespace, label_selector=SELECTOR
+                )
+            except Exception as exc:
+                self.metrics.api_errors.labels("list_coverage", status_code(exc)).inc()
+                if not failing:
+                    log.warning("cannot read firewall coverage", error=api_message(exc)[:300])
+                failing = True
+            else:
+                if failing:
+                    log.info("firewall coverage readable again")
+                failing = False
+                items = api.client.sanitize_for_serialization(leases).get("items") or []
+                c.on_coverage(items)
+                self.metrics.coverage_nodes.set(len(c.coverage or {}))
+            await asyncio.sleep(self.config.coverage_interval)
 
     async def probe_loop(self) -> None:
         """One light API call per interval, on its own client: API reachability and the

@@ -36,7 +36,15 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--firewall-daemonset",
         default=None,
         metavar="NS/NAME",
-        help="the firewall DaemonSet whose coverage DeathWatch status reports",
+        help="the firewall DaemonSet whose coverage DeathWatch status reports; its "
+        "namespace holds the agents' coverage Leases, from which every verdict gets Shielded",
+    )
+    p.add_argument(
+        "--coverage-interval",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="how often the firewall coverage Leases are listed (default 5)",
     )
     p.add_argument(
         "--pod-label-selector",
@@ -86,6 +94,13 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_BAD_CONFIG
+    if not 0.1 <= args.coverage_interval <= 300:
+        print(
+            "deathwatch controller: --coverage-interval: expected seconds in [0.1, 300], "
+            f"got {args.coverage_interval}",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_CONFIG
     if not 0 < args.http_port < 65536:
         print(
             f"deathwatch controller: --http-port: not a TCP port: {args.http_port}", file=sys.stderr
@@ -114,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
         http_host=args.http_host,
         http_port=args.http_port,
         firewall_daemonset=args.firewall_daemonset,
+        coverage_interval=args.coverage_interval,
         pod_label_selector=args.pod_label_selector,
         leader_elect=args.leader_elect,
         identity=args.identity,

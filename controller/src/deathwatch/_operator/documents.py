@@ -8,6 +8,7 @@ from a SandboxVerdict's status, so nothing the engine needs lives only in memory
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -35,6 +36,7 @@ from deathwatch._operator.resources import (
     SandboxVerdictStatus,
     to_document,
 )
+from deathwatch._operator.shield import Shield
 
 LAST_DEATHS = 20
 PROBE_BLOCKED_MESSAGE = (
@@ -106,7 +108,11 @@ _ALIVE = {
 
 
 def verdict_status(
-    track: Track, node: str | None, deleted_at: datetime | None = None
+    track: Track,
+    node: str | None,
+    deleted_at: datetime | None = None,
+    shield: Shield | None = None,
+    shield_since: datetime | None = None,
 ) -> SandboxVerdictStatus:
     e = track.evidence
     conditions = [
@@ -138,6 +144,12 @@ def verdict_status(
                 "container-state until it works again: Dead only on a terminated or "
                 "restarted container",
                 track.changed_at,
+            )
+        )
+    if shield is not None:
+        conditions.append(
+            condition(
+                ConditionType.SHIELDED, shield.status, shield.reason, shield.message, shield_since
             )
         )
     return SandboxVerdictStatus(
@@ -330,6 +342,7 @@ def deathwatch_status(
     conditions: list[Condition],
     generation: int | None,
     leader: str | None = None,
+    uncovered_nodes: Iterable[str] = (),
 ) -> DeathWatchStatus:
     """The DeathWatch status: counts, the last deaths with evidence, firewall coverage."""
     counts = dict.fromkeys(State, 0)
@@ -354,6 +367,7 @@ def deathwatch_status(
         observed_generation=generation,
         leader=leader,
         firewall=firewall,
+        uncovered_nodes=sorted(uncovered_nodes)[:100],
         last_deaths=[
             LastDeath(
                 name=e.name,
@@ -385,10 +399,13 @@ class PodEvent:
     reason: EventReason
     message: str
     type: str = "Warning"
+    spell: str | None = None  # for reasons that can recur: which spell (same on every replica)
 
     @property
     def name(self) -> str:
         suffix = f".{self.pod_uid[:8]}.{self.reason.lower()}"
+        if self.spell is not None:
+            suffix += "." + hashlib.sha256(self.spell.encode()).hexdigest()[:8]
         return self.pod[: 253 - len(suffix)] + suffix
 
     def document(self, now: datetime, instance: str) -> dict[str, Any]:
@@ -450,4 +467,15 @@ def lost_track_event(track: Track, last_seen: State | None) -> PodEvent:
         EventReason.SANDBOX_LOST_TRACK,
         f"Sandbox deleted while deathwatch could not watch it (last seen {last_seen}); "
         "whether it died before it was deleted is unknown",
+    )
+
+
+def unshielded_event(track: Track, shield: Shield, spell: str) -> PodEvent:
+    return PodEvent(
+        track.namespace,
+        track.name,
+        track.uid,
+        EventReason.SANDBOX_UNSHIELDED,
+        f"Sandbox not shielded by the node firewall: {shield.reason}: {shield.message}",
+        spell=spell,
     )

@@ -58,6 +58,7 @@ class Api:
         self.custom = client.CustomObjectsApi(self.client)
         self.apps = client.AppsV1Api(self.client)
         self.version = client.VersionApi(self.client)
+        self.coordination = client.CoordinationV1Api(self.client)
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         kwargs.setdefault("_request_timeout", REQUEST_TIMEOUT)

@@ -110,3 +110,21 @@ class Metrics:
             ["resource"],
             registry=r,
         )
+        self.shielded = Gauge(
+            "deathwatch_sandboxes_shielded",
+            "Live sandboxes by their Shielded condition (True, False, Unknown): is the node "
+            "firewall on their node current and covering them",
+            ["status"],
+            registry=r,
+        )
+        self.unshielded_spells = Counter(
+            "deathwatch_sandbox_unshielded_spells",
+            "Sandboxes that lost (or never had) a current node firewall, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.coverage_nodes = Gauge(
+            "deathwatch_firewall_coverage_nodes",
+            "Nodes whose firewall agent publishes a coverage Lease (as last listed)",
+            registry=r,
+        )

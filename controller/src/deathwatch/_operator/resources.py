@@ -47,6 +47,7 @@ class ConditionType(StrEnum):
     ALIVE = "Alive"  # its reason is the verdict's cause, or its state when there is none
     PROBE_BLOCKED = "ProbeBlockedByFirewall"
     POLICY_ERROR = "PolicyError"  # while the pod's policy fails: judged by container-state
+    SHIELDED = "Shielded"  # its node's firewall agent is current and covers it (shield.py)
 
 
 class Reason(StrEnum):
@@ -70,6 +71,7 @@ class EventReason(StrEnum):
     SANDBOX_FALSE_POSITIVE = "SandboxFalsePositive"
     PROBE_BLOCKED = "ProbeBlockedByFirewall"
     SANDBOX_LOST_TRACK = "SandboxLostTrack"  # gone while nobody watched: fate unknown
+    SANDBOX_UNSHIELDED = "SandboxUnshielded"  # once per spell without a current firewall
 
 
 class _Object(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True, frozen=True):
@@ -146,6 +148,10 @@ class DeathWatchStatus(_Object, frozen=True):
     observed_generation: int | None = None
     leader: str | None = None  # the controller replica that holds the Lease and writes
     firewall: FirewallCoverage | None = None
+    # nodes running this DeathWatch's live sandboxes whose firewall is not current (shield.py)
+    uncovered_nodes: Annotated[list[str], msgspec.Meta(max_length=100)] = msgspec.field(
+        default_factory=list
+    )
     last_deaths: Annotated[list[LastDeath], msgspec.Meta(max_length=20)] = msgspec.field(
         default_factory=list
     )

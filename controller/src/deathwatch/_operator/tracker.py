@@ -27,7 +27,15 @@ from deathwatch._engine.verdict import Cause, State
 from deathwatch._operator import documents
 from deathwatch._operator.documents import FirewallReading, PodEvent
 from deathwatch._operator.metrics import Metrics
-from deathwatch._operator.resources import DW_PLURAL, SV_PLURAL, Condition, to_document
+from deathwatch._operator.resources import (
+    DW_PLURAL,
+    SV_PLURAL,
+    Condition,
+    ConditionStatus,
+    ConditionType,
+    to_document,
+)
+from deathwatch._operator.shield import NodeCoverage, Shield, Sighting, judge, read_lease, sight
 from deathwatch._operator.spec import SpecError, Watch, read_deathwatch
 from deathwatch._operator.streams import STALE_AFTER, StreamActivity
 from deathwatch._operator.writer import LOW, NORMAL, URGENT, Desired, Writer
@@ -45,9 +53,26 @@ class PodRecord:
     name: str
     watch: Key
     node: str | None = None
+    ips: tuple[str, ...] = ()
+    shield: Shield | None = None  # as last published (None: no firewall to judge against)
+    shield_since: datetime | None = None
     last_seen: float = 0.0  # monotonic; 0: restored from a verdict, not seen by a watch yet
     deleted_at: datetime | None = None  # when we learned the pod is gone (retention clock)
     persisted: bool = False  # a SandboxVerdict exists (or is being created) for it
+
+
+def restored_shield(status: Mapping[str, Any]) -> tuple[Shield | None, datetime | None]:
+    """The Shielded condition a verdict was published with: a restart neither repeats the
+    spell's Event nor moves its lastTransitionTime."""
+    for c in status.get("conditions") or ():
+        if isinstance(c, Mapping) and c.get("type") == ConditionType.SHIELDED:
+            try:
+                state = ConditionStatus(str(c.get("status")))
+            except ValueError:
+                return None, None
+            shield = Shield(state, str(c.get("reason", "")), str(c.get("message", "")))
+            return shield, parse_time(c.get("lastTransitionTime"))
+    return None, None
 
 
 @dataclass
@@ -75,6 +100,11 @@ class Tracker:
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # a new deadline to wait for
     malformed: set[str] = field(default_factory=set)
     policy_failing: set[str] = field(default_factory=set)  # pod uids in a policy-error spell
+    # the firewall agents' coverage Leases (shield.py); None: not configured, no Shielded
+    coverage: dict[str, NodeCoverage] | None = None
+    sightings: dict[str, Sighting] = field(default_factory=dict)
+    coverage_read_at: float | None = None  # monotonic time of the last successful read
+    coverage_interval: float = 5.0
 
     def __post_init__(self) -> None:
         self.fleet = Fleet(self.registry)
@@ -109,6 +139,8 @@ class Tracker:
                 deleted_at=parse_time(status.get("podDeletedAt")),
                 persisted=True,
             )
+            record = self.records[track.uid]
+            record.shield, record.shield_since = restored_shield(status)
             self.by_name[(namespace, name)] = track.uid
             self.dirty.add((namespace, watch))
             restored += 1
@@ -186,6 +218,7 @@ class Tracker:
             record = self.records[pod.uid] = PodRecord(pod.namespace, pod.name, watch.key)
             self.by_name[(pod.namespace, pod.name)] = pod.uid
         record.node = pod.node_name or record.node
+        record.ips = pod.pod_ips or record.ips
         return record
 
     def _after(self, step: Step, watch: Watch, received: float | None = None) -> None:
@@ -244,26 +277,117 @@ class Tracker:
             self.dirty.add(watch.key)
             return
         if track.ever_ready or track.probe_blocked or record.persisted:
-            record.persisted = True
-            dead = track.state is State.DEAD
-            self.writer.want(
-                Desired(
-                    SV_PLURAL,
-                    track.namespace,
-                    track.name,
-                    status=to_document(
-                        documents.verdict_status(track, record.node, record.deleted_at)
-                    ),
-                    create=documents.verdict_object(track.namespace, track.name, watch.body),
-                    events=events,
-                    priority=URGENT if dead else NORMAL,
-                    received=received if dead else None,
-                    ready_drop_at=track.ready_drop_at if dead else None,
-                )
-            )
+            events.extend(self._reshield(track, record, watch))
+            self._want_verdict(track, record, watch, events, received)
         self.dirty.add(watch.key)
         if track.deadline is not None:
             self.wake.set()
+
+    def _want_verdict(
+        self,
+        track: Track,
+        record: PodRecord,
+        watch: Watch,
+        events: list[PodEvent],
+        received: float | None = None,
+    ) -> None:
+        record.persisted = True
+        dead = track.state is State.DEAD
+        self.writer.want(
+            Desired(
+                SV_PLURAL,
+                track.namespace,
+                track.name,
+                status=to_document(
+                    documents.verdict_status(
+                        track, record.node, record.deleted_at, record.shield, record.shield_since
+                    )
+                ),
+                create=documents.verdict_object(track.namespace, track.name, watch.body),
+                events=events,
+                priority=URGENT if dead else NORMAL,
+                received=received if dead else None,
+                ready_drop_at=track.ready_drop_at if dead else None,
+            )
+        )
+
+    # --- the firewall's shield over each sandbox (shield.py) -------------------------------
+
+    def on_coverage(self, leases: Iterable[Mapping[str, Any]]) -> None:
+        """The coverage Leases as just listed: note each node's renewal as first seen."""
+        now, now_mono = self.clock(), time.monotonic()
+        coverage: dict[str, NodeCoverage] = {}
+        for lease in leases:
+            claim = read_lease(lease)
+            if claim is not None:
+                coverage[claim.node] = claim
+        cap = self.coverage_interval + 1.0
+        self.sightings = {
+            node: sight(self.sightings.get(node), claim, now, now_mono, cap)
+            for node, claim in coverage.items()
+        }
+        self.coverage, self.coverage_read_at = coverage, now_mono
+
+    def shield_of(self, record: PodRecord, watch: Watch) -> Shield | None:
+        if self.coverage is None:
+            return None
+        now_mono = time.monotonic()
+        # reads failing for longer than a claim lasts: we cannot tell, rather than "exposed"
+        observed = self.coverage_read_at is not None and (
+            now_mono - self.coverage_read_at <= max(3 * self.coverage_interval, 15.0)
+        )
+        node = record.node
+        return judge(
+            node,
+            record.ips,
+            watch.settings.agent_ports,
+            self.coverage.get(node) if node else None,
+            self.sightings.get(node) if node else None,
+            now_mono,
+            observed,
+        )
+
+    def _reshield(self, track: Track, record: PodRecord, watch: Watch) -> list[PodEvent]:
+        """Update the record's shield; the Event that opens a spell without one. A verdict
+        that is final keeps the shield it had when it was declared."""
+        if track.state.terminal and record.shield is not None:
+            return []
+        shield = self.shield_of(record, watch)
+        before, record.shield = record.shield, shield
+        if shield is None or (before is not None and before.status is shield.status):
+            return []
+        record.shield_since = self.clock()
+        if not shield.exposed or track.state.terminal:
+            return []
+        claim = self.coverage.get(record.node) if self.coverage and record.node else None
+        spell = f"{record.node}/{shield.reason}/{claim.renew_time if claim else 'none'}"
+        log.warning("sandbox not shielded", namespace=track.namespace, pod=track.name,
+                    uid=track.uid, node=record.node, reason=shield.reason,
+                    message=shield.message)  # fmt: skip
+        self.metrics.unshielded_spells.labels(shield.reason).inc()
+        return [documents.unshielded_event(track, shield, spell)]
+
+    def reshield(self) -> None:
+        """Judge every live sandbox's shield again (claims go stale with no event): queue a
+        verdict for each one whose shield changed."""
+        if self.coverage is None:
+            return
+        counts: dict[str, int] = {}
+        for uid, record in list(self.records.items()):
+            track = self.fleet.get(uid)
+            watch = self.watches.get(record.watch)
+            if track is None or watch is None or not record.persisted:
+                continue
+            before = record.shield
+            events = self._reshield(track, record, watch)
+            if record.shield is not None and not track.state.terminal:
+                key = str(record.shield.status)
+                counts[key] = counts.get(key, 0) + 1
+            if record.shield != before:
+                self._want_verdict(track, record, watch, events)
+                self.dirty.add(record.watch)
+        for status in ConditionStatus:
+            self.metrics.shielded.labels(str(status)).set(counts.get(str(status), 0))
 
     def _policy_spell(self, track: Track) -> None:
         """Log a policy's failure once per spell, and its recovery; the metric counts calls."""
@@ -434,10 +558,14 @@ class Tracker:
         keys = set(self.dirty) | set(self.watches) | set(self.invalid)
         self.dirty.clear()
         tracks_by_watch: dict[Key, list[Track]] = {}
+        uncovered: dict[Key, set[str]] = {}
         for uid, record in self.records.items():
             track = self.fleet.get(uid)
             if track is not None:
                 tracks_by_watch.setdefault(record.watch, []).append(track)
+                exposed = record.shield is not None and record.shield.exposed
+                if record.node and exposed and not track.state.terminal:
+                    uncovered.setdefault(record.watch, set()).add(record.node)
         counts: dict[str, int] = {}
         for track in self.fleet:
             counts[str(track.state)] = counts.get(str(track.state), 0) + 1
@@ -460,7 +588,12 @@ class Tracker:
                 spec = self.watches.get(key)
                 generation = spec.body.get("metadata", {}).get("generation") if spec else None
                 status = documents.deathwatch_status(
-                    tracks_by_watch.get(key, []), coverage, conditions, generation, self.leader()
+                    tracks_by_watch.get(key, []),
+                    coverage,
+                    conditions,
+                    generation,
+                    self.leader(),
+                    uncovered.get(key, ()),
                 )
                 document = to_document(status)
             except Exception:

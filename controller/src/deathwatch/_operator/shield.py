@@ -1,0 +1,192 @@
+"""Is this sandbox shielded? The firewall agents' coverage Leases joined with each sandbox's
+node, address and agent ports. Pure functions over plain data.
+
+Each firewall agent renews a Lease per node (deathwatch/firewall/coverage.py writes it;
+tests/test_shield.py holds both sides to one format) saying which config it enforces, whether
+the table is in force, and for how long the claim holds. A sandbox is shielded when its node's
+claim is current, the rule is in force, the agent enforces the config it was given, and that
+config covers the sandbox: its address in the pod ranges, its agent ports in the refused ones.
+
+Staleness is judged on this process's monotonic clock from when a renewal was first seen, as
+client-go's leader election does, so clock skew between nodes cannot make a dead agent look
+alive; the renewal's own age counts only at first sight, capped by how often Leases are read.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from deathwatch._engine.timeutil import parse_time
+from deathwatch._operator.resources import ConditionStatus
+
+PREFIX = "deathwatch.dev/"
+NODE, CONFIG, CONFIG_FILE, RULE = (
+    f"{PREFIX}{k}" for k in ("node", "config", "config-file", "rule")
+)
+POD_CIDRS, AGENT_PORTS, INBOUND = (f"{PREFIX}{k}" for k in ("pod-cidrs", "agent-ports", "inbound"))
+SELECTOR = "app.kubernetes.io/component=firewall-coverage"
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class ShieldReason:
+    """Reasons of a SandboxVerdict's Shielded condition."""
+
+    IN_FORCE = "RuleInForce"
+    NO_AGENT = "NoAgent"
+    AGENT_STALE = "AgentStale"
+    RULE_MISSING = "RuleMissing"
+    CONFIG_MISMATCH = "ConfigMismatch"
+    NOT_SCHEDULED = "NotScheduled"
+    NOT_OBSERVED = "NotObserved"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCoverage:
+    """One node's claim, as its Lease says it."""
+
+    node: str
+    holder: str
+    renew_time: str  # as written: a change of it is a renewal
+    renewed_at: datetime | None
+    valid_for: float
+    config: str
+    config_file: str
+    rule_in_force: bool
+    pod_cidrs: tuple[Network, ...]
+    agent_ports: frozenset[int]
+    inbound: bool
+
+
+def read_lease(lease: Mapping[str, Any]) -> NodeCoverage | None:
+    """A coverage Lease read back; None when it is not one (or unreadable: then it counts as
+    no agent, which is what an unreadable claim is worth)."""
+    meta = lease.get("metadata") or {}
+    spec = lease.get("spec") or {}
+    notes = meta.get("annotations") or {}
+    node = notes.get(NODE)
+    if not node:
+        return None
+    try:
+        cidrs = tuple(
+            ipaddress.ip_network(c) for c in str(notes.get(POD_CIDRS, "")).split(",") if c
+        )
+        ports = frozenset(int(p) for p in str(notes.get(AGENT_PORTS, "")).split(",") if p)
+        valid_for = float(spec.get("leaseDurationSeconds") or 0)
+    except ValueError:
+        return None
+    renew = str(spec.get("renewTime") or "")
+    return NodeCoverage(
+        node=node,
+        holder=str(spec.get("holderIdentity") or ""),
+        renew_time=renew,
+        renewed_at=parse_time(renew) if renew else None,
+        valid_for=valid_for,
+        config=str(notes.get(CONFIG, "")),
+        config_file=str(notes.get(CONFIG_FILE, "")),
+        rule_in_force=notes.get(RULE) == "in-force",
+        pod_cidrs=cidrs,
+        agent_ports=ports,
+        inbound=notes.get(INBOUND) == "true",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Sighting:
+    """When this process first saw a node's current renewal (monotonic seconds), with the age
+    the renewal already had then."""
+
+    renew_time: str
+    seen_at: float
+    age_then: float
+
+
+def sight(
+    previous: Sighting | None, coverage: NodeCoverage, now: datetime, now_mono: float, cap: float
+) -> Sighting:
+    if previous is not None and previous.renew_time == coverage.renew_time:
+        return previous
+    age = (now - coverage.renewed_at).total_seconds() if coverage.renewed_at else cap
+    return Sighting(coverage.renew_time, now_mono, min(max(age, 0.0), cap))
+
+
+@dataclass(frozen=True, slots=True)
+class Shield:
+    status: ConditionStatus
+    reason: str
+    message: str
+
+    @property
+    def exposed(self) -> bool:
+        return self.status is ConditionStatus.FALSE
+
+
+def judge(
+    node: str | None,
+    pod_ips: Iterable[str],
+    agent_ports: Iterable[int],
+    coverage: NodeCoverage | None,
+    sighting: Sighting | None,
+    now_mono: float,
+    observed: bool,
+) -> Shield:
+    """The Shielded condition of one sandbox."""
+    t, f, u = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOWN
+    if not observed:
+        return Shield(u, ShieldReason.NOT_OBSERVED, "the firewall coverage Leases were not read")
+    if not node:
+        return Shield(u, ShieldReason.NOT_SCHEDULED, "not on a node yet")
+    if coverage is None or sighting is None:
+        return Shield(f, ShieldReason.NO_AGENT, f"no firewall agent reports for node {node}")
+    age = sighting.age_then + (now_mono - sighting.seen_at)
+    if age > coverage.valid_for:
+        return Shield(
+            f,
+            ShieldReason.AGENT_STALE,
+            f"the firewall agent on {node} ({coverage.holder}) last reported at "
+            f"{coverage.renew_time}, valid for {coverage.valid_for:.0f}s",
+        )
+    if not coverage.rule_in_force:
+        return Shield(
+            f,
+            ShieldReason.RULE_MISSING,
+            f"the firewall agent on {node} reports its table is not in force",
+        )
+    if coverage.config_file != coverage.config:
+        return Shield(
+            f,
+            ShieldReason.CONFIG_MISMATCH,
+            f"the firewall agent on {node} refused its new config and enforces the previous one",
+        )
+    outside = [ip for ip in pod_ips if not _within(ip, coverage.pod_cidrs)]
+    if outside:
+        return Shield(
+            f,
+            ShieldReason.CONFIG_MISMATCH,
+            f"address {outside[0]} is outside the firewall's podCIDRs on {node}",
+        )
+    unguarded = sorted(set(agent_ports) - coverage.agent_ports)
+    if unguarded:
+        return Shield(
+            f,
+            ShieldReason.CONFIG_MISMATCH,
+            f"agent port {unguarded[0]} is not among the firewall's agentPorts on {node}",
+        )
+    inbound = "both rules" if coverage.inbound else "the output rule (inbound is off)"
+    return Shield(
+        t,
+        ShieldReason.IN_FORCE,
+        f"the firewall agent on {node} enforces {inbound} (config {coverage.config})",
+    )
+
+
+def _within(ip: str, networks: tuple[Network, ...]) -> bool:
+    try:
+        address = ipaddress.ip_address(ip)
+    except ValueError:
+        return False
+    return any(address in n for n in networks)
