@@ -8,14 +8,16 @@ import json
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator, Mapping
 from ipaddress import ip_address
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from deathwatch.firewall.agent import Agent
+from deathwatch.firewall.agent import Agent, ClusterLink
 from deathwatch.firewall.config import ConfigError, load_config, parse_config
+from deathwatch.firewall.kubeapi import ApiError
 from deathwatch.firewall.nft import NftError
 from deathwatch.firewall.ruleset import COMMENT, INBOUND_COMMENT, SANDBOX_SETS, desired
 from deathwatch.firewall.table import (
@@ -354,3 +356,81 @@ def test_agent_started_on_a_bad_config_says_why_and_waits_for_a_good_one(tmp_pat
     finally:
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(15) == 0
+
+
+# --- the agent in a cluster: its node's sandboxes and its coverage Lease, over a fake API ---
+
+
+class FakeApi:
+    """The API as the agent calls it: a pod list for the node, and one Lease."""
+
+    def __init__(self) -> None:
+        self.pods: list[dict[str, Any]] = []
+        self.lease: dict[str, Any] | None = None
+        self.down = False
+        self.calls: list[tuple[str, str]] = []
+
+    def call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
+        self.calls.append((method, path))
+        if self.down:
+            raise ApiError(f"{method} {path}: connection refused")
+        if path.startswith("/api/v1/pods"):
+            return {"items": self.pods}
+        if method == "GET":
+            if self.lease is None:
+                raise ApiError("not found", 404)
+            return self.lease
+        assert body is not None
+        stored: dict[str, Any] = json.loads(json.dumps(body))
+        stored["metadata"]["resourceVersion"] = str(len(self.calls))
+        self.lease = stored
+        return stored
+
+    def watch(self, path: str, seconds: int) -> Iterator[Mapping[str, Any]]:
+        return iter(())
+
+
+def sandbox_pod(ip: str, phase: str = "Running", host_network: bool = False) -> dict[str, Any]:
+    return {"spec": {"hostNetwork": host_network}, "status": {"phase": phase, "podIP": ip}}
+
+
+def test_agent_guards_its_nodes_sandboxes_and_keeps_them_when_the_api_is_down(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "fw.yaml"
+    path.write_text(json.dumps({**GOOD, "sandboxSelector": "app=sandbox"}))
+    api, nft = FakeApi(), FakeNft()
+    api.pods.extend([sandbox_pod("10.244.1.2"), sandbox_pod("10.244.1.3", phase="Succeeded"),
+                     sandbox_pod("10.0.0.9", host_network=True)])  # fmt: skip
+    agent = Agent(path, nft, link=ClusterLink(api, "node-a", "fw-a", "deathwatch-system"))
+    agent.step()
+    config = parse_config({**GOOD, "sandboxSelector": "app=sandbox"})
+    # a finished pod's address may be reused at once; a hostNetwork pod is the node itself
+    assert nft.table == desired(config, [ip_address("10.244.1.2")])
+    assert ("GET", "/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-a&labelSelector=app%3Dsandbox") in api.calls  # fmt: skip
+    lease = api.lease
+    assert lease is not None
+    notes = lease["metadata"]["annotations"]
+    assert (notes["deathwatch.dev/rule"], notes["deathwatch.dev/sandboxes"]) == ("in-force", "1")
+    assert notes["deathwatch.dev/config"] == notes["deathwatch.dev/config-file"]
+    renewed = lease["spec"]["renewTime"]
+    # the API goes away: the last known sandboxes stay guarded, the Lease is not renewed
+    api.pods.append(sandbox_pod("10.244.1.4"))
+    api.down = True
+    agent.step()
+    assert nft.table == desired(config, [ip_address("10.244.1.2")])
+    assert agent.metrics.sync_failures.labels("sandboxes")._value.get() == 1
+    assert agent.metrics.sync_failures.labels("coverage")._value.get() == 1
+    assert api.lease is not None
+    assert api.lease["spec"]["renewTime"] == renewed
+    # back: the new sandbox guarded, the Lease renewed
+    api.down = False
+    agent.step()
+    assert nft.table == desired(config, [ip_address("10.244.1.2"), ip_address("10.244.1.4")])
+    assert api.lease["metadata"]["annotations"]["deathwatch.dev/sandboxes"] == "2"
+    # a refused new config: the old rule stays, and the Lease says the two differ
+    path.write_text("podCIDRs: [bad\n")
+    agent.step()
+    notes = api.lease["metadata"]["annotations"]
+    assert notes["deathwatch.dev/config-file"] == "invalid"
+    assert notes["deathwatch.dev/config"] == config.digest()

@@ -223,8 +223,9 @@ def test_a_stopped_agent_unshields_its_nodes_sandboxes_within_two_resyncs(
 ) -> None:
     for a in agents.values():
         a.start()
-    env.start_controller(["--firewall-daemonset", "deathwatch-system/deathwatch-firewall",
-                          "--coverage-interval", "0.5"])  # fmt: skip
+    flags = ["--firewall-daemonset", "deathwatch-system/deathwatch-firewall",
+             "--coverage-interval", "0.5"]  # fmt: skip
+    env.start_controller(flags)
     env.deathwatch()
     pods = {}
     for name, node in (("on-1", "node-1"), ("on-2", "node-2"), ("on-3", "node-3")):
@@ -273,3 +274,13 @@ def test_a_stopped_agent_unshields_its_nodes_sandboxes_within_two_resyncs(
     wait_for(lambda: env.dw().get("status", {}).get("uncoveredNodes") == ["node-3"],
              what="only node-3 uncovered")  # fmt: skip
     assert dw is not None
+
+    # the controller killed and started again: the spell goes on, not a new one
+    since = {p: shielded(env, p)["lastTransitionTime"] for p in pods}  # type: ignore[index]
+    env.controller.stop(signal.SIGKILL)
+    restarted = env.start_controller(flags)
+    wait_for(lambda: restarted.metric("deathwatch_sandboxes_shielded", status="True") == 2
+             and restarted.metric("deathwatch_sandboxes_shielded", status="False") == 1,
+             what="the restarted controller judged every shield")  # fmt: skip
+    assert {p: shielded(env, p)["lastTransitionTime"] for p in pods} == since  # type: ignore[index]
+    assert [len(env.events(p, "SandboxUnshielded")) for p in ("on-1", "on-2", "on-3")] == [1, 0, 1]

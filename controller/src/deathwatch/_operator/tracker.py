@@ -328,14 +328,20 @@ class Tracker:
         }
         self.coverage, self.coverage_read_at = coverage, now_mono
 
+    def _coverage_observed(self, now_mono: float) -> bool | None:
+        """The coverage Leases were read lately (True), not for too long (False: then every
+        shield is Unknown rather than "exposed"), or not yet since start (None: the shields
+        published before, restored with the verdicts, stand until the first read)."""
+        grace = max(3 * self.coverage_interval, 15.0)
+        if self.coverage_read_at is None:
+            return None if now_mono - self.started <= grace else False
+        return now_mono - self.coverage_read_at <= grace
+
     def shield_of(self, record: PodRecord, watch: Watch) -> Shield | None:
-        if self.coverage is None:
-            return None
         now_mono = time.monotonic()
-        # reads failing for longer than a claim lasts: we cannot tell, rather than "exposed"
-        observed = self.coverage_read_at is not None and (
-            now_mono - self.coverage_read_at <= max(3 * self.coverage_interval, 15.0)
-        )
+        observed = self._coverage_observed(now_mono)
+        if self.coverage is None or observed is None:
+            return record.shield
         node = record.node
         return judge(
             node,

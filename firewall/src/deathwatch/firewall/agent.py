@@ -26,7 +26,7 @@ import structlog
 
 from deathwatch.firewall.config import ConfigError, FirewallConfig, load_config
 from deathwatch.firewall.coverage import NodeState, lease_body, publish
-from deathwatch.firewall.kubeapi import ApiError, KubeApi
+from deathwatch.firewall.kubeapi import Api, ApiError
 from deathwatch.firewall.metrics import FirewallMetrics
 from deathwatch.firewall.nft import Nft, NftError
 from deathwatch.firewall.ruleset import Address, desired
@@ -40,7 +40,7 @@ log = structlog.get_logger("deathwatch.firewall")
 class ClusterLink:
     """Where the agent runs: the API, its node, its own pod, its namespace."""
 
-    api: KubeApi
+    api: Api
     node: str
     identity: str
     namespace: str

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from deathwatch.firewall.config import FirewallConfig
-from deathwatch.firewall.kubeapi import ApiError, KubeApi
+from deathwatch.firewall.kubeapi import Api, ApiError
 
 PREFIX = "deathwatch.dev/"
 NODE, CONFIG, CONFIG_FILE, RULE = (
@@ -87,7 +87,7 @@ def lease_body(
     }
 
 
-def publish(api: KubeApi, body: dict[str, Any]) -> None:
+def publish(api: Api, body: dict[str, Any]) -> None:
     meta = body["metadata"]
     path = f"/apis/coordination.k8s.io/v1/namespaces/{meta['namespace']}/leases"
     try:

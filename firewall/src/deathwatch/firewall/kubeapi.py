@@ -18,10 +18,18 @@ import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 TIMEOUT = 30.0
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+class Api(Protocol):
+    """What the agent needs of the API (KubeApi here; a fake in unit tests)."""
+
+    def call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any: ...
+
+    def watch(self, path: str, seconds: int) -> Iterator[Mapping[str, Any]]: ...
 
 
 class ApiError(RuntimeError):

@@ -19,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from deathwatch.firewall.kubeapi import ApiError, KubeApi, query
+from deathwatch.firewall.kubeapi import Api, ApiError, query
 from deathwatch.firewall.ruleset import Address
 
 log = structlog.get_logger("deathwatch.firewall")
@@ -46,7 +46,7 @@ def addresses(pod_list: Mapping[str, Any]) -> tuple[Address, ...]:
     return tuple(sorted(found, key=lambda a: (a.version, int(a))))
 
 
-def list_sandboxes(api: KubeApi, node: str, selector: str) -> tuple[Address, ...]:
+def list_sandboxes(api: Api, node: str, selector: str) -> tuple[Address, ...]:
     return addresses(api.call("GET", pods_path(node, selector)))
 
 
@@ -55,7 +55,7 @@ class PodWatch:
 
     def __init__(
         self,
-        api: KubeApi,
+        api: Api,
         node: str,
         selector: Callable[[], str],
         wake: Callable[[], None],
