@@ -15,7 +15,7 @@ from kubernetes import client, watch
 from hack.localcluster import controlplane
 from hack.localcluster.controller_process import ControllerProcess, service_account_kubeconfig
 from hack.localcluster.kubelet import Kubelet
-from hack.localcluster.sandbox_script import SandboxScript, timeline
+from hack.localcluster.sandbox_script import Fate, SandboxScript, timeline
 from tests.kube import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,6 +146,19 @@ class Env:
 
     def create(self, script: SandboxScript) -> str:
         return self.kubelet.create(script)
+
+    def alive_sandboxes(
+        self, n: int, prefix: str, first_exit_code: int, timeout: float = 30, **kw: Any
+    ) -> list[SandboxScript]:
+        """n sandboxes that will exit (each with its own code), made Ready, judged Alive."""
+        scripts = [self.script(f"{prefix}-{i}", fate=Fate.EXITS, exit_code=first_exit_code + i,
+                               **kw) for i in range(n)]  # fmt: skip
+        for s in scripts:
+            self.create(s)
+            self.kubelet.status(self.ns, s.name, ready_status(s))
+        for s in scripts:
+            self.wait_state(s.name, "Alive", timeout=timeout)
+        return scripts
 
     def moments(self, script: SandboxScript) -> list[Any]:
         return timeline(script)

@@ -34,7 +34,7 @@ from kubernetes import client, config
 from hack.localcluster import controlplane
 from hack.localcluster.chaosproxy import ChaosProxy
 from hack.localcluster.controller_process import ControllerProcess
-from hack.localcluster.sandbox_script import Fate, SandboxScript
+from hack.localcluster.sandbox_script import SandboxScript
 from tests.conftest import _binaries_or_skip
 from tests.controller_env import GROUP, VERSION, Env, VerdictRecorder, fate_status, ready_status
 from tests.kube import wait_for
@@ -72,14 +72,7 @@ class Chaos:
         return self.env.controller
 
     def sandboxes(self, n: int, prefix: str, **kw: Any) -> list[SandboxScript]:
-        scripts = [self.env.script(f"{prefix}-{i}", fate=Fate.EXITS, exit_code=10 + i, **kw)
-                   for i in range(n)]  # fmt: skip
-        for s in scripts:
-            self.env.create(s)
-            self.env.kubelet.status(self.env.ns, s.name, ready_status(s))
-        for s in scripts:
-            self.env.wait_state(s.name, "Alive", timeout=30)
-        return scripts
+        return self.env.alive_sandboxes(n, prefix, first_exit_code=10, **kw)
 
     def kill(self, *scripts: SandboxScript) -> float:
         """The kubelet reports each container exited (each its own exit code)."""

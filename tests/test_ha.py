@@ -27,9 +27,9 @@ from kubernetes import client, config
 
 from hack.localcluster import controlplane
 from hack.localcluster.replicas import AuditLog, Replica, Replicas, Write
-from hack.localcluster.sandbox_script import Fate, SandboxScript
+from hack.localcluster.sandbox_script import SandboxScript
 from tests.conftest import _binaries_or_skip
-from tests.controller_env import Env, VerdictRecorder, fate_status, ready_status
+from tests.controller_env import Env, VerdictRecorder, fate_status
 from tests.kube import wait_for
 
 pytestmark = pytest.mark.chaos
@@ -64,14 +64,7 @@ class HA:
     killed: list[str] = field(default_factory=list)
 
     def sandboxes(self, n: int, prefix: str) -> list[SandboxScript]:
-        scripts = [self.env.script(f"{prefix}-{i}", fate=Fate.EXITS, exit_code=20 + i)
-                   for i in range(n)]  # fmt: skip
-        for s in scripts:
-            self.env.create(s)
-            self.env.kubelet.status(self.env.ns, s.name, ready_status(s))
-        for s in scripts:
-            self.env.wait_state(s.name, "Alive", timeout=60)
-        return scripts
+        return self.env.alive_sandboxes(n, prefix, first_exit_code=20, timeout=60)
 
     def kill(self, *scripts: SandboxScript) -> datetime:
         for s in scripts:

@@ -65,6 +65,14 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return s.connect_ex((host, port)) == 0
 
 
+def _component_flags(kubeconfig: Path) -> list[str]:
+    """What kube-controller-manager and kube-scheduler share: one kubeconfig for the API,
+    authentication and authorization, and no serving port of their own."""
+    kc = str(kubeconfig)
+    return [f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}", "--bind-address=127.0.0.1", "--secure-port=0"]  # fmt: skip
+
+
 class StartError(RuntimeError):
     pass
 
@@ -353,11 +361,7 @@ class ControlPlane:
             "kube-controller-manager",
             [
                 str(self.binaries / "kube-controller-manager"),
-                f"--kubeconfig={kc}",
-                f"--authentication-kubeconfig={kc}",
-                f"--authorization-kubeconfig={kc}",
-                "--bind-address=127.0.0.1",
-                "--secure-port=0",
+                *_component_flags(kc),
                 # see the module docstring: no kubelet runs, the tests write pod status
                 "--controllers=*"
                 if self.with_node_controllers
@@ -378,11 +382,7 @@ class ControlPlane:
             "kube-scheduler",
             [
                 str(self.binaries / "kube-scheduler"),
-                f"--kubeconfig={kc}",
-                f"--authentication-kubeconfig={kc}",
-                f"--authorization-kubeconfig={kc}",
-                "--bind-address=127.0.0.1",
-                "--secure-port=0",
+                *_component_flags(kc),
                 "--leader-elect=false",
                 "--v=1",
             ],
