@@ -10,6 +10,7 @@ loop; nothing here blocks.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -56,6 +57,9 @@ class PodRecord:
     ips: tuple[str, ...] = ()
     shield: Shield | None = None  # as last published (None: no firewall to judge against)
     shield_since: datetime | None = None
+    # what the shield was judged from (node, addresses, agent ports): a pod event that changes
+    # none of these leaves it to the tick's per-node re-judging (Tracker.reshield)
+    judged_for: tuple[str | None, tuple[str, ...], frozenset[int]] | None = None
     last_seen: float = 0.0  # monotonic; 0: restored from a verdict, not seen by a watch yet
     deleted_at: datetime | None = None  # when we learned the pod is gone (retention clock)
     persisted: bool = False  # a SandboxVerdict exists (or is being created) for it
@@ -105,6 +109,8 @@ class Tracker:
     sightings: dict[str, Sighting] = field(default_factory=dict)
     coverage_read_at: float | None = None  # monotonic time of the last successful read
     coverage_interval: float = 5.0
+    _node_keys: dict[str, tuple[NodeCoverage, bool] | None] = field(default_factory=dict)
+    _observed_last: bool | None = None
 
     def __post_init__(self) -> None:
         self.fleet = Fleet(self.registry)
@@ -353,12 +359,19 @@ class Tracker:
             observed,
         )
 
-    def _reshield(self, track: Track, record: PodRecord, watch: Watch) -> list[PodEvent]:
+    def _reshield(
+        self, track: Track, record: PodRecord, watch: Watch, periodic: bool = False
+    ) -> list[PodEvent]:
         """Update the record's shield; the Event that opens a spell without one. A verdict
         that is final keeps the shield it had when it was declared."""
         if track.state.terminal and record.shield is not None:
             return []
+        basis = (record.node, record.ips, watch.settings.agent_ports)
+        if not periodic and record.shield is not None and record.judged_for == basis:
+            return []  # nothing it depends on changed with this event
         shield = self.shield_of(record, watch)
+        if self._coverage_observed(time.monotonic()) is not None:
+            record.judged_for = basis
         before, record.shield = record.shield, shield
         if shield is None or (before is not None and before.status is shield.status):
             return []
@@ -373,27 +386,44 @@ class Tracker:
         self.metrics.unshielded_spells.labels(shield.reason).inc()
         return [documents.unshielded_event(track, shield, spell)]
 
+    def _node_key(self, node: str, now_mono: float) -> tuple[NodeCoverage, bool] | None:
+        """What a node's shields depend on: its claim (but for the renewal's time) and
+        whether it has gone stale. Unchanged key: its sandboxes' shields are unchanged."""
+        claim, seen = (self.coverage or {}).get(node), self.sightings.get(node)
+        if claim is None or seen is None:
+            return None
+        stale = seen.age_then + (now_mono - seen.seen_at) > claim.valid_for
+        return dataclasses.replace(claim, renew_time="", renewed_at=None), stale
+
     def reshield(self) -> None:
-        """Judge every live sandbox's shield again (claims go stale with no event): queue a
-        verdict for each one whose shield changed."""
+        """Claims go stale with no event: once per tick, find the nodes whose claim changed
+        or expired, and judge again only the live sandboxes on them (all of them when the
+        Leases became readable or unreadable); queue a verdict for each changed shield."""
         if self.coverage is None:
             return
-        counts: dict[str, int] = {}
+        now_mono = time.monotonic()
+        observed = self._coverage_observed(now_mono)
+        if observed is None:
+            return  # not read yet since start: the restored shields stand
+        keys = {node: self._node_key(node, now_mono) for node in self.coverage}
+        changed = {n for n in keys.keys() | self._node_keys.keys()
+                   if keys.get(n) != self._node_keys.get(n)}  # fmt: skip
+        everything = observed != self._observed_last
+        self._node_keys, self._observed_last = keys, observed
+        if not changed and not everything:
+            return
         for uid, record in list(self.records.items()):
+            if not everything and record.node not in changed:
+                continue
             track = self.fleet.get(uid)
             watch = self.watches.get(record.watch)
             if track is None or watch is None or not record.persisted:
                 continue
             before = record.shield
-            events = self._reshield(track, record, watch)
-            if record.shield is not None and not track.state.terminal:
-                key = str(record.shield.status)
-                counts[key] = counts.get(key, 0) + 1
+            events = self._reshield(track, record, watch, periodic=True)
             if record.shield != before:
                 self._want_verdict(track, record, watch, events)
                 self.dirty.add(record.watch)
-        for status in ConditionStatus:
-            self.metrics.shielded.labels(str(status)).set(counts.get(str(status), 0))
 
     def _policy_spell(self, track: Track) -> None:
         """Log a policy's failure once per spell, and its recovery; the metric counts calls."""
@@ -565,18 +595,24 @@ class Tracker:
         self.dirty.clear()
         tracks_by_watch: dict[Key, list[Track]] = {}
         uncovered: dict[Key, set[str]] = {}
+        shielded: dict[str, int] = {}
         for uid, record in self.records.items():
             track = self.fleet.get(uid)
             if track is not None:
                 tracks_by_watch.setdefault(record.watch, []).append(track)
-                exposed = record.shield is not None and record.shield.exposed
-                if record.node and exposed and not track.state.terminal:
-                    uncovered.setdefault(record.watch, set()).add(record.node)
+                if record.shield is not None and not track.state.terminal:
+                    shield = str(record.shield.status)
+                    shielded[shield] = shielded.get(shield, 0) + 1
+                    if record.node and record.shield.exposed:
+                        uncovered.setdefault(record.watch, set()).add(record.node)
         counts: dict[str, int] = {}
         for track in self.fleet:
             counts[str(track.state)] = counts.get(str(track.state), 0) + 1
         for state in State:
             self.metrics.tracked.labels(str(state)).set(counts.get(str(state), 0))
+        if self.coverage is not None:
+            for cs in ConditionStatus:
+                self.metrics.shielded.labels(str(cs)).set(shielded.get(str(cs), 0))
         now, fresh = self.clock(), self.watches_fresh()
         coverage = self.firewall.coverage()
         for key in keys:
