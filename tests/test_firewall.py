@@ -8,10 +8,12 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from ipaddress import ip_address
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -20,6 +22,7 @@ from deathwatch.firewall.config import ConfigError, load_config, parse_config
 from deathwatch.firewall.kubeapi import ApiError
 from deathwatch.firewall.nft import NftError
 from deathwatch.firewall.ruleset import COMMENT, INBOUND_COMMENT, SANDBOX_SETS, desired
+from deathwatch.firewall.sandboxes import PodWatch
 from deathwatch.firewall.table import (
     Chain,
     Match,
@@ -434,3 +437,25 @@ def test_agent_guards_its_nodes_sandboxes_and_keeps_them_when_the_api_is_down(
     notes = api.lease["metadata"]["annotations"]
     assert notes["deathwatch.dev/config-file"] == "invalid"
     assert notes["deathwatch.dev/config"] == config.digest()
+
+
+def test_the_pod_watch_survives_any_failure_counted_and_wakes_the_agent() -> None:
+    stop = threading.Event()
+    woken: list[int] = []
+    failed: list[int] = []
+
+    class Flaky(FakeApi):
+        def watch(self, path: str, seconds: int) -> Iterator[Mapping[str, Any]]:
+            self.calls.append(("WATCH", path))
+            if len(self.calls) == 1:
+                raise ValueError("a chunked read cut halfway")  # not an ApiError
+            yield {"type": "MODIFIED", "object": {}}
+            stop.set()
+
+    watcher = PodWatch(Flaky(), "node-a", lambda: "app=sandbox", lambda: woken.append(1),
+                       lambda: failed.append(1), stop)  # fmt: skip
+    with mock.patch("deathwatch.firewall.sandboxes.BACKOFF", (0.01,)):
+        thread = watcher.start()
+        thread.join(10)
+    assert not thread.is_alive()
+    assert (len(failed), len(woken)) == (1, 1)

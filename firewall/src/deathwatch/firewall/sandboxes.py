@@ -6,8 +6,9 @@ pod; a hostNetwork pod has the node's address and is no sandbox of ours.
 
 `PodWatch` only wakes the agent: any change to a sandbox pod on this node ends its wait, and
 the agent lists again (a list per change on one node is cheap, and there is no watch state to
-get wrong). A broken watch is retried with capped backoff, counted and logged; meanwhile the
-agent still lists at every resync.
+get wrong). A broken watch, whatever broke it, is retried with capped backoff, counted
+(deathwatch_firewall_sync_failures{reason="watch"}) and logged: the thread never ends before
+the agent does; meanwhile the agent still lists at every resync.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from deathwatch.firewall.kubeapi import Api, ApiError, query
+from deathwatch.firewall.kubeapi import Api, query
 from deathwatch.firewall.ruleset import Address
 
 log = structlog.get_logger("deathwatch.firewall")
@@ -83,9 +84,10 @@ class PodWatch:
                     self.wake()
                     if self.stop.is_set():
                         return
-            except ApiError as exc:
+            except Exception as exc:  # any failure, a cut chunked read too: retried
                 self.failed()
                 delay = BACKOFF[min(failures, len(BACKOFF) - 1)]
                 failures += 1
-                log.warning("pod watch failed; retrying", error=str(exc)[:300], retry_in=delay)
+                log.warning("pod watch failed; retrying", error=f"{type(exc).__name__}: "
+                            f"{str(exc)[:300]}", retry_in=delay)  # fmt: skip
                 self.stop.wait(delay)
