@@ -207,6 +207,7 @@ class ControlPlane:
     bind_address: str = "127.0.0.1"
     # every write to deathwatch's objects, Events and Leases, as JSON lines (audit_log)
     audit: bool = False
+    audit_policy: str = AUDIT_POLICY  # which writes it keeps (bench/peers.py: every tool's)
     etcd_port: int = field(default_factory=free_port)
     etcd_peer_port: int = field(default_factory=free_port)
     apiserver_port: int = field(default_factory=free_port)
@@ -304,7 +305,7 @@ class ControlPlane:
         if not self.audit:
             return []
         policy = self.workdir / "audit-policy.yaml"
-        policy.write_text(AUDIT_POLICY)
+        policy.write_text(self.audit_policy)
         return [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
                 "--audit-log-format=json", "--audit-log-mode=blocking"]  # fmt: skip
 

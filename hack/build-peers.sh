@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Build the peers bench/peers.py runs next to deathwatch, from their published Go modules,
+# into a cache outside the repository:
+#
+#   hack/build-peers.sh      -> $DEATHWATCH_CACHE/peers/<module>@<version>/{bin,src}
+#
+# `go install module@version` is refused by this machine's module proxy (403 on the version
+# list), so: `go mod download -json module@version`, copy that read-only directory to a
+# writable one, build there with the module's own go.mod/go.sum. Idempotent: a built binary
+# is kept (its directory is keyed by the pinned version).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=versions.env
+. "$here/versions.env"
+cache=${DEATHWATCH_CACHE:-$HOME/.cache/deathwatch}
+log() { printf '[build-peers] %s\n' "$*" >&2; }
+command -v go >/dev/null || { log "go not found: install Go to build the peers"; exit 1; }
+export GOFLAGS=-mod=mod GOTOOLCHAIN=${GOTOOLCHAIN:-local}
+
+# build MODULE VERSION PACKAGE BINARY
+build() {
+  local mod=$1 ver=$2 pkg=$3 name=$4
+  local top=$cache/peers/${mod//\//_}@$ver
+  if [ -x "$top/bin/$name" ]; then
+    log "$name $ver cached in $top/bin"
+    return
+  fi
+  mkdir -p "$top/bin"
+  local dir start=$(date +%s)
+  dir=$(cd "$top" && go mod download -json "$mod@$ver" | sed -n 's/^\s*"Dir": "\(.*\)",$/\1/p')
+  [ -d "$dir" ] || { log "go mod download gave no directory for $mod@$ver"; exit 1; }
+  rm -rf "$top/src" && cp -r "$dir" "$top/src" && chmod -R u+w "$top/src"
+  log "building $name from $mod@$ver (first build takes a few minutes)"
+  (cd "$top/src" && go build -trimpath -ldflags "-s -w" -o "$top/bin/$name.tmp" "$pkg")
+  mv "$top/bin/$name.tmp" "$top/bin/$name"
+  log "$name $ver built in $(($(date +%s) - start))s"
+}
+
+build k8s.io/kube-state-metrics/v2 "$KSM_VERSION" . kube-state-metrics
+build sigs.k8s.io/agent-sandbox "$AGENT_SANDBOX_VERSION" ./cmd/agent-sandbox-controller agent-sandbox-controller
