@@ -37,9 +37,10 @@ CPU is shared with everything it measures on this machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
-import math
+import multiprocessing
 import os
 import queue
 import re
@@ -53,6 +54,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +98,9 @@ def versions() -> dict[str, str]:
 
 
 def peer_bin(module: str, version: str, name: str) -> Path:
-    return controlplane.cache_dir() / "peers" / f"{module.replace('/', '_')}@{version}" / "bin" / name
+    return (
+        controlplane.cache_dir() / "peers" / f"{module.replace('/', '_')}@{version}" / "bin" / name
+    )
 
 
 def cpu_seconds(pid: int) -> float:
@@ -115,7 +119,9 @@ class Api:
         self.local = threading.local()
 
     def connect(self, timeout: float = 30) -> http.client.HTTPSConnection:
-        return http.client.HTTPSConnection("127.0.0.1", self.port, context=self.ctx, timeout=timeout)
+        return http.client.HTTPSConnection(
+            "127.0.0.1", self.port, context=self.ctx, timeout=timeout
+        )
 
     def request(
         self, method: str, path: str, body: Any = None, content_type: str = "application/json"
@@ -149,7 +155,9 @@ class Watch(threading.Thread):
     """A raw watch of one collection: `on_event(obj, seen_at)` for every event, relisting
     (from a one-item list's resourceVersion) when the stream ends or says 410."""
 
-    def __init__(self, api: Api, path: str, on_event: Callable[[dict[str, Any], float], None]) -> None:
+    def __init__(
+        self, api: Api, path: str, on_event: Callable[[dict[str, Any], float], None]
+    ) -> None:
         super().__init__(daemon=True)
         self.api, self.path, self.on_event = api, path, on_event
         self.stopped = False
@@ -161,7 +169,9 @@ class Watch(threading.Thread):
         while not self.stopped:
             try:
                 if rv is None:
-                    rv = self.api.ok("GET", f"{self.path}{sep}limit=1")["metadata"]["resourceVersion"]
+                    rv = self.api.ok("GET", f"{self.path}{sep}limit=1")["metadata"][
+                        "resourceVersion"
+                    ]
                 conn = self.api.connect(timeout=120)
                 conn.request("GET", f"{self.path}{sep}watch=1&allowWatchBookmarks=true"
                              f"&timeoutSeconds=300&resourceVersion={rv}")  # fmt: skip
@@ -283,31 +293,58 @@ class Signals:
                     self.saw("agent-sandbox", obj["metadata"]["name"], True, at)
 
 
-KSM_FALSE = re.compile(rb'kube_pod_status_ready\{[^}]*pod="([^"]+)"[^}]*condition="(true|false)"\} 1')
+KSM_FALSE = re.compile(
+    rb'kube_pod_status_ready\{[^}]*pod="([^"]+)"[^}]*condition="(true|false)"\} 1'
+)
+
+
+def scrape(port: int, out: Connection) -> None:
+    """Poll kube-state-metrics' /metrics every 100 ms, as a fast Prometheus would; send each
+    pod's Ready transitions (name, false?, monotonic time seen). Its own process: parsing
+    30,000 lines ten times a second must not hold the GIL the bench's watches time with."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    last: dict[bytes, bytes] = {}
+    while True:
+        started = time.monotonic()
+        try:
+            conn.request("GET", "/metrics")
+            body = conn.getresponse().read()
+        except (OSError, http.client.HTTPException):
+            conn.close()
+            time.sleep(0.1)
+            continue
+        at = time.monotonic()
+        changes = []
+        for name, cond in KSM_FALSE.findall(body):
+            if last.get(name) != cond:
+                last[name] = cond
+                changes.append((name.decode(), cond == b"false", at))
+        if changes:
+            out.send(changes)
+        time.sleep(max(0.0, 0.1 - (time.monotonic() - started)))
 
 
 class Scraper(threading.Thread):
-    """Polls kube-state-metrics' /metrics every 100 ms, as a fast Prometheus would."""
+    """Receives what the scraping process saw."""
 
     def __init__(self, port: int, signals: Signals) -> None:
         super().__init__(daemon=True)
-        self.port, self.signals, self.stopped = port, signals, False
+        self.signals, self.stopped = signals, False
+        self.inbox, outbox = multiprocessing.Pipe(duplex=False)
+        self.process = multiprocessing.get_context("fork").Process(
+            target=scrape, args=(port, outbox), daemon=True
+        )
 
     def run(self) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        self.process.start()
         while not self.stopped:
-            started = time.monotonic()
-            try:
-                conn.request("GET", "/metrics")
-                body = conn.getresponse().read()
-            except (OSError, http.client.HTTPException):
-                conn.close()
-                time.sleep(0.1)
-                continue
-            at = time.monotonic()
-            for name, cond in KSM_FALSE.findall(body):
-                self.signals.saw("kube-state-metrics", name.decode(), cond == b"false", at)
-            time.sleep(max(0.0, 0.1 - (time.monotonic() - started)))
+            if self.inbox.poll(0.2):
+                for name, dead, at in self.inbox.recv():
+                    self.signals.saw("kube-state-metrics", name, dead, at)
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.process.terminate()
 
 
 @dataclass
@@ -327,7 +364,9 @@ class Run:
         self.cp.kubectl_run(*args, input=stdin)
 
     def service_account(self, name: str) -> Path:
-        self.api.ok("POST", f"/api/v1/namespaces/{TOOLS_NS}/serviceaccounts", {"metadata": {"name": name}})
+        self.api.ok(
+            "POST", f"/api/v1/namespaces/{TOOLS_NS}/serviceaccounts", {"metadata": {"name": name}}
+        )
         self.api.ok("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
             "metadata": {"name": f"bench-{name}"},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
@@ -338,15 +377,21 @@ class Run:
             {"spec": {"expirationSeconds": 14400}},
         )["status"]["token"]  # fmt: skip
         path = self.work / f"{name}.kubeconfig"
-        path.write_text(kubeconfig(self.cp.server, self.cp.certs / "ca.crt", None, None, token=token, user=name))
+        path.write_text(
+            kubeconfig(self.cp.server, self.cp.certs / "ca.crt", None, None, token=token, user=name)
+        )
         return path
 
     def setup(self) -> None:
         crds = ROOT / "manifests" / "base" / "crds"
         self.kubectl("apply", "--server-side", "-f", str(crds))
         if "agent-sandbox" in self.tools:
-            src = peer_bin("sigs.k8s.io/agent-sandbox", versions()["AGENT_SANDBOX_VERSION"], "x").parent.parent
-            crd = yaml.safe_load((src / "src" / "k8s" / "crds" / "agents.x-k8s.io_sandboxes.yaml").read_text())
+            src = peer_bin(
+                "sigs.k8s.io/agent-sandbox", versions()["AGENT_SANDBOX_VERSION"], "x"
+            ).parent.parent
+            crd = yaml.safe_load(
+                (src / "src" / "k8s" / "crds" / "agents.x-k8s.io_sandboxes.yaml").read_text()
+            )
             crd["spec"].pop("conversion", None)  # no webhook here; only v1beta1 is used
             self.kubectl("apply", "--server-side", "-f", "-", stdin=json.dumps(crd))
         crd_names = ["crd/deathwatches.deathwatch.dev", "crd/sandboxverdicts.deathwatch.dev"]
@@ -406,11 +451,23 @@ class Run:
                 ], logs / f"{name}.log")  # fmt: skip
                 wait_http(port, "/healthz", 60, tool.procs[name])
                 self.scraper = Scraper(port, self.signals)
-        self.watches = [Watch(self.api, f"/api/v1/namespaces/{NS}/pods?labelSelector=app%3Dsandbox", self.signals.on_pod)]
+        self.watches = [
+            Watch(
+                self.api,
+                f"/api/v1/namespaces/{NS}/pods?labelSelector=app%3Dsandbox",
+                self.signals.on_pod,
+            )
+        ]
         if "deathwatch" in self.tools:
-            self.watches.append(Watch(self.api, f"{SV_API}/namespaces/{NS}/sandboxverdicts", self.signals.on_verdict))
+            self.watches.append(
+                Watch(
+                    self.api, f"{SV_API}/namespaces/{NS}/sandboxverdicts", self.signals.on_verdict
+                )
+            )
         if "agent-sandbox" in self.tools:
-            self.watches.append(Watch(self.api, f"{SANDBOX_API}/namespaces/{NS}/sandboxes", self.signals.on_sandbox))
+            self.watches.append(
+                Watch(self.api, f"{SANDBOX_API}/namespaces/{NS}/sandboxes", self.signals.on_sandbox)
+            )
         for w in self.watches:
             w.start()
             w.ready.wait(30)
@@ -420,14 +477,16 @@ class Run:
     def stop(self) -> None:
         for w in self.watches:
             w.stopped = True
-        if self.scraper is not None:
-            self.scraper.stopped = True
+        if self.scraper is not None and self.scraper.process.pid is not None:
+            self.scraper.stop()
         for tool in self.running.values():
             tool.stop()
 
     # --- sandboxes -------------------------------------------------------------------------------
 
-    def create(self, names: list[str], fate: Fate, workers: int = 6) -> dict[str, tuple[bytes, bytes]]:
+    def create(
+        self, names: list[str], fate: Fate, workers: int = 6
+    ) -> dict[str, tuple[bytes, bytes]]:
         """N sandboxes made Ready; returns each one's (Ready status, death status) patch bodies."""
         start = datetime.now(UTC).replace(microsecond=0)
         bodies: dict[str, tuple[bytes, bytes]] = {}
@@ -446,14 +505,19 @@ class Run:
             ready, death = dict(moments[0]), dict(moments[-1])
             for status in (ready, death):
                 status["podIPs"] = [{"ip": status["podIP"]}]
-            bodies[name] = (json.dumps({"status": ready}).encode(), json.dumps({"status": death}).encode())
+            bodies[name] = (
+                json.dumps({"status": ready}).encode(),
+                json.dumps({"status": death}).encode(),
+            )
             path = f"/api/v1/namespaces/{NS}/pods/{name}/status"
             for _ in range(600):  # agent-sandbox creates the pod: wait for it
-                status, payload = self.api.request("PATCH", path, bodies[name][0], "application/merge-patch+json")
-                if status == 200:
+                code, payload = self.api.request(
+                    "PATCH", path, bodies[name][0], "application/merge-patch+json"
+                )
+                if code == 200:
                     return
-                if status != 404:
-                    raise RuntimeError(f"PATCH {path}: {status} {payload}")
+                if code != 404:
+                    raise RuntimeError(f"PATCH {path}: {code} {payload}")
                 time.sleep(0.05)
             raise TimeoutError(f"pod {name} never appeared")
 
@@ -475,7 +539,9 @@ class Run:
             time.sleep(0.2)
         missing = {t: len(want - self.signals.alive[t]) for t in signalled if t not in took}
         if missing:
-            raise TimeoutError(f"not all sandboxes Alive after {timeout}s, missing per tool: {missing}")
+            raise TimeoutError(
+                f"not all sandboxes Alive after {timeout}s, missing per tool: {missing}"
+            )
         return took
 
     def load(self, names: list[str], bodies: dict[str, tuple[bytes, bytes]], rate: float,
@@ -496,10 +562,15 @@ class Run:
                 body = dead
                 if not death:
                     status = json.loads(ready)
-                    status["status"]["conditions"][0]["lastTransitionTime"] = format_time(datetime.now(UTC))
+                    status["status"]["conditions"][0]["lastTransitionTime"] = format_time(
+                        datetime.now(UTC)
+                    )
                     body = json.dumps(status).encode()
                 code, pod = self.api.request(
-                    "PATCH", f"/api/v1/namespaces/{NS}/pods/{name}/status", body, "application/merge-patch+json"
+                    "PATCH",
+                    f"/api/v1/namespaces/{NS}/pods/{name}/status",
+                    body,
+                    "application/merge-patch+json",
                 )
                 now = time.monotonic()
                 if code != 200:
@@ -551,7 +622,11 @@ class Run:
             time.sleep(0.1)
 
     def latencies(self, tool: str, deaths: dict[str, float]) -> list[float]:
-        return [(self.signals.dead[tool][n] - t) * 1e3 for n, t in deaths.items() if n in self.signals.dead[tool]]
+        return [
+            (self.signals.dead[tool][n] - t) * 1e3
+            for n, t in deaths.items()
+            if n in self.signals.dead[tool]
+        ]
 
 
 @dataclass(frozen=True)
@@ -562,8 +637,14 @@ class AuditWrite:
 
 
 def audit_writes(log: Path) -> Iterator[AuditWrite]:
+    """Every audited write, from the log and the files it was rotated into (100 MB each)."""
     prefix = f"system:serviceaccount:{TOOLS_NS}:"
-    with log.open() as f:
+    for path in sorted(log.parent.glob(f"{log.stem}*{log.suffix}")):
+        yield from _audit_file(path, prefix)
+
+
+def _audit_file(path: Path, prefix: str) -> Iterator[AuditWrite]:
+    with path.open() as f:
         for line in f:
             e = json.loads(line)
             user = e.get("user", {}).get("username", "")
@@ -572,12 +653,30 @@ def audit_writes(log: Path) -> Iterator[AuditWrite]:
             if e.get("responseStatus", {}).get("code", 0) >= 300:
                 continue
             ref = e.get("objectRef", {})
-            resource = ref.get("resource", "") + ("/" + ref["subresource"] if ref.get("subresource") else "")
+            resource = ref.get("resource", "") + (
+                "/" + ref["subresource"] if ref.get("subresource") else ""
+            )
             at = datetime.fromisoformat(e["stageTimestamp"].replace("Z", "+00:00"))
             yield AuditWrite(user.removeprefix(prefix), resource, at)
 
 
-def measure(n: int, rate: float, seconds: float, tools: tuple[str, ...], work: Path) -> dict[str, Any]:
+def gc_pauses(offsets: dict[Path, int]) -> dict[str, Any]:
+    """The controller's own GC-pause log lines (gcpauses.py) written since `offsets`: the
+    collector's pauses during the load, to set next to the latency samples."""
+    pauses: list[float] = []
+    for path, offset in offsets.items():
+        with path.open("rb") as f:
+            f.seek(offset)
+            for line in f:
+                if b'"gc pause"' in line:
+                    with contextlib.suppress(ValueError):
+                        pauses.append(float(json.loads(line)["seconds"]) * 1e3)
+    return {"count": len(pauses), "max_ms": round(max(pauses), 1) if pauses else 0.0}
+
+
+def measure(
+    n: int, rate: float, seconds: float, tools: tuple[str, ...], work: Path
+) -> dict[str, Any]:
     cp = ControlPlane(work / "cp", audit=True, audit_policy=AUDIT_POLICY)
     run: Run | None = None
     try:
@@ -595,18 +694,28 @@ def measure(n: int, rate: float, seconds: float, tools: tuple[str, ...], work: P
         create_s = time.monotonic() - created_at
         time.sleep(10)  # kopf's per-object workers exit after 5 s idle: the steady state
         at_n = {t: round(run.running[t].rss(), 1) for t in tools}
-        per_process = {t: {k: round(rss_mib(p.pid), 1) for k, p in run.running[t].procs.items()} for t in tools}
+        per_process = {
+            t: {k: round(rss_mib(p.pid), 1) for k, p in run.running[t].procs.items()} for t in tools
+        }
         api_proc = cp.processes["kube-apiserver"].popen
         cpu_before = {t: run.running[t].cpu() for t in tools}
         cpu_before["kube-apiserver"] = cpu_seconds(api_proc.pid)  # type: ignore[union-attr]
         load_wall = datetime.now(UTC)
+        log_offsets = {p: p.stat().st_size for p in (work / "logs").glob("dw-*.log")}
         writes = run.load(names, bodies, rate, seconds)
         run.wait_verdicts(writes["deaths"], 30)
         cpu = {t: round(run.running[t].cpu() - cpu_before[t], 2) for t in tools}
         cpu["kube-apiserver"] = round(cpu_seconds(api_proc.pid) - cpu_before["kube-apiserver"], 2)  # type: ignore[union-attr]
-        peak = {t: round(sum(rss_mib(p.pid, "VmHWM") for p in run.running[t].procs.values()), 1) for t in tools}
+        peak = {
+            t: round(sum(rss_mib(p.pid, "VmHWM") for p in run.running[t].procs.values()), 1)
+            for t in tools
+        }
         deaths = writes["deaths"]
-        baseline = [(run.signals.pod_rv[k] - t) * 1e3 for k, t in writes["noops"].items() if k in run.signals.pod_rv]
+        baseline = [
+            (run.signals.pod_rv[k] - t) * 1e3
+            for k, t in writes["noops"].items()
+            if k in run.signals.pod_rv
+        ]
         run.stop()
         time.sleep(1)
         by_tool: dict[str, dict[str, int]] = {t: {"setup": 0, "load": 0} for t in tools}
@@ -623,17 +732,19 @@ def measure(n: int, rate: float, seconds: float, tools: tuple[str, ...], work: P
         }  # fmt: skip
         for t in tools:
             lat = run.latencies(t, deaths) if t != "kopf-noop" else []
-            w = by_tool[t]
+            counts = by_tool[t]
             result["tools"][t] = {
                 "latency_ms": summary(lat) if lat else None,
                 "seen": len(lat),
                 "rss_idle_mib": idle[t], "rss_at_n_mib": at_n[t], "rss_peak_mib": peak[t],
                 "rss_at_n_per_process_mib": per_process[t],
                 "cpu_s_load": cpu[t],
-                "writes_per_lifecycle": round(w["setup"] / n + w["load"] / max(1, len(deaths)), 2),
-                "writes": w,
+                "writes_per_lifecycle": round(counts["setup"] / n + counts["load"] / max(1, len(deaths)), 2),
+                "writes": counts,
             }  # fmt: skip
         result["apiserver_cpu_s_load"] = cpu["kube-apiserver"]
+        if "deathwatch" in tools:
+            result["tools"]["deathwatch"]["gc_pauses_over_50ms_in_load"] = gc_pauses(log_offsets)
         return result
     finally:
         if run is not None:
@@ -700,12 +811,16 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--pods", default="1000,10000,30000", help="comma-separated N values")
     ap.add_argument("--rate", type=float, default=20.0)
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--tools", default=",".join(TOOLS))
-    ap.add_argument("--saturation", action="store_true", help="also ramp deathwatch alone at the largest N")
+    ap.add_argument(
+        "--saturation", action="store_true", help="also ramp deathwatch alone at the largest N"
+    )
     ap.add_argument("--saturation-pods", type=int, default=None)
     ap.add_argument("--saturation-rates", default="50,100,200,300,400,500,600,800,1000")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
@@ -728,7 +843,10 @@ def main() -> int:
     if missing:
         print(f"peers not built ({', '.join(missing)}): run hack/build-peers.sh", file=sys.stderr)
         return 2
-    results: dict[str, Any] = {"runs": [], "versions": {k: v[k] for k in ("K8S_VERSION", "KSM_VERSION", "AGENT_SANDBOX_VERSION")}}
+    results: dict[str, Any] = {
+        "runs": [],
+        "versions": {k: v[k] for k in ("K8S_VERSION", "KSM_VERSION", "AGENT_SANDBOX_VERSION")},
+    }
     for n in sizes:
         work = Path(tempfile.mkdtemp(prefix=f"deathwatch-peers-{n}-"))
         print(f"N = {n}: running {', '.join(tools)} (work dir {work})", file=sys.stderr)
@@ -742,7 +860,9 @@ def main() -> int:
         work = Path(tempfile.mkdtemp(prefix="deathwatch-saturation-"))
         print(f"saturation: deathwatch alone at N = {n}", file=sys.stderr)
         results["saturation"] = saturation(n, rates, 20.0, work)
-        print(f"saturation at N = {n:,}: highest rate with p99 < 1 s: {results['saturation']['max_sustained_rate']} writes/s")
+        print(
+            f"saturation at N = {n:,}: highest rate with p99 < 1 s: {results['saturation']['max_sustained_rate']} writes/s"
+        )
         for s in results["saturation"]["steps"]:
             print(f"  {s['rate']} writes/s: p50 {s['latency_ms']['p50']} ms, p99 {s['latency_ms']['p99']} ms, "
                   f"max {s['latency_ms']['max']} ms ({s['seen']}/{s['deaths']} deaths seen)")  # fmt: skip
