@@ -56,7 +56,8 @@ class Signal:
 MAX_SUSPECT = timedelta(days=1)
 
 
-class Track(msgspec.Struct, frozen=True, kw_only=True):
+# gc=False: it holds no reference back to itself, so the cyclic collector need not scan it
+class Track(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Everything the engine remembers about one pod (by uid). Immutable: each step makes a
     new one (msgspec's replace is C, cheap on the hot path of replay)."""
 

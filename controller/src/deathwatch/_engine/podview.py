@@ -77,7 +77,8 @@ class ProbeView(msgspec.Struct, frozen=True, gc=False):
         )
 
 
-class PodView(msgspec.Struct, frozen=True):
+# gc=False: it holds no reference back to itself, so the cyclic collector need not scan it
+class PodView(msgspec.Struct, frozen=True, gc=False):
     uid: str
     namespace: str
     name: str

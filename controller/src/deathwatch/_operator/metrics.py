@@ -123,6 +123,13 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.gc_pauses = Histogram(
+            "deathwatch_gc_pause_seconds",
+            "How long each garbage collection stopped the process, by generation (gcpauses.py)",
+            ["generation"],
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+            registry=r,
+        )
         self.coverage_nodes = Gauge(
             "deathwatch_firewall_coverage_nodes",
             "Nodes whose firewall agent publishes a coverage Lease (as last listed)",
