@@ -73,6 +73,31 @@ def test_no_probe_death_with_evidence_and_one_event(env: Env) -> None:
     assert "ContainerExited" in table
 
 
+def test_a_deathwatch_created_after_its_pods_adopts_them(env: Env) -> None:
+    # the controller keeps no copy of pods no DeathWatch selects: a new DeathWatch lists the
+    # pods that came before it (their watch events are past) and judges them from there
+    env.start_controller()
+    scripts = [env.script(f"sbx-early-{i}", fate=Fate.EXITS, exit_code=3) for i in range(3)]
+    web = env.script("web-early", fate=Fate.LIVES, labels={"app": "web"})
+    for s in [*scripts, web]:
+        env.create(s)
+        env.kubelet.status(env.ns, s.name, ready_status(s))
+    wait_for(
+        lambda: env.controller is not None and env.controller.metric(
+            "deathwatch_watch_last_event_timestamp_seconds", resource="pods") > 0,
+        what="the controller saw the pods before any DeathWatch",
+    )  # fmt: skip
+    assert env.sv(scripts[0].name) is None
+    env.deathwatch()
+    for s in scripts:
+        env.wait_state(s.name, "Alive")
+    assert env.sv(web.name) is None  # not a sandbox: not adopted
+    env.kubelet.status(env.ns, scripts[1].name, fate_status(scripts[1]))
+    dead = env.wait_state(scripts[1].name, "Dead")["status"]
+    assert (dead["cause"], dead["exitCode"]) == ("ContainerExited", 3)
+    assert len(wait_for(lambda: env.events(scripts[1].name, "SandboxDead"), what="Event")) == 1
+
+
 def test_oom_and_eviction(env: Env) -> None:
     env.start_controller()
     env.deathwatch()

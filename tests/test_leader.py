@@ -360,7 +360,25 @@ async def test_a_new_leader_posts_the_event_the_old_one_may_have_missed() -> Non
         w.observed(SV_PLURAL, NS, "a", {"state": "Alive", "podUID": "uid-a"})  # not yet Dead
         w.lead()
         await asyncio.wait_for(w.idle(), 5)
-    assert [op for op, _ in api.calls] == ["create_event", "patch_status"]
+    assert sorted(op for op, _ in api.calls) == ["create_event", "patch_status"]
+
+
+async def test_a_new_leader_posts_the_event_lost_between_the_old_ones_two_writes() -> None:
+    # the old leader's Dead verdict landed, its Event did not (a crash in between): the
+    # standby's own desire was settled by the verdict; taking over reconciles the Event
+    api = FakeApi()
+    leaders_objects(api, "a")
+    async with standby_writer(api) as w:
+        dead = verdict("a", "Dead")
+        dead.events = [dead_event("a")]
+        w.want(dead)
+        w.observed(SV_PLURAL, NS, "a", {"state": "Dead", "podUID": "uid-a"})
+        assert w.backlog == 0  # settled by what the old leader wrote
+        w.reconcile([dead_event("a")])  # what App does on takeover (tracker.unannounced_deaths)
+        w.lead()
+        await asyncio.wait_for(w.idle(), 5)
+    assert [op for op, _ in api.calls] == ["create_event"]
+    assert list(api.events) == [(NS, "a.uid-a.sandboxdead")]
 
 
 async def test_a_fenced_leader_sends_nothing_more_and_keeps_its_queue() -> None:

@@ -70,14 +70,14 @@ class Harness:
     def deathwatch(self, **spec: Any) -> None:
         body = deathwatch_body(**spec)
         self.watches = [read_deathwatch(body, default_registry())]
-        self.tracker.on_deathwatch(None, body, [])
+        self.tracker.on_deathwatch(None, body)
 
     def pod(self, body: dict[str, Any], seconds: float, event: str | None = "MODIFIED") -> None:
         self.clock.now = at(seconds)
         self.tracker.on_pod(event, body, self.watches)
 
     async def settle(self) -> None:
-        self.tracker.publish()
+        await self.tracker.publish()
         await asyncio.wait_for(self.writer.idle(), 5)
 
     def sv(self, name: str = "sbx-1") -> dict[str, Any] | None:
@@ -128,9 +128,15 @@ async def test_a_sandbox_lifecycle_ending_in_death() -> None:
     dw = h.api.status(DW_PLURAL, NS, "sandboxes")
     assert dw is not None and (dw["tracked"], dw["dead"], dw["alive"]) == (1, 1, 0)
     assert dw["lastDeaths"][0]["exitCode"] == 7
-    # the Event went out before the verdict that announces it
+    # the Event went out with the verdict that announces it: one round trip
     ops = [op for op, k in h.api.calls if k[2] in ("sbx-1", "sbx-1.uid-1.sandboxdead")]
-    assert ops == ["create", "patch_status", "create_event", "patch_status"]
+    assert ops[:2] == ["create", "patch_status"]
+    assert sorted(ops[2:]) == ["create_event", "patch_status"]
+    # and the writer taking over (a restart, a new leader) says it again: a 409, not a second
+    (lost,) = h.tracker.unannounced_deaths()
+    assert lost.name == "sbx-1.uid-1.sandboxdead"
+    h.clock.now = at(60 * 60)
+    assert h.tracker.unannounced_deaths() == []  # past the Event TTL: no old death as news
 
 
 async def test_deletion_is_gone_and_the_verdict_retires_after_its_retention() -> None:
@@ -173,9 +179,7 @@ async def test_an_exec_probe_window_closes_on_the_clock_not_on_the_next_event() 
 
 async def test_an_invalid_deathwatch_says_which_field_on_its_status() -> None:
     async with harness() as h:
-        h.tracker.on_deathwatch(
-            None, deathwatch_body(podSelector={"matchLabels": {"a b": "x"}}), []
-        )
+        h.tracker.on_deathwatch(None, deathwatch_body(podSelector={"matchLabels": {"a b": "x"}}))
         await h.settle()
     status = h.api.status(DW_PLURAL, NS, "sandboxes")
     assert status is not None

@@ -1,6 +1,7 @@
 """The writer's rules, in process, against a fake API and a test-driven retry timer: latest
 desire wins, one write in flight per object, Dead first, backoff kept across merges, no retry
-of a refusal, Events exactly once and before the verdict."""
+of a refusal, Events exactly once: before a verdict that must be created, with (not before)
+a verdict that exists, and again from Dead verdicts when writing is taken over (reconcile)."""
 
 from __future__ import annotations
 
@@ -182,6 +183,57 @@ async def test_events_are_posted_once_and_before_the_verdict_they_announce() -> 
         await settle(writer)
     assert len(api2.events) == 1
     assert writer.metrics.api_writes.labels("create_event")._value.get() == 0
+
+
+async def test_a_death_of_an_existing_verdict_costs_one_round_trip() -> None:
+    async with running() as (writer, api, _):
+        writer.want(sv("a"))
+        await settle(writer)
+        api.hold = asyncio.Event()
+        d = sv("a", state="Dead", priority=URGENT)
+        d.events = [dead_event("a")]
+        writer.want(d)
+        # both requests are in flight at once, neither waits for the other
+        await until(lambda: [op for op, _ in api.calls][-2:] in (
+            ["patch_status", "create_event"], ["create_event", "patch_status"]))  # fmt: skip
+        api.hold.set()
+        await settle(writer)
+    assert api.status(*key("a"))["state"] == "Dead"  # type: ignore[index]
+    assert list(api.events) == [(NS, "a.uid-a.sandboxdead")]
+
+
+async def test_an_event_that_failed_beside_its_verdict_is_posted_alone() -> None:
+    async with running() as (writer, api, timers):
+        writer.want(sv("a"))
+        await settle(writer)
+        api.fail["create_event"] = [503]
+        d = sv("a", state="Dead", priority=URGENT)
+        d.events = [dead_event("a")]
+        writer.want(d)
+        await until(lambda: timers.waiting == 1)
+        assert api.status(*key("a"))["state"] == "Dead"  # type: ignore[index]
+        timers.fire()
+        await settle(writer)
+    ops = [op for op, _ in api.calls]
+    assert ops.count("patch_status") == 2  # Alive, Dead: the retry does not patch again
+    assert ops.count("create_event") == 2 and list(api.events) == [(NS, "a.uid-a.sandboxdead")]
+
+
+async def test_reconciled_events_are_posted_once_and_leave_pending_writes_standing() -> None:
+    async with running(workers=1) as (writer, api, _):
+        writer.want(sv("a", state="Dead"))
+        await settle(writer)
+        api.events[(NS, "a.uid-a.sandboxdead")] = {"posted": "earlier"}
+        api.hold = asyncio.Event()
+        writer.want(sv("other"))
+        await until(lambda: bool(api.calls) and api.calls[-1][1][2] == "other")
+        writer.want(sv("b", state="Dead"))  # pending behind the busy worker
+        writer.reconcile([dead_event("a"), dead_event("b")])
+        api.hold.set()
+        await settle(writer)
+    assert api.status(*key("b"))["state"] == "Dead"  # type: ignore[index]
+    assert api.events[(NS, "a.uid-a.sandboxdead")] == {"posted": "earlier"}  # 409: not twice
+    assert (NS, "b.uid-b.sandboxdead") in api.events
 
 
 async def test_an_event_posted_before_a_failure_is_not_posted_again() -> None:

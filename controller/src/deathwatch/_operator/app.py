@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -23,8 +24,8 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from deathwatch._engine.podview import MalformedPod, PodView, read_pod
 from deathwatch._engine.timeutil import UTC
+from deathwatch._operator import gcpauses
 from deathwatch._operator.documents import FirewallReading
 from deathwatch._operator.kube import (
     Api,
@@ -47,6 +48,9 @@ from deathwatch._operator.writer import Writer
 from deathwatch._policies import default_registry
 
 log = structlog.get_logger("deathwatch.app")
+
+ADOPT_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)  # seconds between tries to list a namespace
+REFREEZE_INTERVAL = 600.0  # seconds: sandboxes that arrived since the last freeze join it
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,7 @@ class App:
     streams: StreamActivity = field(init=False)
     elector: Elector | None = None
     runner: web.AppRunner | None = None
+    gc_pauses: gcpauses.PauseLog | None = None
 
     def __post_init__(self) -> None:
         self.supervisor = Supervisor(self.metrics)
@@ -119,6 +124,8 @@ class App:
         log.info(
             "restored verdicts", count=restored, namespaces=list(self.config.namespaces) or "all"
         )
+        if self.elector is None:  # the only writer: it leads from the start
+            self.reconcile_events()
         self.writer.start(self.supervisor.start)
         if self.elector is not None:
             self.supervisor.start("leader-election", self.elector.run)
@@ -131,6 +138,7 @@ class App:
             self.supervisor.start("firewall-coverage", self.coverage_loop)
 
     def _build(self) -> None:
+        self.gc_pauses = gcpauses.install(self.metrics)
         configuration = load_configuration(self.config.kubeconfig)
         self.api = Api(configuration, self.config.writers + 2, "writes", self.config.identity)
         # /readyz and firewall coverage use their own client and thread: they can never
@@ -188,9 +196,19 @@ class App:
         if self.writer is None:
             return
         if leading:
+            self.reconcile_events()
             self.writer.lead()
         else:
             self.writer.standby()
+
+    def reconcile_events(self) -> None:
+        """Taking over the writing: post again any SandboxDead Event a crash may have lost."""
+        if self.tracker is None or self.writer is None:
+            return
+        events = self.tracker.unannounced_deaths()
+        if events:
+            log.info("reconciling sandboxdead events", count=len(events))
+            self.writer.reconcile(events)
 
     async def list_verdicts(self) -> list[dict[str, Any]]:
         assert self.api is not None  # noqa: S101 - set in start()
@@ -222,6 +240,51 @@ class App:
             ) from exc
         return items
 
+    async def adopt_existing(self, spec: Watch) -> None:
+        """List the pods of a new (or changed) DeathWatch's namespace, page by page, and hand
+        them to the tracker. A failed list is counted, logged and tried again with backoff
+        (nothing else would bring those pods: they have no event to come)."""
+        assert self.api is not None  # noqa: S101 - started
+        assert self.tracker is not None  # noqa: S101
+        core, namespace = self.api.core, spec.key[0]
+        for delay in (*ADOPT_BACKOFF, None):
+            adopted, token = 0, None
+            try:
+                while True:
+                    response = await self.api.call(
+                        core.list_namespaced_pod,
+                        namespace,
+                        label_selector=self.config.pod_label_selector or None,
+                        limit=500,
+                        _continue=token,
+                        _preload_content=False,
+                    )
+                    page = json.loads(response.data)
+                    adopted += self.tracker.adopt(spec, page.get("items") or [])
+                    token = (page.get("metadata") or {}).get("continue")
+                    if not token:
+                        break
+            except Exception as exc:
+                self.metrics.api_errors.labels("list_pods", status_code(exc)).inc()
+                log.error(
+                    "pods of a deathwatch not listed",
+                    namespace=namespace,
+                    deathwatch=spec.key[1],
+                    error=api_message(exc),
+                    retry_in=delay,
+                )
+                if delay is None:
+                    return  # each pod's next event adopts it
+                await asyncio.sleep(delay)
+                continue
+            log.info(
+                "deathwatch adopted existing pods",
+                namespace=namespace,
+                deathwatch=spec.key[1],
+                count=adopted,
+            )
+            return
+
     async def stop(self) -> None:
         """SIGTERM: a leader finishes what it decided (bounded), stops writing, then releases
         the Lease so a standby takes over at its next try instead of after the lease runs out."""
@@ -232,6 +295,8 @@ class App:
         if self.elector is not None:
             await self.elector.release()
         await self.supervisor.stop()
+        if self.gc_pauses is not None:
+            gcpauses.uninstall(self.gc_pauses)
         if self.runner is not None:
             await self.runner.cleanup()
         for api in (self.api, self.probe_api, self.lease_api):
@@ -260,13 +325,19 @@ class App:
         c = self.tracker
         assert c is not None  # noqa: S101
         last_retire = 0.0
+        frozen_for, frozen_at = 0, time.monotonic()
         while True:
             await asyncio.sleep(self.config.publish_interval)
+            listing = c.listing_settled()
+            if listing != frozen_for or time.monotonic() - frozen_at > REFREEZE_INTERVAL:
+                # what a listing built lives as long as its pods: out of the collector's reach
+                gcpauses.freeze("pod listing" if listing != frozen_for else "periodic")
+                frozen_for, frozen_at = listing, time.monotonic()
             if time.monotonic() - last_retire > self.config.retire_interval:
                 last_retire = time.monotonic()
                 c.retire()
             c.reshield()  # coverage claims go stale with no event: judged on the clock
-            c.publish()
+            await c.publish()
 
     async def vanished_loop(self) -> None:
         """Pods deleted while we were down or while a watch was broken produce no DELETED
@@ -502,13 +573,6 @@ def register(registry: kopf.OperatorRegistry, app: App) -> None:
         except SpecError:
             return {}  # reported on the DeathWatch's status by the event handler
 
-    @kopf.index("", "v1", "pods", id="pods_by_namespace", registry=registry)
-    def pods_by_namespace(namespace: str | None, body: kopf.Body, **_: Any) -> dict[str, PodView]:
-        try:
-            return {namespace or "": read_pod(body)}
-        except MalformedPod:
-            return {}
-
     @kopf.on.event("", "v1", "pods", id="pod_event", registry=registry)
     async def pod_event(
         event: kopf.RawEvent, body: kopf.Body, namespace: str | None, **kwargs: Any
@@ -522,11 +586,14 @@ def register(registry: kopf.OperatorRegistry, app: App) -> None:
     async def deathwatch_event(
         event: kopf.RawEvent, body: kopf.Body, namespace: str | None, **kwargs: Any
     ) -> None:
-        if app.tracker is not None:
-            pods = _values(kwargs["pods_by_namespace"], namespace or "")
-            with app.reported("deathwatch_event", body):
-                app.tracker.on_deathwatch(event.get("type"), body, pods)
-                app.observed(DW_PLURAL, event.get("type"), body)
+        if app.tracker is None:
+            return
+        with app.reported("deathwatch_event", body):
+            spec = app.tracker.on_deathwatch(event.get("type"), body)
+            app.observed(DW_PLURAL, event.get("type"), body)
+        if spec is not None and app.tracker.listings > 0:
+            # pods it selects that came before it: the pod stream will not tell of them again
+            await app.adopt_existing(spec)
 
     @kopf.on.event(GROUP, VERSION, SV_PLURAL, id="verdict_event", registry=registry)
     async def verdict_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:

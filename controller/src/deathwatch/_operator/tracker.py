@@ -43,6 +43,10 @@ from deathwatch._operator.writer import LOW, NORMAL, URGENT, Desired, Writer
 from deathwatch._policies import PolicyRegistry, PolicySettings
 
 log = structlog.get_logger("deathwatch.tracker")
+# Dead verdicts younger than this get their Event re-posted at start and takeover (under the
+# API server's default 1 h Event TTL, so an Event that was posted still exists and is a 409)
+EVENT_RECONCILE_WINDOW = timedelta(minutes=50)
+PUBLISH_SLICE = 256  # tracked sandboxes walked between two yields to the event loop
 Key = tuple[str, str]
 
 
@@ -100,6 +104,7 @@ class Tracker:
     last_event: dict[str, float] = field(default_factory=dict)  # resource -> monotonic time
     listing_started: float = 0.0  # monotonic time the latest (re)listing of pods began
     _in_listing: bool = False
+    listings: int = 0  # pod (re)listings begun so far
     started: float = field(default_factory=time.monotonic)
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # a new deadline to wait for
     malformed: set[str] = field(default_factory=set)
@@ -203,6 +208,7 @@ class Tracker:
             listing = event_type is None
             if listing and not self._in_listing:
                 self.listing_started = now_mono
+                self.listings += 1
             self._in_listing = listing
 
     @staticmethod
@@ -444,15 +450,16 @@ class Tracker:
 
     # --- DeathWatches -----------------------------------------------------------------------
 
-    def on_deathwatch(
-        self, event_type: str | None, body: Mapping[str, Any], pods: Iterable[PodView]
-    ) -> None:
+    def on_deathwatch(self, event_type: str | None, body: Mapping[str, Any]) -> Watch | None:
+        """A DeathWatch event. Returns its spec when it is new or its spec changed: pods that
+        existed before it are then the caller's to list and `adopt` (no watch event tells of
+        them; the controller keeps no copy of pods that are not sandboxes)."""
         self._note_event("deathwatches", event_type, time.monotonic())
         meta = body.get("metadata") or {}
         key: Key = (meta.get("namespace") or "default", meta.get("name") or "")
         if event_type == "DELETED" or meta.get("deletionTimestamp"):
             self._drop_watch(key)
-            return
+            return None
         if key not in self.conditions:
             # what an earlier controller published: transition times carry over a restart
             try:
@@ -462,7 +469,7 @@ class Tracker:
                 self.conditions[key] = []
         generation = (meta.get("uid"), meta.get("generation"))
         if self.generations.get(key) == generation:
-            return  # our own status write coming back: the spec is unchanged
+            return None  # our own status write coming back: the spec is unchanged
         self.generations[key] = generation
         try:
             spec = read_deathwatch(body, self.registry)
@@ -471,16 +478,29 @@ class Tracker:
             self.invalid[key] = str(exc)
             self.watches.pop(key, None)
             self.dirty.add(key)
-            return
+            return None
         self.invalid.pop(key, None)
         self.watches[key] = spec
         self.dirty.add(key)
-        # pods that existed before this DeathWatch (or before its selector changed)
-        for pod in pods:
+        return spec
+
+    def adopt(self, spec: Watch, pods: Iterable[Mapping[str, Any]]) -> int:
+        """Pods that existed before `spec` (or before its selector changed), as just listed:
+        each one it selects that no watch event has brought yet. Returns how many."""
+        if self.watches.get(spec.key) is not spec:
+            return 0  # replaced or deleted while the pods were being listed
+        adopted = 0
+        for body in pods:
+            try:
+                pod = read_pod(body)
+            except MalformedPod:
+                continue  # its own watch event reports it
             if pod.uid not in self.records and self._match(pod, self.watches.values()) is spec:
                 step = self.fleet.observe(pod, self.clock(), spec.policy, spec.settings)
                 self._record(pod, spec).last_seen = time.monotonic()
                 self._after(step, spec)
+                adopted += 1
+        return adopted
 
     def _drop_watch(self, key: Key) -> None:
         """The DeathWatch is gone: its verdicts go with it (ownerReferences), so does our memory."""
@@ -536,6 +556,30 @@ class Tracker:
                 out.append(uid)
         return out
 
+    def unannounced_deaths(self, window: timedelta = EVENT_RECONCILE_WINDOW) -> list[PodEvent]:
+        """The SandboxDead Event of every Dead verdict declared within `window`: what a crash
+        (or a leader losing its lease) between a verdict and its Event could have left unsaid.
+        The writer posts each again under its deterministic name (409: it was posted). Older
+        verdicts are left alone: the API server has expired their Events (--event-ttl, 1 h by
+        default), and a new one would announce an old death as news."""
+        since = self.clock() - window
+        return [
+            documents.dead_event(track)
+            for track in self.fleet
+            if track.state is State.DEAD
+            and track.evidence is not None
+            and track.evidence.declared_at >= since
+        ]
+
+    def listing_settled(self, quiet: float = 2.0) -> int:
+        """The number of the latest pod listing once it has all come in (0: none yet): the
+        moment to freeze what it built out of the garbage collector's reach (gcpauses.py)."""
+        if self.listings == 0:
+            return 0
+        if self._in_listing and time.monotonic() - self.last_event.get("pods", 0) < quiet:
+            return 0
+        return self.listings
+
     def gone(self, uid: str) -> None:
         """A pod confirmed absent from the API (404)."""
         record = self.records.get(uid)
@@ -588,31 +632,36 @@ class Tracker:
         when that cannot be known (see streams.py)."""
         return self.streams.fresh(["pods"], self.stale_after)
 
-    def publish(self) -> None:
+    async def publish(self, slice_size: int = PUBLISH_SLICE) -> None:
         """Queue the status of every DeathWatch that changed (the writer skips no-ops). One
-        DeathWatch that cannot be summarised is logged and counted; the others still are."""
+        DeathWatch that cannot be summarised is logged and counted; the others still are.
+        The walk over every tracked sandbox yields to the event loop every `slice_size`
+        sandboxes: at 10,000 it took ~90 ms in one piece, a stall every pod event behind it
+        waited out (issue #13's profile); in slices, a death's event waits for one slice."""
         keys = set(self.dirty) | set(self.watches) | set(self.invalid)
         self.dirty.clear()
         tracks_by_watch: dict[Key, list[Track]] = {}
         uncovered: dict[Key, set[str]] = {}
-        shielded: dict[str, int] = {}
-        for uid, record in self.records.items():
+        shielded: dict[ConditionStatus, int] = dict.fromkeys(ConditionStatus, 0)
+        counts: dict[State, int] = dict.fromkeys(State, 0)
+        for i, (uid, record) in enumerate(list(self.records.items())):
+            if i % slice_size == slice_size - 1:
+                await asyncio.sleep(0)
             track = self.fleet.get(uid)
-            if track is not None:
-                tracks_by_watch.setdefault(record.watch, []).append(track)
-                if record.shield is not None and not track.state.terminal:
-                    shield = str(record.shield.status)
-                    shielded[shield] = shielded.get(shield, 0) + 1
-                    if record.node and record.shield.exposed:
-                        uncovered.setdefault(record.watch, set()).add(record.node)
-        counts: dict[str, int] = {}
-        for track in self.fleet:
-            counts[str(track.state)] = counts.get(str(track.state), 0) + 1
-        for state in State:
-            self.metrics.tracked.labels(str(state)).set(counts.get(str(state), 0))
+            if track is None:
+                continue
+            counts[track.state] += 1
+            tracks_by_watch.setdefault(record.watch, []).append(track)
+            shield = record.shield
+            if shield is not None and not track.state.terminal:
+                shielded[shield.status] += 1
+                if record.node and shield.exposed:
+                    uncovered.setdefault(record.watch, set()).add(record.node)
+        for state, count in counts.items():
+            self.metrics.tracked.labels(str(state)).set(count)
         if self.coverage is not None:
-            for cs in ConditionStatus:
-                self.metrics.shielded.labels(str(cs)).set(shielded.get(str(cs), 0))
+            for cs, count in shielded.items():
+                self.metrics.shielded.labels(str(cs)).set(count)
         now, fresh = self.clock(), self.watches_fresh()
         coverage = self.firewall.coverage()
         for key in keys:

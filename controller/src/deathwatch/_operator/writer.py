@@ -101,7 +101,11 @@ class Desired:
         return (self.plural, self.namespace, self.name)
 
     def merged_into(self, newer: Desired) -> Desired:
-        """`newer` wins, but keeps the events and urgency this one still owes."""
+        """`newer` wins, but keeps the events and urgency this one still owes; a newer
+        desire of Events only (reconcile) leaves this one's status or deletion standing."""
+        if newer.status is None and newer.delete_if_uid is None:
+            newer.status, newer.create = self.status, self.create
+            newer.delete_if_uid = self.delete_if_uid
         newer.events = self.events + [e for e in newer.events if e not in self.events]
         newer.priority = min(self.priority, newer.priority)
         newer.received = self.received if self.received is not None else newer.received
@@ -406,13 +410,47 @@ class Writer:
         return result
 
     async def _write(self, d: Desired) -> None:
-        for event in list(d.events):
-            await self._post(event)
-            d.events.remove(event)  # posted: a retry of the rest must not repeat it
+        key = d.key
+        written = self._written.get(key)
+        status = d.status
+        if status is not None and written is not None and written.same(status):
+            status = None  # written by an earlier try whose Events failed: only those remain
         if d.delete_if_uid is not None:
+            await self._post_all(d)
             await self._delete_verdict(d)
-        elif d.status is not None:
-            await self._write_status(d, d.status)
+        elif status is not None and d.events and key in self._exists:
+            # the verdict and its Events at once: saying "dead" costs one round trip, not two.
+            # An Event lost to a crash between the two is posted again from the Dead verdict
+            # at the next start or takeover (`reconcile`), under the same name: exactly once.
+            results = await asyncio.gather(
+                self._write_status(d, status), self._post_all(d), return_exceptions=True
+            )
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+        else:
+            await self._post_all(d)
+            if status is not None:
+                await self._write_status(d, status)
+
+    async def _post_all(self, d: Desired) -> None:
+        failure: BaseException | None = None
+        for event in list(d.events):
+            try:
+                await self._post(event)
+            except Exception as exc:
+                failure = failure or exc
+                continue
+            d.events.remove(event)  # posted: a retry of the rest must not repeat it
+        if failure is not None:
+            raise failure
+
+    def reconcile(self, events: list[PodEvent]) -> None:
+        """Events that may have been lost between a verdict and its Event (a crash, a leader
+        that lost its lease): post each again; a 409 says it was posted. Queued at low
+        priority, one desire per pod, with nothing else to write."""
+        for event in events:
+            self.want(Desired(SV_PLURAL, event.namespace, event.pod, events=[event], priority=LOW))
 
     async def _post(self, e: PodEvent) -> None:
         try:
