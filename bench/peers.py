@@ -338,9 +338,14 @@ class Scraper(threading.Thread):
     def run(self) -> None:
         self.process.start()
         while not self.stopped:
-            if self.inbox.poll(0.2):
-                for name, dead, at in self.inbox.recv():
-                    self.signals.saw("kube-state-metrics", name, dead, at)
+            try:
+                if not self.inbox.poll(0.2):
+                    continue
+                changes = self.inbox.recv()
+            except (EOFError, OSError):
+                return  # the scraping process ended (stop)
+            for name, dead, at in changes:
+                self.signals.saw("kube-state-metrics", name, dead, at)
 
     def stop(self) -> None:
         self.stopped = True

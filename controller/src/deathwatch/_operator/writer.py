@@ -155,7 +155,7 @@ class Written:
         )
 
     def same(self, status: Mapping[str, Any]) -> bool:
-        return Written.of(status).digest == self.digest
+        return _hash(status) == self.digest  # on every pod event: the one hash it needs
 
 
 def _patch(desired: Mapping[str, Any], written: Written | None) -> dict[str, Any]:
@@ -251,7 +251,7 @@ class Writer:
             return False
         if exactly:
             return written.same(desired.status)
-        return written.gist == Written.of(desired.status).gist
+        return written.gist == _hash(_without_volatile(desired.status))
 
     # --- leading and standing by (leader.py) ----------------------------------------------
 
