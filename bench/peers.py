@@ -844,9 +844,13 @@ def main() -> int:
     v = versions()
     needed = {"agent-sandbox": peer_bin("sigs.k8s.io/agent-sandbox", v["AGENT_SANDBOX_VERSION"], "agent-sandbox-controller"),
               "kube-state-metrics": peer_bin("k8s.io/kube-state-metrics/v2", v["KSM_VERSION"], "kube-state-metrics")}  # fmt: skip
+    for script in ("build-k8s.sh", "build-peers.sh"):  # idempotent: nothing when cached
+        if subprocess.run([str(ROOT / "hack" / script)], check=False).returncode != 0:
+            print(f"hack/{script} failed: the bench cannot run", file=sys.stderr)
+            return 2
     missing = [str(p) for t, p in needed.items() if t in tools and not p.exists()]
     if missing:
-        print(f"peers not built ({', '.join(missing)}): run hack/build-peers.sh", file=sys.stderr)
+        print(f"peers not built ({', '.join(missing)}): see hack/build-peers.sh", file=sys.stderr)
         return 2
     results: dict[str, Any] = {
         "runs": [],

@@ -43,6 +43,8 @@ fi
 if command -v go >/dev/null; then
   "$root/hack/build-k8s.sh" etcd kube-apiserver kube-controller-manager kubectl kubelet \
     kube-scheduler kube-proxy
+  # the tools bench/peers.py measures deathwatch against (its smoke test runs in the suite)
+  "$root/hack/build-peers.sh"
 else
   log "go not found: the real control plane cannot be built; apiserver tests will skip outside CI"
 fi

@@ -13,8 +13,10 @@ The engine decides; this module only makes the API agree, with these rules:
   and counted, never retried.
 - Events have deterministic names (pod, uid, reason): creating one twice is a 409, so a
   controller restarted after a crash never posts a second SandboxDead for the same death.
-  The Event is created before the verdict it announces, so a crash between the two repeats
-  the transition on restart (event deduplicated) instead of losing the Event.
+  A verdict that exists and its Events are sent at once (one round trip to say "dead"); a
+  verdict still to be created gets its Events first. An Event lost to a crash, or to a
+  leader losing its lease, between the two is posted again from the Dead verdict when the
+  next writer starts or takes over (`reconcile`, ADR 0013): a 409 if it was posted.
 
 - Only the leader writes (leader.py). A standby keeps every desire, unsent, and watches what
   the leader writes (`observed`): a desire the API already holds is dropped, but for the
