@@ -44,6 +44,7 @@ import multiprocessing
 import os
 import queue
 import re
+import signal
 import ssl
 import subprocess
 import sys
@@ -882,4 +883,6 @@ def main() -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    # SIGTERM ends the run like Ctrl-C: every tool and the control plane are stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(main())
