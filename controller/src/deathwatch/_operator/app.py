@@ -591,8 +591,10 @@ def register(registry: kopf.OperatorRegistry, app: App) -> None:
         with app.reported("deathwatch_event", body):
             spec = app.tracker.on_deathwatch(event.get("type"), body)
             app.observed(DW_PLURAL, event.get("type"), body)
-        if spec is not None and app.tracker.listings > 0:
+        if spec is not None:
             # pods it selects that came before it: the pod stream will not tell of them again
+            # (at start-up this lists what kopf's own listing also brings: seen twice, judged
+            # once; "has the pod stream begun" cannot tell an empty first listing from none)
             await app.adopt_existing(spec)
 
     @kopf.on.event(GROUP, VERSION, SV_PLURAL, id="verdict_event", registry=registry)
