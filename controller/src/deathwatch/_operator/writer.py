@@ -415,8 +415,10 @@ class Writer:
         key = d.key
         written = self._written.get(key)
         status = d.status
-        if status is not None and written is not None and written.same(status):
-            status = None  # written by an earlier try whose Events failed: only those remain
+        if status is not None and d.events and written is not None and written.same(status):
+            # written by an earlier try whose Events failed: only those remain (without Events
+            # the dequeue check, _holds, already ruled this out: no second hash)
+            status = None
         if d.delete_if_uid is not None:
             await self._post_all(d)
             await self._delete_verdict(d)
