@@ -556,12 +556,26 @@ def test_delete_event_whose_last_object_shows_an_earlier_death_is_dead() -> None
     assert (t.state, t.cause) == (State.DEAD, Cause.CONTAINER_EXITED)
 
 
-def test_terminal_tracks_drop_their_pod_view() -> None:
+def test_only_suspects_keep_their_pod_view() -> None:
+    """What a Suspect's window is judged on when it closes; nothing else is kept per pod."""
     j = Judge()
-    j.see(pod(), 2)
-    assert "uid-1" in j.fleet.pods
-    j.see(pod(deletion_at=10), 10)
-    assert "uid-1" not in j.fleet.pods
+    j.see(pod(probe=exec_probe(), ready_at=2), 2)
+    assert "uid-1" in j.fleet.seen and j.fleet.suspects == {}  # Alive: no view kept
+    latest = pod(probe=exec_probe(), ready=False, ready_at=10)
+    assert j.see(latest, 10).state is State.SUSPECT
+    assert j.fleet.suspects["uid-1"] == read_pod(latest)
+    assert j.see(pod(probe=exec_probe(), ready_at=12), 12).state is State.ALIVE
+    assert j.fleet.suspects == {}
+    j.see(pod(probe=exec_probe(), deletion_at=20), 20)  # terminal: forgotten
+    assert "uid-1" not in j.fleet.seen and j.fleet.suspects == {}
+
+
+def test_restart_counts_are_read_only_and_shared() -> None:
+    a, b = read_pod(pod()), read_pod(pod(uid="uid-2"))
+    assert a.restart_counts() is b.restart_counts()
+    assert dict(a.restart_counts()) == {"agent": 0}
+    with pytest.raises(TypeError):
+        a.restart_counts()["agent"] = 1  # type: ignore[index]
 
 
 def test_state_change_signal_carries_the_previous_state() -> None:

@@ -22,9 +22,13 @@ class Fleet:
     def __init__(self, registry: PolicyRegistry) -> None:
         self.registry = registry
         self.tracks: dict[str, Track] = {}
-        # The latest observation of each pod that is not yet Dead or Gone: what a Suspect is
-        # judged on when its window closes. Terminal pods keep only their evidence.
-        self.pods: dict[str, PodView] = {}
+        # Pods observed since their track was made or restored and not yet Dead or Gone (the
+        # engine's `first` is a pod's first observation)
+        self.seen: set[str] = set()
+        # The latest observation of each Suspect: what it is judged on when its window closes.
+        # Only Suspects keep one (a pod turns Suspect on an observation, kept from then on):
+        # a PodView for every live sandbox was most of the per-pod memory (ADR 0013).
+        self.suspects: dict[str, PodView] = {}
         self._settings: dict[str, PolicySettings] = {}
         self._deadlines: list[tuple[datetime, str]] = []
         # Suspects whose window could not be judged (uid, error): the caller reports them
@@ -55,7 +59,7 @@ class Fleet:
             track = engine.new_track(pod, policy, settings)
         else:
             policy = self.registry.get(track.policy)
-        first = pod.uid not in self.pods and not track.state.terminal
+        first = pod.uid not in self.seen and not track.state.terminal
         self._settings[pod.uid] = settings
         step = engine.step(track, pod, now, policy, settings, first=first)
         return self._keep(step, pod)
@@ -71,7 +75,8 @@ class Fleet:
     def forget(self, uid: str) -> Track | None:
         """Drop a track entirely (its verdict has been retired)."""
         self._settings.pop(uid, None)
-        self.pods.pop(uid, None)
+        self.seen.discard(uid)
+        self.suspects.pop(uid, None)
         return self.tracks.pop(uid, None)
 
     def next_deadline(self) -> datetime | None:
@@ -109,7 +114,7 @@ class Fleet:
             try:
                 track = self.tracks[uid]
                 policy = self.registry.get(track.policy)
-                last = self.pods.get(uid)
+                last = self.suspects.get(uid)
                 step = engine.expire(track, last, at(deadline), policy, self._settings[uid])
                 steps.append(self._keep(step, last))
             except Exception as exc:
@@ -126,10 +131,14 @@ class Fleet:
             ):
                 self._schedule(track)
         if track.state.terminal:
-            # A verdict's evidence is captured; the last PodView is dead weight from here on.
-            self.pods.pop(track.uid, None)
+            # a verdict's evidence is captured: nothing more to know about the pod
+            self.seen.discard(track.uid)
         elif pod is not None:
-            self.pods[track.uid] = pod
+            self.seen.add(track.uid)
+        if track.state is not State.SUSPECT:
+            self.suspects.pop(track.uid, None)
+        elif pod is not None:
+            self.suspects[track.uid] = pod
         return step
 
     def _schedule(self, track: Track) -> None:

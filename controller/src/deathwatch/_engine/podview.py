@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime, timedelta
+from types import MappingProxyType
 from typing import Final, Literal
 
 import msgspec
@@ -39,6 +40,13 @@ class MalformedPod(ValueError):
     @classmethod
     def from_validation(cls, exc: msgspec.ValidationError) -> MalformedPod:
         return cls(*raw.validation_field(exc))
+
+
+# Every Track keeps its pod's restart counts, and nearly all are one of a few mappings
+# ({"agent": 0}): equal ones are shared, not one dict per sandbox (ADR 0013). Bounded: past
+# the cap a mapping is still correct, only not shared.
+_RESTART_COUNTS: dict[tuple[tuple[str, int], ...], Mapping[str, int]] = {}
+_RESTART_COUNTS_CAP = 1024
 
 
 class Termination(msgspec.Struct, frozen=True, gc=False):
@@ -121,8 +129,15 @@ class PodView(msgspec.Struct, frozen=True, gc=False):
             and all(c.ready and c.running_since is not None for c in self.containers)
         )
 
-    def restart_counts(self) -> dict[str, int]:
-        return {c.name: c.restart_count for c in self.containers}
+    def restart_counts(self) -> Mapping[str, int]:
+        """Restart count per container name: read-only, and shared between equal ones."""
+        key = tuple((c.name, c.restart_count) for c in self.containers)
+        counts = _RESTART_COUNTS.get(key)
+        if counts is None:
+            counts = MappingProxyType(dict(key))
+            if len(_RESTART_COUNTS) < _RESTART_COUNTS_CAP:
+                _RESTART_COUNTS[key] = counts
+        return counts
 
     def probe_port_number(self, probe: ProbeView) -> int | None:
         """The numeric port a network probe targets, resolving named container ports."""
