@@ -2,7 +2,8 @@
 the writer's and the tracker's logic. It keeps objects and Events with resourceVersions,
 applies status patches as JSON merge patches (RFC 7386, as the API does), answers 404/409
 like the API (a stale resourceVersion in a patch or a delete precondition is a 409), and lets
-a test hold calls in flight or make the next ones fail."""
+a test hold calls in flight or make the next ones fail. As on the API server, a write that
+changes nothing leaves the resourceVersion where it was."""
 
 from __future__ import annotations
 
@@ -46,7 +47,10 @@ class FakeApi:
         return str(self._rv)
 
     def version(self, plural: str, namespace: str, name: str) -> str:
-        return str(self.objects[(plural, namespace, name)]["metadata"]["resourceVersion"])
+        key = (plural, namespace, name)
+        if "resourceVersion" not in self.objects[key].setdefault("metadata", {}):
+            return self._bump(key)  # put in place by a test: it has a version like any object
+        return str(self.objects[key]["metadata"]["resourceVersion"])
 
     def put(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> str:
         """Another writer (a replica that lost the lease, a person): the object changes."""
@@ -86,7 +90,12 @@ class FakeApi:
         if precondition is not None and precondition != self.version(*key):
             raise ApiException(status=409, reason="Conflict")
         self.patches.append((key, copy.deepcopy(patch)))
-        self.objects[key] = merge_patch(self.objects[key], patch)
+        before = self.objects[key]
+        after = merge_patch(before, patch)
+        after.setdefault("metadata", {})["resourceVersion"] = self.version(*key)
+        if after == before:
+            return self.version(*key)  # as the API server: a write that changes nothing
+        self.objects[key] = after  # leaves the resourceVersion where it was
         return self._bump(key)
 
     async def delete(
@@ -117,11 +126,50 @@ class FakeApi:
         self.events[(namespace, body["metadata"]["name"])] = copy.deepcopy(body)
 
     def status(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """What the status says, without the writer's term stamp (see `term`)."""
         obj = self.objects.get((plural, namespace, name))
-        return None if obj is None else obj.get("status")
+        if obj is None:
+            return None
+        status = obj.get("status")
+        return None if status is None else {k: v for k, v in status.items() if k != "term"}
+
+    def term(self, plural: str, namespace: str, name: str) -> int | None:
+        """The term stamped on the object's status by the writer that wrote it last."""
+        term: int | None = (self.objects[(plural, namespace, name)].get("status") or {}).get("term")
+        return term
 
     def operations(self, key: Key) -> list[str]:
         return [op for op, k in self.calls if k == key]
+
+
+class Link:
+    """One replica's way to the fake API, which can be cut like a network: while `held`,
+    its calls wait in flight (bytes held by TCP), and arrive when it heals, whenever that is."""
+
+    def __init__(self, api: FakeApi) -> None:
+        self.api = api
+        self._open = asyncio.Event()
+        self._open.set()
+        self.waiting = 0
+
+    def partition(self) -> None:
+        self._open.clear()
+
+    def heal(self) -> None:
+        self._open.set()
+
+    def __getattr__(self, name: str) -> Any:
+        call = getattr(self.api, name)
+
+        async def through(*args: Any, **kwargs: Any) -> Any:
+            self.waiting += 1
+            try:
+                await self._open.wait()
+            finally:
+                self.waiting -= 1
+            return await call(*args, **kwargs)
+
+        return through
 
 
 class FakeTimers:

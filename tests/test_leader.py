@@ -17,11 +17,11 @@ from kubernetes.client import ApiException
 from deathwatch._operator.kube import ApiWrites, Fenced
 from deathwatch._operator.leader import Elector, LeaseTimings
 from deathwatch._operator.metrics import Metrics
-from deathwatch._operator.resources import SV_PLURAL
-from deathwatch._operator.writer import URGENT, Desired, Writer
+from deathwatch._operator.resources import DW_PLURAL, SV_PLURAL
+from deathwatch._operator.writer import LOW, URGENT, Desired, Writer
 from tests.builders import T0
-from tests.fakeapi import FakeApi, FakeTimers
-from tests.test_writer import dead_event
+from tests.fakeapi import FakeApi, FakeTimers, Link
+from tests.test_writer import dead_event, until
 
 NS = "sandboxes"
 
@@ -317,6 +317,12 @@ def leaders_objects(api: FakeApi, *names: str) -> None:
         api.objects[(SV_PLURAL, NS, name)] = {"metadata": {"name": name, "namespace": NS}}
 
 
+def leader_wrote(api: FakeApi, standby: Writer, name: str, status: dict[str, Any]) -> None:
+    """The leader's status write, in the API and as the standby's watch then shows it."""
+    version = api.put(SV_PLURAL, NS, name, {**status, "term": 1})
+    standby.observed(SV_PLURAL, NS, name, {**status, "term": 1}, version)
+
+
 async def test_a_standby_writes_nothing_and_on_takeover_only_what_differs() -> None:
     api = FakeApi()
     leaders_objects(api, "a", "b", "c")
@@ -330,19 +336,14 @@ async def test_a_standby_writes_nothing_and_on_takeover_only_what_differs() -> N
         assert api.calls == []  # standing by: nothing sent
         # the leader's writes, as the standby's watch sees them: a and c as we would have
         # written them, but with the leader's own times; b only as Alive so far
-        w.observed(
-            SV_PLURAL,
-            NS,
-            "a",
+        leader_wrote(
+            api, w, "a",
             {"state": "Dead", "podUID": "uid-a", "declaredAt": "2026-11-29T10:00:05.090000Z"},
+        )  # fmt: skip
+        leader_wrote(
+            api, w, "c", {"state": "Alive", "podUID": "uid-c", "declaredAt": "2026-11-29T10:00:04Z"}
         )
-        w.observed(
-            SV_PLURAL,
-            NS,
-            "c",
-            {"state": "Alive", "podUID": "uid-c", "declaredAt": "2026-11-29T10:00:04Z"},
-        )
-        w.observed(SV_PLURAL, NS, "b", {"state": "Alive", "podUID": "uid-b"})
+        leader_wrote(api, w, "b", {"state": "Alive", "podUID": "uid-b"})
         assert w.backlog == 1  # only b still differs
         w.lead()  # the leader is gone: take over
         await asyncio.wait_for(w.idle(), 5)
@@ -357,7 +358,7 @@ async def test_a_new_leader_posts_the_event_the_old_one_may_have_missed() -> Non
         dead = verdict("a", "Dead")
         dead.events = [dead_event("a")]
         w.want(dead)
-        w.observed(SV_PLURAL, NS, "a", {"state": "Alive", "podUID": "uid-a"})  # not yet Dead
+        leader_wrote(api, w, "a", {"state": "Alive", "podUID": "uid-a"})  # not yet Dead
         w.lead()
         await asyncio.wait_for(w.idle(), 5)
     assert sorted(op for op, _ in api.calls) == ["create_event", "patch_status"]
@@ -372,7 +373,7 @@ async def test_a_new_leader_posts_the_event_lost_between_the_old_ones_two_writes
         dead = verdict("a", "Dead")
         dead.events = [dead_event("a")]
         w.want(dead)
-        w.observed(SV_PLURAL, NS, "a", {"state": "Dead", "podUID": "uid-a"})
+        leader_wrote(api, w, "a", {"state": "Dead", "podUID": "uid-a"})
         assert w.backlog == 0  # settled by what the old leader wrote
         w.reconcile([dead_event("a")])  # what App does on takeover (tracker.unannounced_deaths)
         w.lead()
@@ -421,3 +422,93 @@ async def test_the_check_is_made_again_in_the_thread_right_before_the_request() 
     with pytest.raises(Fenced):
         await writes.patch_status(SV_PLURAL, NS, "a", {"status": {}})
     assert api.custom.sent == 1
+
+
+# --- fencing: no write of an earlier term lands over a later one's (ADR 0011) -----------------
+
+
+def dw(status: dict[str, Any]) -> Desired:
+    return Desired(DW_PLURAL, NS, "sandboxes", status=status, priority=LOW)
+
+
+async def test_a_leader_that_never_saw_an_object_reads_its_version_before_writing() -> None:
+    """It took the Lease before its watch delivered the DeathWatch (a leader ignores its own
+    watch): its first status write must still carry a precondition, never go blind."""
+    api = FakeApi()
+    api.objects[(DW_PLURAL, NS, "sandboxes")] = {"metadata": {"name": "sandboxes"}, "spec": {}}
+    async with standby_writer(api) as w:
+        w.lead(1)
+        w.want(dw({"tracked": 0, "leader": "a"}))
+        await asyncio.wait_for(w.idle(), 5)
+    ((_, patch),) = api.patches
+    assert patch["metadata"]["resourceVersion"]  # the version it read: never a blind write
+    assert [op for op, _ in api.calls] == ["get_status", "patch_status"]
+
+
+async def test_a_held_first_write_of_the_old_leader_cannot_land_over_the_new_leaders() -> None:
+    """The HA lane's race, in process: the old leader's first DeathWatch write is held in a
+    partition; the new leader takes over and writes; the partition heals: the held write is
+    refused (409), and the object keeps the new leader's status."""
+    api = FakeApi()
+    key = (DW_PLURAL, NS, "sandboxes")
+    api.objects[key] = {"metadata": {"name": "sandboxes"}, "spec": {}}
+    link_a = Link(api)
+    a = Writer(link_a, Metrics(), schedule=FakeTimers(), leading=False)
+    b = Writer(api, Metrics(), schedule=FakeTimers(), leading=False)
+    a.start()
+    b.start()
+    try:
+        a.lead(1)  # a leads before its watch showed it the DeathWatch
+        link_a.partition()
+        a.want(dw({"tracked": 2, "alive": 2, "leader": "a"}))
+        await until(lambda: link_a.waiting == 1)  # a's write (or its read) is in flight
+        a.standby()  # fenced at its renew deadline
+        b.observed(DW_PLURAL, NS, "sandboxes", {}, api.version(*key))  # b watched it
+        b.lead(2)
+        b.want(dw({"tracked": 2, "dead": 2, "leader": "b"}))
+        await asyncio.wait_for(b.idle(), 5)
+        link_a.heal()
+        await until(lambda: link_a.waiting == 0)
+        await asyncio.sleep(0.05)
+    finally:
+        await a.stop()
+        await b.stop()
+    assert api.status(*key) == {"tracked": 2, "dead": 2, "leader": "b"}
+    assert api.term(*key) == 2
+
+
+async def test_a_new_terms_first_write_moves_the_version_even_if_it_says_nothing_new() -> None:
+    """The no-op trap: a write that changes nothing leaves the resourceVersion where it was,
+    so an earlier term's held write with that precondition would still land. The term stamp
+    makes a new term's first write to any object a change."""
+    api = FakeApi()
+    key = (SV_PLURAL, NS, "a")
+    old = api.put(SV_PLURAL, NS, "a", {"state": "Alive", "podUID": "uid-a", "term": 1})
+    async with standby_writer(api) as b:
+        # what b believes differs from what the API holds (a lagging or lossy view): the
+        # write it sends says exactly what the object already says
+        b.knows(SV_PLURAL, NS, "a", {"state": "Suspect", "podUID": "uid-a"}, old)
+        b.lead(2)
+        b.want(verdict("a", "Alive"))
+        await asyncio.wait_for(b.idle(), 5)
+    assert api.version(*key) != old  # moved: a held write with precondition `old` is refused
+    assert api.term(*key) == 2
+
+
+async def test_a_write_of_another_term_seen_while_leading_is_counted_and_taken_as_known() -> None:
+    api = FakeApi()
+    version = api.put(SV_PLURAL, NS, "a", {"state": "Alive", "podUID": "uid-a", "term": 2})
+    async with standby_writer(api) as w:
+        w.observed(SV_PLURAL, NS, "a", {"state": "Alive", "podUID": "uid-a", "term": 2}, version)
+        w.lead(2)
+        w.observed(SV_PLURAL, NS, "a", {"state": "Alive", "podUID": "uid-a", "term": 2}, version)
+        assert w.metrics.foreign_writes.labels(SV_PLURAL)._value.get() == 0  # our own
+        late = api.put(SV_PLURAL, NS, "a", {"state": "Suspect", "podUID": "uid-a", "term": 1})
+        w.observed(SV_PLURAL, NS, "a", {"state": "Suspect", "podUID": "uid-a", "term": 1}, late)
+        assert w.metrics.foreign_writes.labels(SV_PLURAL)._value.get() == 1
+        w.want(verdict("a", "Dead"))  # written on top of what landed, not refused as stale
+        await asyncio.wait_for(w.idle(), 5)
+    assert api.status(SV_PLURAL, NS, "a") == {
+        "state": "Dead", "podUID": "uid-a", "declaredAt": "2026-11-29T10:00:05Z",
+    }  # fmt: skip
+    assert [op for op, _ in api.calls] == ["patch_status"]

@@ -278,7 +278,7 @@ async def test_nothing_is_sent_for_a_status_the_api_already_holds() -> None:
     # the patch removes nothing it did not know, sets what changed, and holds only if the
     # object is still the version we know
     assert api.patches[0][1] == {
-        "status": {"state": "Alive", "podUID": "uid-a", "flaps": 1},
+        "status": {"state": "Alive", "podUID": "uid-a", "flaps": 1, "term": 0},
         "metadata": {"resourceVersion": version},
     }
 
@@ -366,4 +366,5 @@ async def test_a_deathwatch_that_is_gone_is_not_retried(status: int) -> None:
         writer.want(Desired(DW_PLURAL, NS, "gone", status={"tracked": 0}, priority=LOW))
         await settle(writer)
     assert timers.delays == []
-    assert api.operations(key("gone", DW_PLURAL)) == ["patch_status"]
+    # never seen, so its version is read first (no blind write): it is gone, nothing more
+    assert api.operations(key("gone", DW_PLURAL)) == ["get_status"]

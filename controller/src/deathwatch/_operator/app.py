@@ -170,8 +170,11 @@ class App:
             )
             may_write = self.elector.may_write
         writes = ApiWrites(self.api, may_write=may_write, field_manager=cfg.identity)
+        # the only writer stamps its statuses with its start time: a new process is a new term
+        # (with election, the term is the Lease's, given on each acquisition)
+        term = 0 if cfg.leader_elect else time.time_ns() // 1_000_000
         self.writer = Writer(writes, self.metrics, workers=cfg.writers, may_write=may_write,
-                             leading=not cfg.leader_elect)  # fmt: skip
+                             leading=not cfg.leader_elect, term=term)  # fmt: skip
         if not install_stream_hook(self.streams):
             log.warning("watch stream liveness cannot be observed; /readyz reports it unknown")
         self.tracker = Tracker(
@@ -197,7 +200,7 @@ class App:
             return
         if leading:
             self.reconcile_events()
-            self.writer.lead()
+            self.writer.lead(self.elector.term if self.elector else None)
         else:
             self.writer.standby()
 

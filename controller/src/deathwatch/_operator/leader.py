@@ -88,6 +88,10 @@ class Elector:
         self.is_leader = False
         self.leader: str | None = None  # the holder as last observed
         self.transitions = 0
+        # This replica's term: the Lease's leaseTransitions when it last took the lease. Every
+        # acquisition by this process (not a renewal) starts a new term, so no two spells of
+        # writing share one; the writer stamps each status with it (writer.py, ADR 0011).
+        self.term = 0
         self._renewed_at = float("-inf")  # monotonic: the last successful acquire or renew
         self._observed: Mapping[str, Any] | None = None  # the lease spec as last seen
         self._observed_version: str | None = None  # ... and its resourceVersion
@@ -212,19 +216,23 @@ class Elector:
                     return False  # someone else created it first
                 raise
             self._observe(created)
+            self.term = 0
             return True
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or None
         duration = float(spec.get("leaseDurationSeconds") or self.timings.lease_duration)
         if holder not in (None, self.identity) and self.clock() < self._observed_at + duration:
             return False  # someone else's, and alive as far as we can tell
-        ours = holder == self.identity
+        # a renewal continues the term; anything else (taking it over, or taking back a
+        # lease still in our name after we stopped writing, or after a restart) starts one
+        renewing = holder == self.identity and self.is_leader
+        transitions = int(spec.get("leaseTransitions") or 0) + (0 if renewing else 1)
         new = {
             "holderIdentity": self.identity,
             "leaseDurationSeconds": int(self.timings.lease_duration),
-            "acquireTime": spec.get("acquireTime") if ours else now,
+            "acquireTime": spec.get("acquireTime") if renewing else now,
             "renewTime": now,
-            "leaseTransitions": int(spec.get("leaseTransitions") or 0) + (0 if ours else 1),
+            "leaseTransitions": transitions,
         }
         try:
             replaced = await self.api.replace(self._body(lease, new))
@@ -233,6 +241,7 @@ class Elector:
                 return False  # someone else wrote it first
             raise
         self._observe(replaced)
+        self.term = transitions
         return True
 
     def _observe(self, lease: Mapping[str, Any] | None) -> None:
@@ -279,6 +288,7 @@ class Elector:
             "leader": self.leader,
             "is_leader": self.is_leader,
             "may_write": self.may_write(),
+            "term": self.term,
             "lease": f"{self.namespace}/{self.name}",
             "seconds_since_renew": None
             if self._renewed_at == float("-inf")

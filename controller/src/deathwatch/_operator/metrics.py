@@ -62,6 +62,13 @@ class Metrics:
             ["operation"],
             registry=r,
         )
+        self.foreign_writes = Counter(
+            "deathwatch_foreign_writes",
+            "Writes to deathwatch's objects seen while this replica led that were not its own "
+            "(another term's write held up in the network and landing late, or a person)",
+            ["resource"],
+            registry=r,
+        )
         self.task_restarts = Counter(
             "deathwatch_task_restarts",
             "Crashes of a supervised long-running task (each followed by a restart)",

@@ -147,6 +147,7 @@ class DeathWatchStatus(_Object, frozen=True):
     false_positives: int
     observed_generation: int | None = None
     leader: str | None = None  # the controller replica that holds the Lease and writes
+    term: int | None = None  # stamped by the writer (writer.py): the term that wrote it
     firewall: FirewallCoverage | None = None
     # nodes running this DeathWatch's live sandboxes whose firewall is not current (shield.py)
     uncovered_nodes: Annotated[list[str], msgspec.Meta(max_length=100)] = msgspec.field(
@@ -187,6 +188,7 @@ class SandboxVerdictStatus(_Object, frozen=True):
     deadline: Time | None = None
     declared_at: Time | None = None
     pod_deleted_at: Time | None = None
+    term: int | None = None  # stamped by the writer (writer.py): the term that wrote it
     conditions: list[Condition] = msgspec.field(default_factory=list)
 
 

@@ -25,6 +25,14 @@ The engine decides; this module only makes the API agree, with these rules:
   proven) stops at once, before sending anything more; its queue is kept, not flushed.
 - A write is checked against what the API holds again when it is taken off the queue, not
   only when it was wanted: a pod event during an in-flight write sends nothing new.
+- Fencing is airtight (ADR 0011): no write of an earlier leader can land over a later one's.
+  Every status write and every delete carries the object's resourceVersion as a precondition
+  (the version is read first when it is not known: never a blind write), and every status is
+  stamped with the writer's term (leader.py: a new one at each acquisition). So a new term's
+  first write to an object always changes it and moves its resourceVersion: a write that
+  changes nothing would leave the version an earlier term's held write still matches. A
+  leader counts and logs any write of its objects it sees that is not its own (a held write
+  of an earlier term landing late, a person): `deathwatch_foreign_writes_total`.
 
 The writer builds nothing: documents.py makes every body, and the writer only decides when
 and how to send them, through the four calls of `WriteApi` (kube.ApiWrites in production, a
@@ -130,7 +138,12 @@ def _without_volatile(value: Any) -> Any:
     return value
 
 
+TERM = "term"  # the status field the writer stamps (not part of what a status says)
+
+
 def _hash(value: Any) -> int:
+    if isinstance(value, Mapping) and TERM in value:
+        value = {k: v for k, v in value.items() if k != TERM}
     return hash(json.dumps(value, sort_keys=True, separators=(",", ":"), default=str))
 
 
@@ -140,7 +153,7 @@ class Written:
     10,000 status dicts (the memory target is 250 MiB for 10,000 sandboxes)."""
 
     keys: tuple[str, ...]  # shared between objects with the same fields
-    digest: int
+    digest: int  # of the status but for its term stamp
     gist: int  # the digest without the VOLATILE times
     pod_uid: str | None
     version: str | None  # the object's resourceVersion: the precondition of the next write
@@ -185,6 +198,7 @@ class Writer:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         may_write: Callable[[], bool] = lambda: True,
         leading: bool = True,
+        term: int = 0,
     ) -> None:
         self.api = api
         self.metrics = metrics
@@ -207,6 +221,7 @@ class Writer:
         # only the leader writes (leader.py); a standby keeps desires and watches (observed)
         self.may_write = may_write
         self.leading = leading
+        self.term = term  # stamped on every status this writer sends (leader.py)
         self._leading = asyncio.Event()
         if leading:
             self._leading.set()
@@ -257,8 +272,11 @@ class Writer:
 
     # --- leading and standing by (leader.py) ----------------------------------------------
 
-    def lead(self) -> None:
-        """This replica writes from now on: everything it wants that the API does not hold."""
+    def lead(self, term: int | None = None) -> None:
+        """This replica writes from now on, in `term`: everything it wants that the API does
+        not hold."""
+        if term is not None:
+            self.term = term
         self.leading = True
         self._leading.set()
         for key, desired in list(self._pending.items()):
@@ -283,10 +301,18 @@ class Writer:
     ) -> None:
         """What a watch shows the API holds (None: deleted). While standing by, that is the
         leader's work: it updates what is known and settles our own desires for it. While
-        leading, it is our own writes coming back, and ignored."""
-        if self.leading:
-            return
+        leading, it is our own writes coming back (stamped with our term), and ignored; a
+        status stamped with another term is a write that is not ours, landed in our term:
+        counted, logged, and taken as what the API holds (our next write goes on top of it,
+        with its version as the precondition)."""
         key = (plural, namespace, name)
+        if self.leading:
+            if status is None or TERM not in status or status[TERM] == self.term:
+                return  # ours, or not a deathwatch write (a create, before any status)
+            self.metrics.foreign_writes.labels(plural).inc()
+            log.warning("a write that is not this leader's landed", resource=plural,
+                        namespace=namespace, name=name, term=status[TERM], own_term=self.term,
+                        resource_version=version)  # fmt: skip
         if status is None:
             self.forget(plural, namespace, name)
         else:
@@ -487,9 +513,32 @@ class Writer:
                 self._written[key] = Written.of({}, created)
             self._exists.add(key)
         written = self._written.get(key)
-        patch: dict[str, Any] = {"status": _patch(status, written)}
-        if written is not None and written.version is not None:
-            patch["metadata"] = {"resourceVersion": written.version}  # the precondition
+        if written is None or not written.version:
+            # never seen as the API holds it (a leader that has not watched it yet; a create
+            # that found it existing): read its version first. A write without a precondition
+            # could land over a newer leader's, whenever the network delivers it.
+            current = await self._call(
+                f"get_{noun}_status", self.api.get_status, d.plural, d.namespace, d.name
+            )
+            if current is None:
+                if d.plural == DW_PLURAL or d.create is None:
+                    return  # gone: nothing to report on
+                self._exists.discard(key)
+                if retried:
+                    raise RuntimeError(f"{d.plural} {d.namespace}/{d.name} vanished twice")
+                await self._write_status(d, status, retried=True)
+                return
+            self.knows(d.plural, d.namespace, d.name, *current)
+            written = self._written[key]
+            if self._holds(d, exactly=True):
+                return
+            if not self.leading or not self.may_write():
+                raise Fenced("not sent: fenced while reading the object's version")
+        stamped = {**status, TERM: self.term}
+        patch: dict[str, Any] = {
+            "status": _patch(stamped, written),
+            "metadata": {"resourceVersion": written.version},  # the precondition
+        }
         try:
             version = await self._call(
                 f"patch_{noun}_status", self.api.patch_status, d.plural, d.namespace, d.name, patch
@@ -519,7 +568,7 @@ class Writer:
                 raise
             await self._write_status(d, status, retried=True)
             return
-        self._written[key] = Written.of(status, version)
+        self._written[key] = Written.of(stamped, version)
         if d.ready_drop_at is not None and status.get("state") == "Dead":
             now = self.clock()
             self.metrics.verdict_latency.observe(max(0.0, (now - d.ready_drop_at).total_seconds()))
@@ -532,6 +581,18 @@ class Writer:
         if written is not None and written.pod_uid not in (None, d.delete_if_uid):
             return  # the name now belongs to a newer pod: its verdict stays
         version = written.version if written is not None else None
+        if not version:  # never a blind delete either: read the version it is to have
+            current = await self._call(
+                "get_verdict_status", self.api.get_status, d.plural, d.namespace, d.name
+            )
+            if current is None:
+                self._exists.discard(key)
+                self._written.pop(key, None)
+                return
+            status, version = current
+            if status.get("podUID") not in (None, d.delete_if_uid):
+                self.knows(d.plural, d.namespace, d.name, *current)
+                return  # a newer pod's verdict: it stays
         try:
             await self._call(
                 "delete_verdict", self.api.delete, d.plural, d.namespace, d.name, version
