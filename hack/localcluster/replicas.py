@@ -143,7 +143,9 @@ class AuditLog:
     def writes(self) -> Iterator[Write]:
         if not self.path.exists():
             return
-        for line in self.path.read_text(errors="replace").splitlines():
+        text = self.path.read_text(errors="replace")
+        # only whole lines: the API server may be writing the last one as we read
+        for line in text[: text.rfind("\n") + 1].splitlines():
             event = json.loads(line)
             ref = event.get("objectRef") or {}
             identity = _identity(event.get("userAgent", ""))
