@@ -1,9 +1,9 @@
 """An in-memory stand-in for the calls the writer makes (writer.WriteApi), for unit tests of
-the writer's and the tracker's logic. It keeps objects and Events with resourceVersions,
-applies status patches as JSON merge patches (RFC 7386, as the API does), answers 404/409
-like the API (a stale resourceVersion in a patch or a delete precondition is a 409), and lets
-a test hold calls in flight or make the next ones fail. As on the API server, a write that
-changes nothing leaves the resourceVersion where it was."""
+the writer's and the controller's logic. It keeps objects and Events with resourceVersions,
+replaces statuses whole (PUT), answers 404/409/422 like the API (a stale resourceVersion in a
+write or a delete precondition is a 409; an update without one, 422), and lets a test hold
+calls in flight or make the next ones fail. As on the API server, a write that changes
+nothing leaves the resourceVersion where it was."""
 
 from __future__ import annotations
 
@@ -17,24 +17,12 @@ from kubernetes.client import ApiException
 Key = tuple[str, str, str]
 
 
-def merge_patch(target: Any, patch: Any) -> Any:
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = dict(target) if isinstance(target, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = merge_patch(out.get(k), v)
-    return out
-
-
 class FakeApi:
     def __init__(self) -> None:
         self.objects: dict[Key, dict[str, Any]] = {}
         self.events: dict[tuple[str, str], dict[str, Any]] = {}
         self.calls: list[tuple[str, Key]] = []
-        self.patches: list[tuple[Key, dict[str, Any]]] = []
+        self.writes: list[tuple[Key, dict[str, Any]]] = []  # every status sent, as sent
         self.fail: dict[str, list[int]] = defaultdict(list)  # operation -> statuses to raise
         self.hold: asyncio.Event | None = None  # while set to an unset Event, calls wait
         self._inflight: Counter[Key] = Counter()
@@ -79,41 +67,40 @@ class FakeApi:
         self.objects[key] = copy.deepcopy(body)
         return self._bump(key)
 
-    async def patch_status(
-        self, plural: str, namespace: str, name: str, patch: dict[str, Any]
+    async def replace_status(
+        self, plural: str, namespace: str, name: str, status: dict[str, Any], version: str
     ) -> str:
+        """PUT on the status subresource: the whole status, at `version` or a 409."""
         key = (plural, namespace, name)
-        await self._call("patch_status", key)
+        await self._call("replace_status", key)
         if key not in self.objects:
             raise ApiException(status=404, reason="NotFound")
-        precondition = (patch.get("metadata") or {}).get("resourceVersion")
-        if precondition is not None and precondition != self.version(*key):
+        if not version:
+            raise ApiException(
+                status=422, reason="Invalid: metadata.resourceVersion: must be specified"
+            )
+        if version != self.version(*key):
             raise ApiException(status=409, reason="Conflict")
-        self.patches.append((key, copy.deepcopy(patch)))
-        before = self.objects[key]
-        after = merge_patch(before, patch)
-        after.setdefault("metadata", {})["resourceVersion"] = self.version(*key)
-        if after == before:
-            return self.version(*key)  # as the API server: a write that changes nothing
-        self.objects[key] = after  # leaves the resourceVersion where it was
+        self.writes.append((key, copy.deepcopy(status)))
+        if self.objects[key].get("status") == status:
+            return version  # as the API server: a write that changes nothing
+        self.objects[key]["status"] = copy.deepcopy(status)
         return self._bump(key)
 
-    async def delete(
-        self, plural: str, namespace: str, name: str, resource_version: str | None = None
-    ) -> None:
+    async def delete(self, plural: str, namespace: str, name: str, version: str) -> None:
         key = (plural, namespace, name)
         await self._call("delete", key)
         if key not in self.objects:
             raise ApiException(status=404, reason="NotFound")
-        if resource_version is not None and resource_version != self.version(*key):
+        if version != self.version(*key):
             raise ApiException(status=409, reason="Conflict")
         del self.objects[key]
 
-    async def get_status(
+    async def read_status(
         self, plural: str, namespace: str, name: str
     ) -> tuple[dict[str, Any], str] | None:
         key = (plural, namespace, name)
-        await self._call("get_status", key)
+        await self._call("read_status", key)
         if key not in self.objects:
             return None
         return copy.deepcopy(self.objects[key].get("status") or {}), self.version(*key)

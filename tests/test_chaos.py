@@ -387,16 +387,24 @@ def test_an_absurd_deathwatch_is_refused_then_contained(chaos: Chaos) -> None:
         input=json.dumps({"apiVersion": f"{GROUP}/{VERSION}", "kind": "DeathWatch",
                           "metadata": {"name": "absurd"}, "spec": {"verdictRetention": "100000000h"}}),
     )  # fmt: skip
-    assert refused.returncode != 0 and "at most 8760h" in refused.stderr, refused.stderr
+    # ...naming the field, the bound and the format, with the value (never the "type
+    # conversion error" of a CEL rule that failed to evaluate)
+    assert refused.returncode != 0, refused.stderr
+    for words in ("spec.verdictRetention", "at most 8760h", "Go duration", "100000000h"):
+        assert words in refused.stderr, refused.stderr
+    assert "conversion error" not in refused.stderr, refused.stderr
+    # stored under an older CRD that let it through, then today's CRD applied
+    current = str(CRDS / "deathwatches.deathwatch.dev.yaml")
     c.env.cp.kubectl_run(
         "apply", "--server-side", "--force-conflicts", "-f", "-", input=loosened_crd()
     )
     try:
-        c.env.start_controller(extra=[])
         c.env.deathwatch("absurd", verdictRetention="100000000h",
                          podSelector={"matchLabels": {"app": "nothing"}})  # fmt: skip
         c.env.deathwatch("absurd-digits", verdictRetention="9" * 400 + "h",
                          podSelector={"matchLabels": {"app": "nothing-either"}})  # fmt: skip
+        c.env.cp.kubectl_run("apply", "--server-side", "--force-conflicts", "-f", current)
+        c.env.start_controller(extra=[])
         c.env.deathwatch("sandboxes", verdictRetention="3s")
         pods = c.sandboxes(2, "s")
         c.kill(pods[0])
@@ -413,6 +421,9 @@ def test_an_absurd_deathwatch_is_refused_then_contained(chaos: Chaos) -> None:
         wait_for(lambda: (c.env.dw().get("status") or {}).get("gone") == 0
                  and c.env.dw()["status"]["dead"] == 1, what="status updated")  # fmt: skip
         assert c.logged("deathwatch invalid") >= 2
+        # their InvalidSpec status was written under today's CRD: nothing refused, no loop
+        assert c.ctrl.metric("deathwatch_writes_refused_total") == 0
+        assert c.logged("write refused") == 0
         assert set(c.readyz()["details"]["task_restarts"].values()) == {0}
         c.verify("absurd_deathwatch", None)
     finally:

@@ -5,7 +5,9 @@ manifests/. The tests play kubelet by writing pods/status, and wait on explicit 
 from __future__ import annotations
 
 import copy
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -96,6 +98,48 @@ def test_a_deathwatch_created_after_its_pods_adopts_them(env: Env) -> None:
     dead = env.wait_state(scripts[1].name, "Dead")["status"]
     assert (dead["cause"], dead["exitCode"]) == ("ContainerExited", 3)
     assert len(wait_for(lambda: env.events(scripts[1].name, "SandboxDead"), what="Event")) == 1
+
+
+def test_a_deathwatch_over_idle_sandboxes_adopts_all_of_them_while_the_namespace_churns(
+    env: Env,
+) -> None:
+    """Issue #23's race, as an operator met it: a DeathWatch created over idle sandboxes
+    while another pod in the namespace keeps changing. Before the reshape a pod event during
+    the listing made the adoption compare two readings of one DeathWatch by identity, and
+    adopt nothing (or stop after the first page: 600 idle sandboxes are two pages)."""
+    n = 600
+    env.start_controller()
+    churn = env.script("web-churn", fate=Fate.LIVES, labels={"app": "web"})
+    env.create(churn)
+    scripts = [env.script(f"idle-{i}", fate=Fate.LIVES) for i in range(n)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(env.create, scripts))
+        list(pool.map(lambda s: env.kubelet.status(env.ns, s.name, ready_status(s)), scripts))
+    stop = threading.Event()
+
+    def churning() -> int:
+        ready, writes = ready_status(churn), 0
+        while not stop.is_set():
+            status = copy.deepcopy(ready)  # a new transition time: a pod event each time
+            status["conditions"][0]["lastTransitionTime"] = f"2026-01-01T00:00:{writes % 60:02d}Z"
+            env.kubelet.status(env.ns, churn.name, status)
+            writes += 1
+            stop.wait(0.005)
+        return writes
+
+    with ThreadPoolExecutor(1) as pool:
+        churned = pool.submit(churning)
+        try:
+            env.deathwatch()
+            wait_for(
+                lambda: (env.dw().get("status") or {}).get("alive") == n,
+                timeout=90,
+                what=f"all {n} idle sandboxes Alive",
+            )
+        finally:
+            stop.set()
+        assert churned.result() > 10  # the namespace did churn while it listed
+    assert env.sv(churn.name) is None
 
 
 def test_oom_and_eviction(env: Env) -> None:

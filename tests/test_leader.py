@@ -21,7 +21,7 @@ from deathwatch._operator.resources import DW_PLURAL, SV_PLURAL
 from deathwatch._operator.writer import LOW, URGENT, Desired, Writer
 from tests.builders import T0
 from tests.fakeapi import FakeApi, FakeTimers, Link
-from tests.test_writer import dead_event, until
+from tests.test_writer import dead_event, until, workers
 
 NS = "sandboxes"
 
@@ -302,13 +302,10 @@ def verdict(name: str, state: str, declared: str = "2026-11-29T10:00:05Z", **kw:
 
 
 @asynccontextmanager
-async def standby_writer(api: FakeApi, may_write: Any = lambda: True) -> AsyncIterator[Writer]:
+async def standby_writer(api: Any, may_write: Any = lambda: True) -> AsyncIterator[Writer]:
     writer = Writer(api, Metrics(), schedule=FakeTimers(), leading=False, may_write=may_write)
-    writer.start()
-    try:
+    async with workers(writer):
         yield writer
-    finally:
-        await writer.stop()
 
 
 def leaders_objects(api: FakeApi, *names: str) -> None:
@@ -344,10 +341,12 @@ async def test_a_standby_writes_nothing_and_on_takeover_only_what_differs() -> N
             api, w, "c", {"state": "Alive", "podUID": "uid-c", "declaredAt": "2026-11-29T10:00:04Z"}
         )
         leader_wrote(api, w, "b", {"state": "Alive", "podUID": "uid-b"})
-        assert w.backlog == 1  # only b still differs
-        w.lead()  # the leader is gone: take over
+        assert w.backlog == 1  # only b is still owed (kept as a digest, not a document)
+        owed = w.lead()  # the leader is gone: take over
+        assert owed == [(SV_PLURAL, NS, "b")]
+        w.want(verdict("b", "Dead"))  # what the controller does with it: says it again
         await asyncio.wait_for(w.idle(), 5)
-    assert [(op, k[2]) for op, k in api.calls] == [("patch_status", "b")]  # nothing else
+    assert [(op, k[2]) for op, k in api.calls] == [("replace_status", "b")]  # nothing else
     assert api.events == {}  # a's Event went out with a's verdict, from the old leader
 
 
@@ -359,9 +358,10 @@ async def test_a_new_leader_posts_the_event_the_old_one_may_have_missed() -> Non
         dead.events = [dead_event("a")]
         w.want(dead)
         leader_wrote(api, w, "a", {"state": "Alive", "podUID": "uid-a"})  # not yet Dead
-        w.lead()
+        assert w.lead() == [(SV_PLURAL, NS, "a")]
+        w.want(verdict("a", "Dead"))  # said again by the controller; the Event waited for it
         await asyncio.wait_for(w.idle(), 5)
-    assert sorted(op for op, _ in api.calls) == ["create_event", "patch_status"]
+    assert sorted(op for op, _ in api.calls) == ["create_event", "replace_status"]
 
 
 async def test_a_new_leader_posts_the_event_lost_between_the_old_ones_two_writes() -> None:
@@ -373,9 +373,14 @@ async def test_a_new_leader_posts_the_event_lost_between_the_old_ones_two_writes
         dead = verdict("a", "Dead")
         dead.events = [dead_event("a")]
         w.want(dead)
-        leader_wrote(api, w, "a", {"state": "Dead", "podUID": "uid-a"})
+        leader_wrote(
+            api,
+            w,
+            "a",
+            {"state": "Dead", "podUID": "uid-a", "declaredAt": "2026-11-29T10:00:04.980000Z"},
+        )  # its own time
         assert w.backlog == 0  # settled by what the old leader wrote
-        w.reconcile([dead_event("a")])  # what App does on takeover (tracker.unannounced_deaths)
+        w.reconcile([dead_event("a")])  # what App does on takeover (controller.unannounced_deaths)
         w.lead()
         await asyncio.wait_for(w.idle(), 5)
     assert [op for op, _ in api.calls] == ["create_event"]
@@ -386,8 +391,7 @@ async def test_a_fenced_leader_sends_nothing_more_and_keeps_its_queue() -> None:
     api, allowed = FakeApi(), [True]
     api.objects[(SV_PLURAL, NS, "a")] = {"metadata": {"name": "a"}}
     writer = Writer(api, Metrics(), schedule=FakeTimers(), may_write=lambda: allowed[0])
-    writer.start()
-    try:
+    async with workers(writer):
         writer.want(verdict("a", "Alive"))
         await asyncio.wait_for(writer.idle(), 5)
         allowed[0] = False  # the renew deadline passed
@@ -395,33 +399,33 @@ async def test_a_fenced_leader_sends_nothing_more_and_keeps_its_queue() -> None:
         await asyncio.sleep(0.05)
         assert not writer.leading
         assert writer.backlog == 1  # kept, not flushed
-        assert [k[2] for k, _ in api.patches] == ["a"]  # only the Alive write went out
-    finally:
-        await writer.stop()
+        assert [k[2] for k, _ in api.writes] == ["a"]  # only the Alive write went out
 
 
-async def test_the_check_is_made_again_in_the_thread_right_before_the_request() -> None:
-    class Custom:
+async def test_the_check_is_made_again_right_before_each_request_goes_out() -> None:
+    class Rest:
         def __init__(self) -> None:
-            self.sent = 0
+            self.sent: list[str] = []
 
-        def patch_namespaced_custom_object_status(self, *args: Any, **kwargs: Any) -> None:
-            self.sent += 1
+        async def request(self, method: str, path: str, **_: Any) -> bytes:
+            self.sent.append(f"{method} {path}")
+            return b'{"metadata": {"resourceVersion": "7"}}'
 
-    class OneThreadApi:
-        def __init__(self) -> None:
-            self.custom = Custom()
-
-        async def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-            return fn(*args, **kwargs)
-
-    api, allowed = OneThreadApi(), [True]
-    writes = ApiWrites(api, may_write=lambda: allowed[0], field_manager="replica-a")  # type: ignore[arg-type]
-    await writes.patch_status(SV_PLURAL, NS, "a", {"status": {}})
+    rest, allowed = Rest(), [True]
+    writes = ApiWrites(rest, may_write=lambda: allowed[0], field_manager="replica-a")  # type: ignore[arg-type]
+    assert await writes.replace_status(SV_PLURAL, NS, "a", {}, "6") == "7"
     allowed[0] = False
-    with pytest.raises(Fenced):
-        await writes.patch_status(SV_PLURAL, NS, "a", {"status": {}})
-    assert api.custom.sent == 1
+    for call in (
+        writes.replace_status(SV_PLURAL, NS, "a", {}, "7"),
+        writes.create(SV_PLURAL, NS, {}),
+        writes.delete(SV_PLURAL, NS, "a", "7"),
+        writes.create_event(NS, {}),
+    ):
+        with pytest.raises(Fenced):
+            await call
+    assert rest.sent == [
+        f"PUT /apis/deathwatch.dev/v1alpha1/namespaces/{NS}/sandboxverdicts/a/status"
+    ]
 
 
 # --- fencing: no write of an earlier term lands over a later one's (ADR 0011) -----------------
@@ -440,9 +444,7 @@ async def test_a_leader_that_never_saw_an_object_reads_its_version_before_writin
         w.lead(1)
         w.want(dw({"tracked": 0, "leader": "a"}))
         await asyncio.wait_for(w.idle(), 5)
-    ((_, patch),) = api.patches
-    assert patch["metadata"]["resourceVersion"]  # the version it read: never a blind write
-    assert [op for op, _ in api.calls] == ["get_status", "patch_status"]
+    assert [op for op, _ in api.calls] == ["read_status", "replace_status"]
 
 
 async def test_a_held_first_write_of_the_old_leader_cannot_land_over_the_new_leaders() -> None:
@@ -455,9 +457,7 @@ async def test_a_held_first_write_of_the_old_leader_cannot_land_over_the_new_lea
     link_a = Link(api)
     a = Writer(link_a, Metrics(), schedule=FakeTimers(), leading=False)
     b = Writer(api, Metrics(), schedule=FakeTimers(), leading=False)
-    a.start()
-    b.start()
-    try:
+    async with workers(a), workers(b):
         a.lead(1)  # a leads before its watch showed it the DeathWatch
         link_a.partition()
         a.want(dw({"tracked": 2, "alive": 2, "leader": "a"}))
@@ -469,10 +469,7 @@ async def test_a_held_first_write_of_the_old_leader_cannot_land_over_the_new_lea
         await asyncio.wait_for(b.idle(), 5)
         link_a.heal()
         await until(lambda: link_a.waiting == 0)
-        await asyncio.sleep(0.05)
-    finally:
-        await a.stop()
-        await b.stop()
+        await until(lambda: not a._inflight)
     assert api.status(*key) == {"tracked": 2, "dead": 2, "leader": "b"}
     assert api.term(*key) == 2
 
@@ -511,4 +508,4 @@ async def test_a_write_of_another_term_seen_while_leading_is_counted_and_taken_a
     assert api.status(SV_PLURAL, NS, "a") == {
         "state": "Dead", "podUID": "uid-a", "declaredAt": "2026-11-29T10:00:05Z",
     }  # fmt: skip
-    assert [op for op, _ in api.calls] == ["patch_status"]
+    assert [op for op, _ in api.calls] == ["replace_status"]

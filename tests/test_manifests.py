@@ -389,8 +389,8 @@ def test_controller_rbac_allows_its_job_and_refuses_everything_else(
     ]
     for verb, resource, group in needed:
         assert _allowed(api, verb, resource, group), (verb, resource)
-    assert _allowed(api, "patch", "sandboxverdicts", "deathwatch.dev", subresource="status")
-    assert _allowed(api, "patch", "deathwatches", "deathwatch.dev", subresource="status")
+    assert _allowed(api, "update", "sandboxverdicts", "deathwatch.dev", subresource="status")
+    assert _allowed(api, "update", "deathwatches", "deathwatch.dev", subresource="status")
     assert _allowed(
         api, "get", "daemonsets", "apps", "deathwatch-system", "status", "deathwatch-firewall"
     )
@@ -409,6 +409,8 @@ def test_controller_rbac_allows_its_job_and_refuses_everything_else(
         ("get", "configmaps", "", None),
         ("update", "sandboxverdicts", "deathwatch.dev", None),
         ("update", "deathwatches", "deathwatch.dev", None),
+        ("patch", "deathwatches", "deathwatch.dev", "status"),  # replaced whole, never patched
+        ("patch", "sandboxverdicts", "deathwatch.dev", "status"),
         ("delete", "deathwatches", "deathwatch.dev", None),
         ("patch", "events", "", None),
         ("list", "nodes", "", None),

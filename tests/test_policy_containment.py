@@ -79,7 +79,7 @@ def dropped(uid: str = "uid-1", name: str = "sbx-1", at_s: float = 10) -> dict[s
 
 
 def failures(step: Step) -> list[str | None]:
-    return [s.detail for s in step.signals if s.kind is SignalKind.POLICY_FAILED]
+    return [step.track.policy_error for s in step.signals if s.kind is SignalKind.POLICY_FAILED]
 
 
 @pytest.mark.parametrize(

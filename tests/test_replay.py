@@ -221,11 +221,10 @@ def test_a_plugin_policy_is_installed_and_selected(tmp_path: Path) -> None:
         textwrap.dedent(
             """
             from dataclasses import dataclass
-            from deathwatch._policies.base import Decision
-            from deathwatch._engine.verdict import State
+            from deathwatch.policy import Decision, State
 
             @dataclass(frozen=True)
-            class NeverDies:
+            class NeverDies:  # written to the contract before window() left it: still loads
                 name: str = "never-dies"
                 def applies(self, pod, settings): return True
                 def window(self, pod, settings): return None

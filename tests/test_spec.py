@@ -4,7 +4,6 @@ the controller does not rely on it: an older CRD, or a bug, must cost one status
 
 from __future__ import annotations
 
-import contextlib
 from datetime import timedelta
 from typing import Any
 
@@ -98,10 +97,29 @@ def test_nothing_but_a_spec_error_comes_out_of_the_reader(spec: Any) -> None:
     assert 0 < watch.settings.exec_window_multiplier <= 100
 
 
-@settings(max_examples=300)
-@given(json_values)
-def test_nothing_but_a_spec_error_whatever_the_whole_object(obj: Any) -> None:
-    if not isinstance(obj, dict):
-        obj = {"spec": obj}
-    with contextlib.suppress(SpecError):
-        read_deathwatch(obj, default_registry())
+objects = st.one_of(
+    json_values,
+    st.fixed_dictionaries({}, optional={
+        "metadata": json_values | st.fixed_dictionaries({}, optional={
+            "name": json_values, "namespace": json_values, "uid": json_values,
+            "generation": json_values, "creationTimestamp": json_values,
+        }),
+        "spec": specs | json_values,
+    }),
+)  # fmt: skip
+
+
+@settings(max_examples=600, suppress_health_check=[HealthCheck.too_slow])
+@given(objects)
+def test_whatever_the_whole_object_an_error_names_its_field(obj: Any) -> None:
+    """A Watch, or a SpecError that names the field at fault: never the catch-all."""
+    try:
+        watch = read_deathwatch(obj, default_registry())
+    except SpecError as exc:
+        message = str(exc)
+        assert "cannot be read" not in message, message
+        assert message.split(":", 1)[0].split(".", 1)[0].split("[", 1)[0] in (
+            "object", "metadata", "spec",
+        ), message  # fmt: skip
+    else:
+        assert isinstance(watch, Watch)

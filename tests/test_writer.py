@@ -37,14 +37,23 @@ def dead_event(name: str) -> PodEvent:
 
 
 @asynccontextmanager
-async def running(workers: int = 4) -> AsyncIterator[tuple[Writer, FakeApi, FakeTimers]]:
-    api, timers = FakeApi(), FakeTimers()
-    writer = Writer(api, Metrics(), workers=workers, schedule=timers)
-    writer.start()
+async def workers(writer: Writer, n: int = 4) -> AsyncIterator[Writer]:
+    """The writer's workers as tasks, for as long as the test needs them."""
+    tasks = [asyncio.create_task(writer.work()) for _ in range(n)]
     try:
-        yield writer, api, timers
+        yield writer
     finally:
-        await writer.stop()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@asynccontextmanager
+async def running(n: int = 4) -> AsyncIterator[tuple[Writer, FakeApi, FakeTimers]]:
+    api, timers = FakeApi(), FakeTimers()
+    writer = Writer(api, Metrics(), schedule=timers)
+    async with workers(writer, n):
+        yield writer, api, timers
 
 
 async def settle(writer: Writer) -> None:
@@ -70,13 +79,13 @@ async def test_latest_desire_wins_while_a_write_is_in_flight() -> None:
             writer.want(sv("a", flaps=flaps))
         api.hold.set()
         await settle(writer)
-    sent = [p["status"]["flaps"] for k, p in api.patches if k == key("a")]
+    sent = [p["flaps"] for k, p in api.writes if k == key("a")]
     assert sent == [1, 4]
     assert api.status(*key("a")) == {"state": "Alive", "podUID": "uid-a", "flaps": 4}
 
 
 async def test_a_superseded_desire_still_posts_its_event_and_keeps_its_urgency() -> None:
-    async with running(workers=1) as (writer, api, _):
+    async with running(1) as (writer, api, _):
         api.hold = asyncio.Event()
         writer.want(sv("other"))
         await until(lambda: bool(api.calls))  # the one worker is busy
@@ -93,7 +102,7 @@ async def test_a_superseded_desire_still_posts_its_event_and_keeps_its_urgency()
 
 
 async def test_one_write_in_flight_per_object_while_others_proceed() -> None:
-    async with running(workers=4) as (writer, api, _):
+    async with running(4) as (writer, api, _):
         api.hold = asyncio.Event()
         for i in range(10):
             writer.want(sv("a", flaps=i))
@@ -107,7 +116,7 @@ async def test_one_write_in_flight_per_object_while_others_proceed() -> None:
 
 
 async def test_dead_verdicts_jump_the_queue() -> None:
-    async with running(workers=1) as (writer, api, _):
+    async with running(1) as (writer, api, _):
         api.hold = asyncio.Event()
         api.objects[key("w", DW_PLURAL)] = {"metadata": {"name": "w"}}
         writer.want(Desired(DW_PLURAL, NS, "w", status={"tracked": 3}, priority=LOW))
@@ -122,7 +131,7 @@ async def test_dead_verdicts_jump_the_queue() -> None:
 
 
 async def test_urgency_survives_a_newer_ordinary_desire_for_the_same_object() -> None:
-    async with running(workers=1) as (writer, api, _):
+    async with running(1) as (writer, api, _):
         api.hold = asyncio.Event()
         writer.want(sv("a"))
         await until(lambda: bool(api.calls))  # a's Alive write is in flight
@@ -132,35 +141,35 @@ async def test_urgency_survives_a_newer_ordinary_desire_for_the_same_object() ->
         writer.want(sv("a", state="Dead", flaps=1))  # ordinary, merged into the urgent one
         api.hold.set()
         await settle(writer)
-    patched = [(k[2], p["status"]["state"]) for k, p in api.patches]
+    patched = [(k[2], p["state"]) for k, p in api.writes]
     assert patched == [("a", "Alive"), ("a", "Dead"), ("b", "Alive"), ("c", "Alive")]
 
 
 async def test_backoff_is_kept_across_merges_and_newer_desires_wait_it_out() -> None:
     async with running() as (writer, api, timers):
-        api.fail["patch_status"] = [503, 503, 503]
+        api.fail["replace_status"] = [503, 503, 503]
         writer.want(sv("a", flaps=1))
         await until(lambda: timers.waiting == 1)
         writer.want(sv("a", flaps=2))  # during the backoff: merged, not written at once
         writer.want(sv("a", flaps=3))
         await asyncio.sleep(0.05)
-        assert api.operations(key("a")) == ["create", "patch_status"]
+        assert api.operations(key("a")) == ["create", "replace_status"]
         while timers.fire():
-            await until(lambda: timers.waiting == 1 or not api.fail["patch_status"])
+            await until(lambda: timers.waiting == 1 or not api.fail["replace_status"])
             await asyncio.sleep(0.01)
         await settle(writer)
     assert timers.delays == list(BACKOFF[:3])  # 0.2, 0.5, 1.0: never reset by the merges
-    assert api.operations(key("a")) == ["create", *["patch_status"] * 4]
+    assert api.operations(key("a")) == ["create", *["replace_status"] * 4]
     assert api.status(*key("a"))["flaps"] == 3  # type: ignore[index]
 
 
 async def test_a_refusal_is_not_retried_and_later_desires_are_written() -> None:
     async with running() as (writer, api, timers):
-        api.fail["patch_status"] = [422]
+        api.fail["replace_status"] = [422]
         writer.want(sv("a", state="Alive"))
         await settle(writer)
         assert timers.delays == []
-        assert writer.metrics.api_errors.labels("patch_verdict_status", "422")._value.get() == 1
+        assert writer.metrics.api_errors.labels("replace_verdict_status", "422")._value.get() == 1
         writer.want(sv("a", state="Dead"))
         await settle(writer)
     assert api.status(*key("a"))["state"] == "Dead"  # type: ignore[index]
@@ -172,8 +181,8 @@ async def test_events_are_posted_once_and_before_the_verdict_they_announce() -> 
         d.events = [dead_event("a")]
         writer.want(d)
         await settle(writer)
-    assert api.operations(key("a")) == ["create", "patch_status"]
-    assert [op for op, _ in api.calls] == ["create_event", "create", "patch_status"]
+    assert api.operations(key("a")) == ["create", "replace_status"]
+    assert [op for op, _ in api.calls] == ["create_event", "create", "replace_status"]
     # a restarted controller repeats the transition: the Event is not posted twice
     async with running() as (writer, api2, _):
         api2.objects, api2.events = api.objects, api.events
@@ -195,7 +204,7 @@ async def test_a_death_of_an_existing_verdict_costs_one_round_trip() -> None:
         writer.want(d)
         # both requests are in flight at once, neither waits for the other
         await until(lambda: [op for op, _ in api.calls][-2:] in (
-            ["patch_status", "create_event"], ["create_event", "patch_status"]))  # fmt: skip
+            ["replace_status", "create_event"], ["create_event", "replace_status"]))  # fmt: skip
         api.hold.set()
         await settle(writer)
     assert api.status(*key("a"))["state"] == "Dead"  # type: ignore[index]
@@ -215,12 +224,12 @@ async def test_an_event_that_failed_beside_its_verdict_is_posted_alone() -> None
         timers.fire()
         await settle(writer)
     ops = [op for op, _ in api.calls]
-    assert ops.count("patch_status") == 2  # Alive, Dead: the retry does not patch again
+    assert ops.count("replace_status") == 2  # Alive, Dead: the retry does not patch again
     assert ops.count("create_event") == 2 and list(api.events) == [(NS, "a.uid-a.sandboxdead")]
 
 
 async def test_reconciled_events_are_posted_once_and_leave_pending_writes_standing() -> None:
-    async with running(workers=1) as (writer, api, _):
+    async with running(1) as (writer, api, _):
         writer.want(sv("a", state="Dead"))
         await settle(writer)
         api.events[(NS, "a.uid-a.sandboxdead")] = {"posted": "earlier"}
@@ -245,7 +254,7 @@ async def test_an_event_posted_before_a_failure_is_not_posted_again() -> None:
         await until(lambda: timers.waiting == 1)
         timers.fire()
         await settle(writer)
-    assert [op for op, _ in api.calls] == ["create_event", "create", "create", "patch_status"]
+    assert [op for op, _ in api.calls] == ["create_event", "create", "create", "replace_status"]
 
 
 async def test_a_verdict_deleted_behind_our_back_is_created_again() -> None:
@@ -258,10 +267,10 @@ async def test_a_verdict_deleted_behind_our_back_is_created_again() -> None:
     assert timers.delays == []
     assert api.operations(key("a")) == [
         "create",
-        "patch_status",
-        "patch_status",
+        "replace_status",
+        "replace_status",
         "create",
-        "patch_status",
+        "replace_status",
     ]
     assert api.status(*key("a"))["flaps"] == 2  # type: ignore[index]
 
@@ -272,15 +281,12 @@ async def test_nothing_is_sent_for_a_status_the_api_already_holds() -> None:
         writer.knows(SV_PLURAL, NS, "a", {"state": "Alive", "podUID": "uid-a"}, version)
         writer.want(sv("a"))
         await settle(writer)
+        assert api.calls == []
         writer.want(sv("a", flaps=1))
         await settle(writer)
-    assert [k for k, _ in api.patches] == [key("a")]
-    # the patch removes nothing it did not know, sets what changed, and holds only if the
-    # object is still the version we know
-    assert api.patches[0][1] == {
-        "status": {"state": "Alive", "podUID": "uid-a", "flaps": 1, "term": 0},
-        "metadata": {"resourceVersion": version},
-    }
+    # the whole status, stamped with the writer's term, at the version it was computed against
+    assert api.writes == [(key("a"), {"state": "Alive", "podUID": "uid-a", "flaps": 1, "term": 0})]
+    assert [op for op, _ in api.calls] == ["replace_status"]
 
 
 async def test_a_write_made_meanwhile_by_another_replica_is_read_not_overwritten_blind() -> None:
@@ -293,9 +299,9 @@ async def test_a_write_made_meanwhile_by_another_replica_is_read_not_overwritten
         await settle(writer)
     assert api.status(*key("a")) == {"state": "Dead", "podUID": "uid-a", "flaps": 0}
     assert [op for op, _ in api.calls] == [
-        "create", "patch_status", "patch_status", "get_status", "patch_status",
+        "create", "replace_status", "replace_status", "read_status", "replace_status",
     ]  # fmt: skip
-    assert writer.metrics.api_errors.labels("patch_verdict_status", "409")._value.get() == 1
+    assert writer.metrics.api_errors.labels("replace_verdict_status", "409")._value.get() == 1
 
 
 async def test_a_late_write_of_a_replica_that_lost_the_lease_is_refused() -> None:
@@ -314,49 +320,69 @@ async def test_a_late_write_of_a_replica_that_lost_the_lease_is_refused() -> Non
     assert timers.delays == []
 
 
-async def test_a_removed_field_is_nulled_in_the_merge_patch() -> None:
+async def test_a_status_is_replaced_whole_so_nothing_of_an_earlier_one_survives() -> None:
     async with running() as (writer, api, _):
         writer.want(sv("a", state="Suspect", deadline="2026-11-29T10:01:00Z"))
         await settle(writer)
         writer.want(sv("a", state="Alive"))
         await settle(writer)
-    assert api.patches[-1][1]["status"]["deadline"] is None
-    assert "deadline" not in api.status(*key("a"))  # type: ignore[operator]
+    assert api.status(*key("a")) == {"state": "Alive", "podUID": "uid-a"}
 
 
 async def test_delete_spares_a_newer_pod_of_the_same_name() -> None:
     async with running() as (writer, api, _):
         writer.want(sv("a"))
         await settle(writer)
-        writer.want(Desired(SV_PLURAL, NS, "a", delete_if_uid="an-older-pod", priority=LOW))
+        api.put(SV_PLURAL, NS, "a", {"state": "Alive", "podUID": "uid-a2"})  # a newer pod's
+        writer.want(Desired(SV_PLURAL, NS, "a", delete="uid-a", priority=LOW))
         await settle(writer)
-        assert key("a") in api.objects
-        writer.want(Desired(SV_PLURAL, NS, "a", delete_if_uid="uid-a", priority=LOW))
+        assert key("a") in api.objects  # the 409 was read: not ours to delete
+        writer.want(Desired(SV_PLURAL, NS, "a", delete="uid-a2", priority=LOW))
         await settle(writer)
     assert key("a") not in api.objects
 
 
+async def test_a_refused_status_is_logged_once_and_not_sent_again_until_it_changes() -> None:
+    """A DeathWatch stored under an older CRD whose status the current CRD refuses (422):
+    never a loop of the same refused write, once a second, for ever."""
+    async with running() as (writer, api, timers):
+        api.objects[key("w", DW_PLURAL)] = {"metadata": {"name": "w"}}
+        api.fail["replace_status"] = [422]
+        invalid = {"conditions": [{"type": "Ready", "status": "False", "reason": "InvalidSpec"}]}
+        for _ in range(5):  # the publish loop wants it every second
+            writer.want(Desired(DW_PLURAL, NS, "w", status=invalid, priority=LOW))
+            await settle(writer)
+        assert api.operations(key("w", DW_PLURAL)) == ["read_status", "replace_status"]
+        assert writer.metrics.writes_refused.labels(DW_PLURAL, "422")._value.get() == 1
+        writer.want(Desired(DW_PLURAL, NS, "w", status={"tracked": 1}, priority=LOW))
+        await settle(writer)
+    assert timers.delays == []
+    assert api.status(*key("w", DW_PLURAL)) == {"tracked": 1}  # a different one is tried
+
+
 def test_failures_are_labelled_by_kind() -> None:
-    import urllib3
+    import aiohttp
     from kubernetes.client import ApiException
 
     from deathwatch._operator.kube import retryable, status_code
+    from deathwatch._operator.rest import ApiError
 
-    pool = urllib3.HTTPConnectionPool("127.0.0.1")
-    read_timeout = urllib3.exceptions.ReadTimeoutError(pool, "/", "read timed out")
-    refused = urllib3.exceptions.NewConnectionError(pool, "refused")  # type: ignore[arg-type]
-    cases = {
+    cases: dict[BaseException, str] = {
         ApiException(status=409): "409",
-        read_timeout: "timeout",
-        urllib3.exceptions.MaxRetryError(pool, "/", read_timeout): "timeout",
-        urllib3.exceptions.MaxRetryError(pool, "/", refused): "connection",
-        urllib3.exceptions.ProtocolError("reset"): "connection",
-        ConnectionResetError(): "connection",
+        ApiError(503, "Service Unavailable", b"{}"): "503",
         TimeoutError(): "timeout",
+        aiohttp.ServerTimeoutError("read"): "timeout",
+        aiohttp.ClientConnectorError(
+            aiohttp.client_reqrep.ConnectionKey("h", 1, True, True, None, None, None),
+            OSError("refused"),
+        ): "connection",
+        aiohttp.ServerDisconnectedError(): "connection",
+        aiohttp.ClientPayloadError("cut"): "connection",
+        ConnectionResetError(): "connection",
         ValueError("x"): "ValueError",
     }
     assert {exc: status_code(exc) for exc in cases} == cases
-    assert retryable(read_timeout) and retryable(ApiException(status=503))
+    assert retryable(TimeoutError()) and retryable(ApiException(status=503))
     assert not retryable(ApiException(status=422))
 
 
@@ -367,4 +393,4 @@ async def test_a_deathwatch_that_is_gone_is_not_retried(status: int) -> None:
         await settle(writer)
     assert timers.delays == []
     # never seen, so its version is read first (no blind write): it is gone, nothing more
-    assert api.operations(key("gone", DW_PLURAL)) == ["get_status"]
+    assert api.operations(key("gone", DW_PLURAL)) == ["read_status"]

@@ -8,9 +8,6 @@
         def applies(self, pod: PodView, settings: PolicySettings) -> bool:
             return False  # plugins are never picked automatically; a DeathWatch names them
 
-        def window(self, pod: PodView, settings: PolicySettings) -> timedelta | None:
-            return timedelta(minutes=5)
-
         def judge(self, s: Situation) -> Decision:
             if s.container_death is not None:
                 return Decision(State.DEAD, s.container_death.cause)
@@ -29,10 +26,16 @@ releases. Every other module under `deathwatch` is private (`deathwatch._*`) and
 without notice. A policy must be pure (no clock, no I/O): the engine passes `now` in.
 """
 
+from deathwatch._engine.contract import (
+    ENTRY_POINT_GROUP,
+    ContainerDeath,
+    Decision,
+    Policy,
+    PolicySettings,
+    Situation,
+)
 from deathwatch._engine.podview import ContainerView, PodView, ProbeView, Termination
 from deathwatch._engine.verdict import Cause, State
-from deathwatch._policies.base import ContainerDeath, Decision, Policy, PolicySettings, Situation
-from deathwatch._policies.registry import ENTRY_POINT_GROUP
 
 __all__ = [
     "ENTRY_POINT_GROUP",

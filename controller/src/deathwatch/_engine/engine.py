@@ -29,11 +29,16 @@ from typing import Any
 
 import msgspec
 
-from deathwatch._engine.podview import ContainerView, PodView
+from deathwatch._engine.contract import (
+    ContainerDeath,
+    Decision,
+    Policy,
+    PolicySettings,
+    Situation,
+    by_containers,
+)
+from deathwatch._engine.podview import ContainerView, PodView, blocked_probes
 from deathwatch._engine.verdict import Cause, Evidence, State
-from deathwatch._policies.base import ContainerDeath, Decision, Policy, PolicySettings, Situation
-from deathwatch._policies.builtin import CONTAINER_STATE as _CONTAINER_STATE
-from deathwatch._policies.builtin import blocked_probes
 
 
 class SignalKind(StrEnum):
@@ -42,14 +47,13 @@ class SignalKind(StrEnum):
     FLAPPED = "Flapped"  # Ready True -> False -> True before any death verdict
     FALSE_POSITIVE = "FalsePositive"  # Ready True after a Dead verdict
     PROBE_BLOCKED = "ProbeBlockedByFirewall"
-    POLICY_FAILED = "PolicyFailed"  # judge() raised or returned garbage; detail says what
+    POLICY_FAILED = "PolicyFailed"  # judge() raised or returned garbage: Track.policy_error
 
 
 @dataclass(frozen=True, slots=True)
 class Signal:
     kind: SignalKind
     previous: State | None = None  # for STATE_CHANGED: the state left
-    detail: str | None = None  # for POLICY_FAILED: the error
 
 
 # The longest a policy may keep a pod Suspect in one decision: anything further is garbage.
@@ -90,10 +94,9 @@ def replace(track: Track, **changes: Any) -> Track:
 class Step:
     track: Track
     signals: tuple[Signal, ...] = ()
-
-    @property
-    def changed_state(self) -> bool:
-        return any(s.kind is SignalKind.STATE_CHANGED for s in self.signals)
+    # the track is a new one (the fleet sets it): an observation that changed nothing the
+    # verdict says costs its caller nothing more
+    changed: bool = True
 
 
 def new_track(pod: PodView, policy: Policy, settings: PolicySettings) -> Track:
@@ -300,7 +303,7 @@ def step(
         )
         decision, error = _judge(policy, situation)
         if error is not None:
-            signals.append(Signal(SignalKind.POLICY_FAILED, detail=error))
+            signals.append(Signal(SignalKind.POLICY_FAILED))
         if error != track.policy_error:
             track = replace(track, policy_error=error)
         if deleting is not None and decision.state is not State.DEAD:
@@ -320,10 +323,10 @@ def _judge(policy: Policy, s: Situation) -> tuple[Decision, str | None]:
     try:
         decision = policy.judge(s)
     except Exception as exc:  # third-party code: its failure is data, never ours to raise
-        return _CONTAINER_STATE.judge(s), f"{type(exc).__name__}: {exc}"[:300]
+        return by_containers(s), f"{type(exc).__name__}: {exc}"[:300]
     problem = _unsound(decision, s.now)
     if problem is not None:
-        return _CONTAINER_STATE.judge(s), f"returned {problem}"[:300]
+        return by_containers(s), f"returned {problem}"[:300]
     return decision, None
 
 

@@ -7,19 +7,20 @@ loop only.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections.abc import Callable, Iterator
 from datetime import datetime
 
 from deathwatch._engine import engine
+from deathwatch._engine.contract import Policies, PolicySettings
 from deathwatch._engine.engine import Step, Track
 from deathwatch._engine.podview import PodView
 from deathwatch._engine.verdict import State
-from deathwatch._policies import PolicyRegistry, PolicySettings
 
 
 class Fleet:
-    def __init__(self, registry: PolicyRegistry) -> None:
+    def __init__(self, registry: Policies) -> None:
         self.registry = registry
         self.tracks: dict[str, Track] = {}
         # Pods observed since their track was made or restored and not yet Dead or Gone (the
@@ -124,6 +125,8 @@ class Fleet:
     def _keep(self, step: Step, pod: PodView | None) -> Step:
         track = step.track
         previous = self.tracks.get(track.uid)
+        if track is previous and step.changed:
+            step = dataclasses.replace(step, changed=False)
         if track is not previous:
             self.tracks[track.uid] = track
             if track.deadline is not None and (

@@ -10,6 +10,7 @@ callers count it as skipped and say why instead of crashing or guessing.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from types import MappingProxyType
@@ -253,7 +254,8 @@ def view_of(pod: raw.Pod) -> PodView:
 
     return PodView(
         uid=meta.uid,
-        namespace=meta.namespace or "default",
+        # the same few namespaces and nodes in every sandbox: one string each (ADR 0014)
+        namespace=sys.intern(meta.namespace or "default"),
         name=meta.name,
         labels=meta.labels or {},
         phase=status.phase,
@@ -261,7 +263,7 @@ def view_of(pod: raw.Pod) -> PodView:
         ready_status=ready_status,
         ready_changed_at=ready_changed_at,
         deletion_requested_at=deletion_requested_at,
-        node_name=spec.node_name,
+        node_name=sys.intern(spec.node_name) if spec.node_name else None,
         pod_ips=tuple(p.ip for p in status.pod_ips or () if p.ip)
         or ((status.pod_ip,) if status.pod_ip else ()),
         containers=tuple(containers),
@@ -269,6 +271,21 @@ def view_of(pod: raw.Pod) -> PodView:
         container_ports=ports,
         latest_time=latest,
     )
+
+
+_POD = msgspec.json.Decoder(raw.Pod)
+
+
+def decode_pod(data: bytes | msgspec.Raw) -> tuple[PodView, str]:
+    """A Pod from its JSON bytes, decoded once, straight into what a verdict needs (a watch
+    event's object, a listing's item); with its resourceVersion. Raises MalformedPod only."""
+    try:
+        pod = _POD.decode(data)
+    except msgspec.ValidationError as exc:
+        raise MalformedPod.from_validation(exc) from None
+    except msgspec.DecodeError as exc:
+        raise MalformedPod("object", f"not JSON: {exc}") from None
+    return view_of(pod), (pod.metadata.resource_version or "") if pod.metadata else ""
 
 
 def read_pod(obj: object) -> PodView:
@@ -280,3 +297,13 @@ def read_pod(obj: object) -> PodView:
     except msgspec.ValidationError as exc:
         raise MalformedPod.from_validation(exc) from None
     return view_of(pod)
+
+
+def blocked_probes(pod: PodView, agent_ports: frozenset[int]) -> list[ProbeView]:
+    """Readiness probes that kubelet sends from the host to an agent port the node firewall
+    refuses: they can never pass (the pod needs exec probes)."""
+    return [
+        p
+        for p in pod.readiness_probes
+        if p.kind in NETWORK_PROBES and pod.probe_port_number(p) in agent_ports
+    ]

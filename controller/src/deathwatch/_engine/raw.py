@@ -20,6 +20,7 @@ class ObjectMeta(msgspec.Struct, rename="camel", frozen=True, gc=False):
     uid: str | None = None
     name: str | None = None
     namespace: str | None = None
+    resource_version: str | None = None
     labels: dict[str, str] | None = None
     creation_timestamp: Time | None = None
     deletion_timestamp: Time | None = None

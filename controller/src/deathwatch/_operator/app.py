@@ -1,17 +1,18 @@
-"""Wiring: kopf handlers, background loops and the HTTP endpoints around Tracker.
+"""Wiring: the controller's parts built once and handed to each other, the reflectors, the
+loops (each supervised), the HTTP endpoints, and kopf's handlers.
 
-Handlers stay small: they hand pods and DeathWatches to the controller. Pods are watched with
-`kopf.on.event` and indexed with `kopf.index` only: no change-detecting handlers, so kopf has
-no reason to write annotations or finalizers onto a sandbox pod (a finalizer would block a
-pod's deletion whenever the controller is down). kopf runs non-index handlers only after every
-index is filled by the initial listings, so no pod is judged before the DeathWatches are known.
+Start-up, in order, so that no pod is judged before the engine's memory and the DeathWatches
+are in place: the SandboxVerdicts are listed (the engine's memory restored from them), the
+DeathWatches are listed, then the pods; only then do kopf's DeathWatch watch and the other
+loops start. kopf keeps the DeathWatches (few objects, edited by people: its handler with
+retries is worth more there) and the process's life (login, start-up, clean-up); pods and
+verdicts come through our own reflector (reflector.py, ADR 0014).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -20,30 +21,37 @@ from datetime import datetime
 from typing import Any
 
 import kopf
+import msgspec
 import structlog
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from deathwatch._engine.fleet import Fleet
+from deathwatch._engine.podview import MalformedPod, PodView, decode_pod
 from deathwatch._engine.timeutil import UTC
 from deathwatch._operator import gcpauses
+from deathwatch._operator.controller import Controller, Verdict
+from deathwatch._operator.deathwatches import Change, DeathWatches
 from deathwatch._operator.documents import FirewallReading
+from deathwatch._operator.endpoints import serve
 from deathwatch._operator.kube import (
-    Api,
+    LEASES,
     ApiLease,
     ApiWrites,
     api_message,
     load_configuration,
+    objects,
     status_code,
 )
 from deathwatch._operator.leader import Elector, LeaseTimings
 from deathwatch._operator.metrics import Metrics
+from deathwatch._operator.reflector import Kind, Reflector, Undecodable, page
 from deathwatch._operator.resources import DW_PLURAL, GROUP, SV_PLURAL, VERSION, to_document
+from deathwatch._operator.rest import Rest
+from deathwatch._operator.sandboxes import Sandboxes
 from deathwatch._operator.shield import SELECTOR
-from deathwatch._operator.spec import SpecError, Watch, read_deathwatch
-from deathwatch._operator.streams import STALE_AFTER, StreamActivity
-from deathwatch._operator.streams import install as install_stream_hook
+from deathwatch._operator.shielding import Shielding
+from deathwatch._operator.summary import Summaries
 from deathwatch._operator.supervisor import Supervisor
-from deathwatch._operator.tracker import Tracker
+from deathwatch._operator.watched import pods, verdicts
 from deathwatch._operator.writer import Writer
 from deathwatch._policies import default_registry
 
@@ -51,6 +59,7 @@ log = structlog.get_logger("deathwatch.app")
 
 ADOPT_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)  # seconds between tries to list a namespace
 REFREEZE_INTERVAL = 600.0  # seconds: sandboxes that arrived since the last freeze join it
+STALE_AFTER = 90.0  # a watch with nothing (not even a bookmark) for this long is stale
 
 
 @dataclass(frozen=True)
@@ -61,12 +70,11 @@ class Config:
     http_port: int = 8080
     firewall_daemonset: str | None = None  # "namespace/name"
     pod_label_selector: str | None = None  # optional server-side prefilter of watched pods
-    probe_interval: float = 15.0  # /readyz and firewall coverage: one light API call per interval
-    coverage_interval: float = 5.0  # the firewall agents' coverage Leases: one list per interval
+    probe_interval: float = 15.0  # /readyz and the firewall DaemonSet: one light call each
+    coverage_interval: float = 5.0  # the firewall agents' coverage Leases: one list each
     publish_interval: float = 1.0  # DeathWatch status, at most once per interval
-    stream_stale_after: float = STALE_AFTER  # nothing from a watch stream this long: stale
+    stream_stale_after: float = STALE_AFTER
     retire_interval: float = 10.0  # how often verdicts past their retention are looked for
-    vanished_interval: float = 5.0  # how often pods no watch shows are looked up
     writers: int = 8
     leader_elect: bool = True  # False: this process is the only writer (one replica)
     identity: str = "deathwatch"  # the pod's name: on the Lease, and as field manager
@@ -75,223 +83,154 @@ class Config:
     lease_timings: LeaseTimings = field(default_factory=LeaseTimings)
 
     @property
-    def clusterwide(self) -> bool:
-        return not self.namespaces
+    def scopes(self) -> tuple[str | None, ...]:
+        """What each reflector lists and watches: one namespace each, or everything."""
+        return self.namespaces or (None,)
 
 
 @dataclass
 class Readiness:
-    """What /readyz reports; filled by the probe loop, read by the handler (no API call)."""
+    """What /readyz reports of the API; filled by the probe loop (no API call per request)."""
 
     api_reachable: bool | None = None
     api_error: str | None = None
     checked_at: datetime | None = None
 
 
-@dataclass
 class App:
-    config: Config
-    metrics: Metrics = field(default_factory=Metrics)
-    readiness: Readiness = field(default_factory=Readiness)
-    tracker: Tracker | None = None
-    writer: Writer | None = None
-    api: Api | None = None
-    probe_api: Api | None = None
-    lease_api: Api | None = None
-    supervisor: Supervisor = field(init=False)
-    streams: StreamActivity = field(init=False)
-    elector: Elector | None = None
-    runner: web.AppRunner | None = None
-    gc_pauses: gcpauses.PauseLog | None = None
-
-    def __post_init__(self) -> None:
+    def __init__(self, config: Config, metrics: Metrics | None = None) -> None:
+        self.config = config
+        self.metrics = metrics or Metrics()
+        self.readiness = Readiness()
         self.supervisor = Supervisor(self.metrics)
-        self.streams = StreamActivity(self.metrics)
+        self.built = False
+        self.started = False
+        self.runner: Any = None
+        self.gc_pauses: gcpauses.PauseLog | None = None
+        self.elector: Elector | None = None
+        self.rests: list[Rest] = []
 
-    # --- startup and shutdown ------------------------------------------------------------
+    # --- construction: every part once, handed to the next -----------------------------
+
+    def build(self) -> None:
+        cfg, metrics = self.config, self.metrics
+        self.gc_pauses = gcpauses.install(metrics)
+        configuration = load_configuration(cfg.kubeconfig)
+
+        def rest(purpose: str, connections: int) -> Rest:
+            client = Rest(configuration, identity=cfg.identity, purpose=purpose,
+                          connections=connections)  # fmt: skip
+            self.rests.append(client)
+            return client
+
+        # one client per purpose: a renewal never waits behind writes, a watch never holds a
+        # writer's connection, /readyz's probe never queues behind anything
+        self.writes = rest("writes", cfg.writers + 2)
+        self.watches = rest("watches", 2 * len(cfg.scopes) + 2)
+        self.probe = rest("probe", 2)
+        may_write: Callable[[], bool] = lambda: True  # noqa: E731 - the only writer
+        if cfg.leader_elect:
+            lease = ApiLease(rest("lease", 2), cfg.lease_name, cfg.lease_namespace,
+                             cfg.lease_timings.renew_deadline / 2, cfg.identity)  # fmt: skip
+            self.elector = Elector(lease, cfg.identity, cfg.lease_name, cfg.lease_namespace,
+                                   metrics, cfg.lease_timings, on_change=self._leading)  # fmt: skip
+            may_write = self.elector.may_write
+        # the only writer stamps its statuses with its start time: a new process is a new term
+        term = 0 if cfg.leader_elect else time.time_ns() // 1_000_000
+        self.writer = Writer(
+            ApiWrites(self.writes, may_write=may_write, field_manager=cfg.identity),
+            metrics, may_write=may_write, leading=not cfg.leader_elect, term=term,
+        )  # fmt: skip
+        registry = default_registry()
+        self.controller = Controller(
+            deathwatches=DeathWatches(registry),
+            sandboxes=Sandboxes(),
+            fleet=Fleet(registry),
+            summaries=Summaries(),
+            writer=self.writer,
+            metrics=metrics,
+            shielding=Shielding(cfg.coverage_interval) if cfg.firewall_daemonset else None,
+            leader=(lambda: self.elector.leader if self.elector else None)
+            if cfg.leader_elect
+            else (lambda: cfg.identity),
+        )
+        self.controller.firewall = FirewallReading(cfg.firewall_daemonset)
+        self.controller.stale_after = cfg.stream_stale_after
+        self.controller.fresh = self.pods_fresh
+        self.verdict_reflectors = [
+            Reflector(self.watches, verdicts(scope), _Verdicts(self), metrics)
+            for scope in cfg.scopes
+        ]
+        self.pod_reflectors = [
+            Reflector(self.watches, pods(scope, cfg.pod_label_selector), _Pods(self), metrics)
+            for scope in cfg.scopes
+        ]
+        self.built = True
+
+    # --- start-up and shutdown -------------------------------------------------------------
 
     async def start(self, settings: kopf.OperatorSettings) -> None:
-        """kopf's startup handler, retried (TemporaryError) until the verdicts can be listed:
-        so every step before that must be done once, however often this runs."""
+        """kopf's start-up handler: returns once verdicts, DeathWatches and pods are listed;
+        kopf then watches the DeathWatches. A failing list is retried by its reflector
+        (counted, logged); /healthz answers meanwhile."""
         configure_kopf(settings, self.config)
-        if self.tracker is None:
-            self._build()
+        if not self.built:
+            self.build()
         if self.runner is None:
-            await self.serve_http()  # /healthz answers while the API is still out of reach
-        assert self.tracker is not None  # noqa: S101 - made by _build
-        assert self.writer is not None  # noqa: S101
-        restored = self.tracker.restore(await self.list_verdicts())
-        log.info(
-            "restored verdicts", count=restored, namespaces=list(self.config.namespaces) or "all"
-        )
+            cfg = self.config
+            self.runner = await serve(
+                cfg.http_host, cfg.http_port, self.supervisor, self.readyz_report, self.metrics
+            )
+        if self.started:
+            return
+        self.started = True
+        for i, verdict_reflector in enumerate(self.verdict_reflectors):
+            self.supervisor.start(f"watch-verdicts-{i}", verdict_reflector.run)
+        await asyncio.gather(*(r.listed() for r in self.verdict_reflectors))
+        await self.list_deathwatches()
+        for i, pod_reflector in enumerate(self.pod_reflectors):
+            self.supervisor.start(f"watch-pods-{i}", pod_reflector.run)
+        await asyncio.gather(*(r.listed() for r in self.pod_reflectors))
         if self.elector is None:  # the only writer: it leads from the start
             self.reconcile_events()
-        self.writer.start(self.supervisor.start)
+        for i in range(self.config.writers):
+            self.supervisor.start(f"writer-{i}", self.writer.work)
         if self.elector is not None:
             self.supervisor.start("leader-election", self.elector.run)
             self.supervisor.start("lease-watch", self.elector.watch)
         self.supervisor.start("deadlines", self.deadline_loop)
         self.supervisor.start("publish", self.publish_loop)
-        self.supervisor.start("vanished", self.vanished_loop)
         self.supervisor.start("probe", self.probe_loop)
-        if self.tracker is not None and self.tracker.coverage is not None:
+        if self.controller.shielding is not None:
             self.supervisor.start("firewall-coverage", self.coverage_loop)
+        log.info("started", tracked=len(self.controller.sandboxes),
+                 namespaces=list(self.config.namespaces) or "all")  # fmt: skip
 
-    def _build(self) -> None:
-        self.gc_pauses = gcpauses.install(self.metrics)
-        configuration = load_configuration(self.config.kubeconfig)
-        self.api = Api(configuration, self.config.writers + 2, "writes", self.config.identity)
-        # /readyz and firewall coverage use their own client and thread: they can never
-        # queue behind, or take a slot from, the controller's own API work
-        self.probe_api = Api(
-            load_configuration(self.config.kubeconfig), 1, "probe", self.config.identity
-        )
-        cfg = self.config
-        may_write: Callable[[], bool] = lambda: True  # noqa: E731 - the only writer
-        if cfg.leader_elect:
-            # the Lease on a client of its own: a renewal never waits behind writes (two
-            # connections: the renewals', and the Lease watch's on its own thread)
-            self.lease_api = Api(load_configuration(cfg.kubeconfig), 2, "lease", cfg.identity)
-            lease = ApiLease(
-                self.lease_api,
-                cfg.lease_name,
-                cfg.lease_namespace,
-                cfg.lease_timings.renew_deadline / 2,
-                cfg.identity,
-            )
-            self.elector = Elector(
-                lease,
-                cfg.identity,
-                cfg.lease_name,
-                cfg.lease_namespace,
-                self.metrics,
-                cfg.lease_timings,
-                on_change=self._leading,
-            )
-            may_write = self.elector.may_write
-        writes = ApiWrites(self.api, may_write=may_write, field_manager=cfg.identity)
-        # the only writer stamps its statuses with its start time: a new process is a new term
-        # (with election, the term is the Lease's, given on each acquisition)
-        term = 0 if cfg.leader_elect else time.time_ns() // 1_000_000
-        self.writer = Writer(writes, self.metrics, workers=cfg.writers, may_write=may_write,
-                             leading=not cfg.leader_elect, term=term)  # fmt: skip
-        if not install_stream_hook(self.streams):
-            log.warning("watch stream liveness cannot be observed; /readyz reports it unknown")
-        self.tracker = Tracker(
-            default_registry(),
-            self.writer,
-            self.metrics,
-            streams=self.streams,
-            stale_after=self.config.stream_stale_after,
-        )
-        self.tracker.firewall = FirewallReading(self.config.firewall_daemonset)
-        if self.config.firewall_daemonset:
-            # the agents' coverage Leases live next to their DaemonSet: judge Shielded
-            self.tracker.coverage = {}
-            self.tracker.coverage_interval = self.config.coverage_interval
-        if self.elector is not None:
-            self.tracker.leader = lambda: self.elector.leader if self.elector else None
-        else:
-            self.tracker.leader = lambda: cfg.identity
-
-    def _leading(self, leading: bool) -> None:
-        """The elector's verdict: write (everything pending that differs), or stand by."""
-        if self.writer is None:
-            return
-        if leading:
-            self.reconcile_events()
-            self.writer.lead(self.elector.term if self.elector else None)
-        else:
-            self.writer.standby()
-
-    def reconcile_events(self) -> None:
-        """Taking over the writing: post again any SandboxDead Event a crash may have lost."""
-        if self.tracker is None or self.writer is None:
-            return
-        events = self.tracker.unannounced_deaths()
-        if events:
-            log.info("reconciling sandboxdead events", count=len(events))
-            self.writer.reconcile(events)
-
-    async def list_verdicts(self) -> list[dict[str, Any]]:
-        assert self.api is not None  # noqa: S101 - set in start()
-        custom = self.api.custom
-        items: list[dict[str, Any]] = []
-        try:
-            if self.config.clusterwide:
-                items.extend(
-                    (
-                        await self.api.call(
-                            custom.list_cluster_custom_object, GROUP, VERSION, SV_PLURAL
-                        )
-                    )["items"]
-                )
-            else:
-                for ns in self.config.namespaces:
-                    items.extend(
-                        (
-                            await self.api.call(
-                                custom.list_namespaced_custom_object, GROUP, VERSION, ns, SV_PLURAL
-                            )
-                        )["items"]
-                    )
-        except Exception as exc:
-            self.metrics.api_errors.labels("list_verdicts", status_code(exc)).inc()
-            # kopf retries the startup handler; no pod is judged until this succeeds
-            raise kopf.TemporaryError(
-                f"cannot list SandboxVerdicts: {api_message(exc)}", delay=2
-            ) from exc
-        return items
-
-    async def adopt_existing(self, spec: Watch) -> None:
-        """List the pods of a new (or changed) DeathWatch's namespace, page by page, and hand
-        them to the tracker. A failed list is counted, logged and tried again with backoff
-        (nothing else would bring those pods: they have no event to come)."""
-        assert self.api is not None  # noqa: S101 - started
-        assert self.tracker is not None  # noqa: S101
-        core, namespace = self.api.core, spec.key[0]
+    async def list_deathwatches(self) -> None:
+        """Before the pods: so each pod of the first listing finds its DeathWatch."""
         for delay in (*ADOPT_BACKOFF, None):
-            adopted, token = 0, None
             try:
-                while True:
-                    response = await self.api.call(
-                        core.list_namespaced_pod,
-                        namespace,
-                        label_selector=self.config.pod_label_selector or None,
-                        limit=500,
-                        _continue=token,
-                        _preload_content=False,
-                    )
-                    page = json.loads(response.data)
-                    adopted += self.tracker.adopt(spec, page.get("items") or [])
-                    token = (page.get("metadata") or {}).get("continue")
-                    if not token:
-                        break
+                listings = [
+                    await self.watches.get(objects(DW_PLURAL, s)) for s in self.config.scopes
+                ]
             except Exception as exc:
-                self.metrics.api_errors.labels("list_pods", status_code(exc)).inc()
-                log.error(
-                    "pods of a deathwatch not listed",
-                    namespace=namespace,
-                    deathwatch=spec.key[1],
-                    error=api_message(exc),
-                    retry_in=delay,
-                )
+                self.metrics.api_errors.labels("list_deathwatches", status_code(exc)).inc()
+                log.error("deathwatches not listed", error=api_message(exc)[:300],
+                          retry_in=delay)  # fmt: skip
                 if delay is None:
-                    return  # each pod's next event adopts it
+                    return  # kopf's own listing of them follows; each then lists its pods
                 await asyncio.sleep(delay)
                 continue
-            log.info(
-                "deathwatch adopted existing pods",
-                namespace=namespace,
-                deathwatch=spec.key[1],
-                count=adopted,
-            )
+            for listing in listings:
+                for body in listing.get("items") or []:
+                    with self.reported("deathwatch_event", body):
+                        self.controller.on_deathwatch(None, body)
             return
 
     async def stop(self) -> None:
         """SIGTERM: a leader finishes what it decided (bounded), stops writing, then releases
         the Lease so a standby takes over at its next try instead of after the lease runs out."""
-        if self.writer is not None and self.writer.leading:
+        if self.built and self.writer.leading:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.writer.idle(), 10)
             self.writer.standby()
@@ -302,16 +241,67 @@ class App:
             gcpauses.uninstall(self.gc_pauses)
         if self.runner is not None:
             await self.runner.cleanup()
-        for api in (self.api, self.probe_api, self.lease_api):
-            if api is not None:
-                api.close()
+        for client in self.rests:
+            await client.close()
 
-    # --- loops ------------------------------------------------------------------------------
+    def _leading(self, leading: bool) -> None:
+        """The elector's verdict: write (what this replica owes first), or stand by."""
+        if not leading:
+            self.writer.standby()
+            return
+        self.reconcile_events()
+        owed = self.writer.lead(self.elector.term if self.elector else None)
+        self.controller.republish(owed)
+
+    def reconcile_events(self) -> None:
+        """Taking over the writing: post again any SandboxDead Event a crash may have lost."""
+        events = self.controller.unannounced_deaths()
+        if events:
+            log.info("reconciling sandboxdead events", count=len(events))
+            self.writer.reconcile(events)
+
+    # --- a new (or changed) DeathWatch: list its namespace's pods ------------------------
+
+    async def adopt(self, change: Change) -> None:
+        """List the pods of a new or changed DeathWatch's namespace, page by page, and hand
+        them to the controller. A failed list is counted, logged and tried again with backoff
+        (nothing else would bring those pods: they have no event to come)."""
+        watch = change.watch
+        assert watch is not None  # noqa: S101 - only valid DeathWatches select
+        namespace, path = watch.namespace, f"/api/v1/namespaces/{watch.namespace}/pods"
+        for delay in (*ADOPT_BACKOFF, None):
+            adopted, token = 0, ""
+            try:
+                while True:
+                    params: dict[str, str | int] = {"limit": 500}
+                    if token:
+                        params["continue"] = token
+                    if self.config.pod_label_selector:
+                        params["labelSelector"] = self.config.pod_label_selector
+                    items, more = page(await self.watches.request("GET", path, params=params))
+                    adopted += self.controller.adopt(watch.key, watch.version, _views(items))
+                    token = more or ""
+                    current = self.controller.deathwatches.current(watch.key, watch.version)
+                    if not token or current is None:
+                        break
+            except Exception as exc:
+                self.metrics.api_errors.labels("list_pods", status_code(exc)).inc()
+                log.error("pods of a deathwatch not listed", namespace=namespace,
+                          deathwatch=watch.name, error=api_message(exc)[:300],
+                          retry_in=delay)  # fmt: skip
+                if delay is None:
+                    return  # each pod's next event adopts it
+                await asyncio.sleep(delay)
+                continue
+            log.info("deathwatch adopted existing pods", namespace=namespace,
+                     deathwatch=watch.name, count=adopted)  # fmt: skip
+            return
+
+    # --- loops (each supervised) ------------------------------------------------------------
 
     async def deadline_loop(self) -> None:
         """Judge Suspects when their window closes, not when the next event happens to come."""
-        c = self.tracker
-        assert c is not None  # noqa: S101
+        c = self.controller
         while True:
             c.wake.clear()
             c.expire()
@@ -325,64 +315,30 @@ class App:
                 await asyncio.wait_for(c.wake.wait(), timeout)
 
     async def publish_loop(self) -> None:
-        c = self.tracker
-        assert c is not None  # noqa: S101
+        c = self.controller
         last_retire = 0.0
-        frozen_for, frozen_at = 0, time.monotonic()
+        frozen_at = time.monotonic()
         while True:
             await asyncio.sleep(self.config.publish_interval)
-            listing = c.listing_settled()
-            if listing != frozen_for or time.monotonic() - frozen_at > REFREEZE_INTERVAL:
-                # what a listing built lives as long as its pods: out of the collector's reach
-                gcpauses.freeze("pod listing" if listing != frozen_for else "periodic")
-                frozen_for, frozen_at = listing, time.monotonic()
+            if time.monotonic() - frozen_at > REFREEZE_INTERVAL:
+                gcpauses.freeze("periodic")  # sandboxes that arrived since join the frozen
+                frozen_at = time.monotonic()
             if time.monotonic() - last_retire > self.config.retire_interval:
                 last_retire = time.monotonic()
                 c.retire()
             c.reshield()  # coverage claims go stale with no event: judged on the clock
-            await c.publish()
-
-    async def vanished_loop(self) -> None:
-        """Pods deleted while we were down or while a watch was broken produce no DELETED
-        event; find them and confirm each with a GET before calling them gone."""
-        c, api = self.tracker, self.api
-        assert c is not None  # noqa: S101
-        assert api is not None  # noqa: S101
-        while True:
-            await asyncio.sleep(self.config.vanished_interval)
-            for uid in c.vanished()[:50]:
-                record = c.records.get(uid)
-                if record is None:
-                    continue
-                try:
-                    pod = await api.call(
-                        api.core.read_namespaced_pod, record.name, record.namespace
-                    )
-                except Exception as exc:
-                    if status_code(exc) == "404":
-                        c.gone(uid)
-                    else:
-                        self.metrics.api_errors.labels("read_pod", status_code(exc)).inc()
-                    continue
-                if pod.metadata.uid == uid:
-                    c.still_there(uid)
-                else:
-                    c.gone(uid)  # the name belongs to a newer pod
+            c.publish()
 
     async def coverage_loop(self) -> None:
         """List the firewall agents' coverage Leases (one per node) every interval. A failed
         read is counted and logged; past a claim's validity without a read, every sandbox's
         Shielded turns Unknown rather than False (shield.py)."""
-        c, api = self.tracker, self.probe_api
-        assert c is not None  # noqa: S101
-        assert api is not None  # noqa: S101
         namespace = (self.config.firewall_daemonset or "/").split("/", 1)[0]
+        path = f"{LEASES}/namespaces/{namespace}/leases"
         failing = False
         while True:
             try:
-                leases = await api.call(
-                    api.coordination.list_namespaced_lease, namespace, label_selector=SELECTOR
-                )
+                leases = await self.probe.get(path, labelSelector=SELECTOR)
             except Exception as exc:
                 self.metrics.api_errors.labels("list_coverage", status_code(exc)).inc()
                 if not failing:
@@ -392,48 +348,27 @@ class App:
                 if failing:
                     log.info("firewall coverage readable again")
                 failing = False
-                items = api.client.sanitize_for_serialization(leases).get("items") or []
-                c.on_coverage(items)
-                self.metrics.coverage_nodes.set(len(c.coverage or {}))
+                self.controller.on_coverage(leases.get("items") or [])
+                shielding = self.controller.shielding
+                self.metrics.coverage_nodes.set(len(shielding.claims) if shielding else 0)
             await asyncio.sleep(self.config.coverage_interval)
 
     async def probe_loop(self) -> None:
         """One light API call per interval, on its own client: API reachability and the
         firewall DaemonSet's coverage, cached for /readyz and the DeathWatch status."""
-        c, api = self.tracker, self.probe_api
-        assert c is not None  # noqa: S101
-        assert api is not None  # noqa: S101
+        daemonset = self.config.firewall_daemonset
         while True:
-            daemonset = c.firewall.daemonset
             try:
                 if daemonset:
                     ns, name = daemonset.split("/", 1)
-                    try:
-                        ds = await api.call(api.apps.read_namespaced_daemon_set_status, name, ns)
-                    except Exception as exc:
-                        if status_code(exc) != "404":
-                            raise
-                        c.firewall = FirewallReading(
-                            daemonset,
-                            observed_at=datetime.now(UTC),
-                            error=f"DaemonSet {daemonset} not found",
-                        )
-                    else:
-                        c.firewall = FirewallReading(
-                            daemonset,
-                            desired=ds.status.desired_number_scheduled or 0,
-                            ready=ds.status.number_ready or 0,
-                            observed_at=datetime.now(UTC),
-                        )
+                    self.controller.firewall = await self._read_daemonset(ns, name)
                 else:
-                    await api.call(api.version.get_code)
+                    await self.probe.get("/version")
             except Exception as exc:
                 if self.readiness.api_reachable is not False:
                     log.warning("API unreachable", error=api_message(exc)[:300])
-                self.readiness.api_reachable, self.readiness.api_error = (
-                    False,
-                    api_message(exc)[:300],
-                )
+                self.readiness.api_reachable = False
+                self.readiness.api_error = api_message(exc)[:300]
                 self.metrics.api_errors.labels("probe", status_code(exc)).inc()
             else:
                 if self.readiness.api_reachable is False:
@@ -442,92 +377,146 @@ class App:
             self.readiness.checked_at = datetime.now(UTC)
             await asyncio.sleep(self.config.probe_interval)
 
-    # --- HTTP: /healthz, /readyz, /metrics ----------------------------------------------------
+    async def _read_daemonset(self, namespace: str, name: str) -> FirewallReading:
+        full = f"{namespace}/{name}"
+        try:
+            ds = await self.probe.get(
+                f"/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}/status"
+            )
+        except Exception as exc:
+            if status_code(exc) != "404":
+                raise
+            return FirewallReading(full, observed_at=datetime.now(UTC),
+                                   error=f"DaemonSet {full} not found")  # fmt: skip
+        status = ds.get("status") or {}
+        return FirewallReading(full, desired=int(status.get("desiredNumberScheduled") or 0),
+                               ready=int(status.get("numberReady") or 0),
+                               observed_at=datetime.now(UTC))  # fmt: skip
 
-    async def serve_http(self) -> None:
-        app = web.Application()
-        app.router.add_get("/healthz", self.healthz)
-        app.router.add_get("/readyz", self.readyz)
-        app.router.add_get("/metrics", self.metrics_handler)
-        self.runner = web.AppRunner(app, access_log=None)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, self.config.http_host, self.config.http_port).start()
+    # --- what is watched, fresh; /readyz ------------------------------------------------------
 
-    async def healthz(self, request: web.Request) -> web.Response:
-        # The process alone: answering at all proves the event loop is not blocked, and no
-        # supervised task of ours keeps crashing (a bug a fresh process may not have). It
-        # checks no dependency: the loops catch API failures, an outage never crashes them,
-        # and a liveness probe that checked the API would restart a healthy controller.
-        failing = self.supervisor.failing()
-        if failing:
-            return web.json_response({"failing_tasks": failing}, status=500)
-        return web.Response(text="ok\n")
+    def pods_fresh(self) -> bool | None:
+        """Every pod stream delivered something (an event or a bookmark) lately."""
+        if not self.built:
+            return None
+        stale = self.config.stream_stale_after
+        return all(r.age() < stale for r in self.pod_reflectors)
 
     def readyz_report(self) -> tuple[bool, dict[str, Any]]:
-        c, r = self.tracker, self.readiness
-        fresh = c.watches_fresh() if c else False
+        c, r = self.controller if self.built else None, self.readiness
         fw = c.firewall if c else None
         coverage = fw.coverage() if fw else None
         checks = {
             "api_reachable": bool(r.api_reachable),
-            "watches_fresh": fresh,
+            "watches_fresh": self.pods_fresh(),
             "firewall_covered": fw.covered if fw else None,
         }
-        last_pod_event = c.last_event.get("pods") if c else None
+        ages: dict[str, float] = {}
+        reflectors: list[Reflector[Any]] = (
+            [*self.pod_reflectors, *self.verdict_reflectors] if self.built else []
+        )
+        for reflector in reflectors:
+            name = reflector.collection.resource
+            ages[name] = round(max(ages.get(name, 0.0), reflector.age()), 1)
         tasks = self.supervisor.tasks
         details = {
-            "watch_stream_age_seconds": {
-                r: round(self.streams.age(r), 1) for r in ("pods", DW_PLURAL)
-            },
+            "watch_stream_age_seconds": ages,
             "task_restarts": {name: t.restarts for name, t in tasks.items()},
             "failing_tasks": self.supervisor.failing(),
             "pods_with_failing_policy": len(c.policy_failing) if c else 0,
             "leader": self.elector.status() if self.elector else {"leader_election": "off"},
             "api_error": r.api_error,
             "api_checked_at": r.checked_at.isoformat() if r.checked_at else None,
-            "seconds_since_pod_event": round(time.monotonic() - last_pod_event, 1)
-            if last_pod_event
-            else None,
             "firewall": to_document(coverage) if coverage else None,
-            "tracked": len(c.fleet) if c else 0,
-            "write_backlog": self.writer.backlog if self.writer else 0,
+            "tracked": len(c.sandboxes) if c else 0,
+            "write_backlog": self.writer.backlog if self.built else 0,
         }
         ok = all(v is not False for v in checks.values())
         return ok, {**checks, "details": details}
 
-    async def readyz(self, request: web.Request) -> web.Response:
-        # For people, wired to no probe: a dependency outage must not restart or unroute us.
-        # Served from the probe loop's cache: costs no API call, takes no controller slot.
-        ok, report = self.readyz_report()
-        return web.json_response(report, status=200 if ok else 503)
-
-    def observed(self, plural: str, event_type: str | None, body: Mapping[str, Any]) -> None:
-        if self.writer is None:
-            return
-        meta = body.get("metadata") or {}
-        status = None if event_type == "DELETED" else dict(body.get("status") or {})
-        self.writer.observed(plural, meta.get("namespace") or "", meta.get("name") or "", status,
-                             meta.get("resourceVersion"))  # fmt: skip
-
     @contextlib.contextmanager
-    def reported(self, handler: str, body: Mapping[str, Any]) -> Iterator[None]:
-        """A bug in handling one event is logged with its traceback and counted, and the
-        next event of the object is handled afresh (kopf would only say "will ignore it")."""
+    def reported(self, handler: str, body: Any) -> Iterator[None]:
+        """A bug in handling one event is logged with its traceback and counted, and the next
+        event is handled afresh (never a stream torn down and listed again for one object)."""
         try:
             yield
         except Exception:
             self.metrics.handler_errors.labels(handler).inc()
-            meta = body.get("metadata") or {}
-            log.exception(
-                "event not handled", handler=handler, namespace=meta.get("namespace"),
-                name=meta.get("name"),
+            meta = body.get("metadata") or {} if isinstance(body, Mapping) else {}
+            who = (meta.get("namespace"), meta.get("name")) if meta else (
+                getattr(body, "namespace", None), getattr(body, "name", None)
             )  # fmt: skip
+            log.exception("event not handled", handler=handler, namespace=who[0], name=who[1])
 
-    async def metrics_handler(self, request: web.Request) -> web.Response:
-        return web.Response(
-            body=generate_latest(self.metrics.registry),
-            headers={"Content-Type": CONTENT_TYPE_LATEST},
-        )
+
+class _Pods:
+    """The pod reflector's sink: each event to the controller, a bug in one contained."""
+
+    def __init__(self, app: App) -> None:
+        self.app, self.controller = app, app.controller
+
+    def listing(self, scope: str | None) -> None:
+        self.controller.listing(scope)
+
+    def event(self, kind: Kind, pod: PodView, received: float) -> None:
+        with self.app.reported("pod_event", pod):
+            self.controller.on_pod(kind, pod, received)
+
+    def listed(self, scope: str | None) -> None:
+        with self.app.reported("pod_listing", {}):
+            self.controller.listed(scope)
+        # what a listing built lives as long as its pods: out of the collector's reach
+        gcpauses.freeze("pod listing")
+
+    def undecodable(self, error: Undecodable) -> None:
+        self.controller.undecodable(error)
+
+
+class _Verdicts:
+    """The verdict reflector's sink: its first listing restores the engine's memory; after
+    that, what the watch shows is what the API holds (writer.observed)."""
+
+    def __init__(self, app: App) -> None:
+        self.app, self.controller = app, app.controller
+        self.restoring = True
+        self.restored = 0
+        self.seen: set[tuple[str, str]] = set()
+
+    def listing(self, scope: str | None) -> None:
+        self.seen = set()
+
+    def event(self, kind: Kind, verdict: Verdict, received: float) -> None:
+        with self.app.reported("verdict_event", verdict):
+            if self.restoring:
+                self.restored += self.controller.restore(verdict)
+            else:
+                if kind is Kind.LISTED:
+                    self.seen.add((verdict.namespace, verdict.name))
+                self.controller.on_verdict(kind, verdict)
+
+    def listed(self, scope: str | None) -> None:
+        if self.restoring:
+            self.restoring = False
+            log.info("restored verdicts", count=self.restored, scope=scope or "all")
+            return
+        # a relisting: verdicts it did not show were deleted meanwhile
+        writer = self.app.writer
+        for plural, namespace, name in list(writer.held):
+            if (plural == SV_PLURAL and (scope is None or namespace == scope)
+                    and (namespace, name) not in self.seen):  # fmt: skip
+                writer.observed(plural, namespace, name, None, "")
+
+    def undecodable(self, error: Undecodable) -> None:
+        self.controller.undecodable(error)
+
+
+def _views(items: Iterable[msgspec.Raw]) -> Iterator[PodView]:
+    """The pods of a listed page, each decoded once from its bytes."""
+    for item in items:
+        try:
+            yield decode_pod(item)[0]
+        except MalformedPod:
+            continue  # its own watch event reports it
 
 
 def configure_kopf(settings: kopf.OperatorSettings, config: Config) -> None:
@@ -543,8 +532,6 @@ def configure_kopf(settings: kopf.OperatorSettings, config: Config) -> None:
     settings.watching.client_timeout = 270
     settings.watching.connect_timeout = 10
     settings.watching.inactivity_timeout = 70
-    if config.pod_label_selector:  # server-side prefilter: only these pods are ever sent to us
-        settings.watching.label_selectors["pods"] = config.pod_label_selector
 
 
 def register(registry: kopf.OperatorRegistry, app: App) -> None:
@@ -552,7 +539,7 @@ def register(registry: kopf.OperatorRegistry, app: App) -> None:
 
     @kopf.on.login(id="login", registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        # The same as the API client (kube.load_configuration): --kubeconfig if given, else
+        # The same as our own client (kube.load_configuration): --kubeconfig if given, else
         # in a pod the Service address from the environment, as client-go does (kopf's own
         # service-account login asks DNS for kubernetes.default.svc; no DNS, no controller).
         if app.config.kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
@@ -567,49 +554,11 @@ def register(registry: kopf.OperatorRegistry, app: App) -> None:
     async def cleanup(**_: Any) -> None:
         await app.stop()
 
-    @kopf.index(GROUP, VERSION, DW_PLURAL, id="deathwatches_by_namespace", registry=registry)
-    def deathwatches_by_namespace(
-        namespace: str | None, body: kopf.Body, **_: Any
-    ) -> dict[str, Watch]:
-        try:
-            return {namespace or "": read_deathwatch(body, default_registry())}
-        except SpecError:
-            return {}  # reported on the DeathWatch's status by the event handler
-
-    @kopf.on.event("", "v1", "pods", id="pod_event", registry=registry)
-    async def pod_event(
-        event: kopf.RawEvent, body: kopf.Body, namespace: str | None, **kwargs: Any
-    ) -> None:
-        if app.tracker is not None:
-            watches = _values(kwargs["deathwatches_by_namespace"], namespace or "")
-            with app.reported("pod_event", body):
-                app.tracker.on_pod(event.get("type"), body, watches)
-
     @kopf.on.event(GROUP, VERSION, DW_PLURAL, id="deathwatch_event", registry=registry)
-    async def deathwatch_event(
-        event: kopf.RawEvent, body: kopf.Body, namespace: str | None, **kwargs: Any
-    ) -> None:
-        if app.tracker is None:
-            return
+    async def deathwatch_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        change = None
         with app.reported("deathwatch_event", body):
-            spec = app.tracker.on_deathwatch(event.get("type"), body)
-            app.observed(DW_PLURAL, event.get("type"), body)
-        if spec is not None:
-            # pods it selects that came before it: the pod stream will not tell of them again
-            # (at start-up this lists what kopf's own listing also brings: seen twice, judged
-            # once; "has the pod stream begun" cannot tell an empty first listing from none)
-            await app.adopt_existing(spec)
-
-    @kopf.on.event(GROUP, VERSION, SV_PLURAL, id="verdict_event", registry=registry)
-    async def verdict_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-        # what the leader published: a standby keeps up with it, so that on takeover it
-        # writes only what differs (writer.observed; ignored while leading)
-        with app.reported("verdict_event", body):
-            app.observed(SV_PLURAL, event.get("type"), body)
-
-
-def _values(index: kopf.Index[str, Any], key: str) -> Iterable[Any]:
-    try:
-        return list(index[key])
-    except KeyError:
-        return []
+            change = app.controller.on_deathwatch(event.get("type"), body)
+        if change is not None:
+            # the pods it selects that came before it: no pod event will tell of them
+            await app.adopt(change)

@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     asyncio.run(
         kopf.operator(
             registry=registry,
-            clusterwide=config.clusterwide,
+            clusterwide=not config.namespaces,
             namespaces=list(config.namespaces),
             standalone=True,
         )

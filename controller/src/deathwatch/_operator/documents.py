@@ -12,9 +12,8 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import kopf
 import msgspec
 
 from deathwatch._engine.engine import Track
@@ -23,6 +22,7 @@ from deathwatch._engine.verdict import Cause, Evidence, State
 from deathwatch._operator.resources import (
     API_VERSION,
     MANAGED_BY,
+    POD_UID_LABEL,
     WATCH_LABEL,
     Condition,
     ConditionStatus,
@@ -37,6 +37,11 @@ from deathwatch._operator.resources import (
     to_document,
 )
 from deathwatch._operator.shield import Shield
+from deathwatch._operator.spec import Watch
+
+if TYPE_CHECKING:
+    from deathwatch._operator.decisions import Announcement
+from deathwatch._operator.summary import Summary
 
 LAST_DEATHS = 20
 PROBE_BLOCKED_MESSAGE = (
@@ -176,20 +181,57 @@ def verdict_status(
     )
 
 
-def verdict_object(namespace: str, name: str, owner: Mapping[str, Any]) -> dict[str, Any]:
+def verdict(
+    track: Track,
+    watch: Watch,
+    node: str | None,
+    deleted_at: datetime | None,
+    shield: Shield | None,
+    shield_since: datetime | None,
+    announce: Iterable[Announcement] = (),
+) -> tuple[dict[str, Any], dict[str, Any], list[PodEvent]]:
+    """A sandbox's SandboxVerdict: its status document, the object to create if it does not
+    exist yet, and the Events that announce what `decide` chose to."""
+    status = verdict_status(track, node, deleted_at, shield, shield_since)
+    obj = verdict_object(track.namespace, track.name, watch, track.uid)
+    return to_document(status), obj, events(track, announce)
+
+
+def events(track: Track, announcements: Iterable[Announcement]) -> list[PodEvent]:
+    """The Events that say what `decide` chose to announce."""
+    out = []
+    for a in announcements:
+        if a.reason is EventReason.SANDBOX_DEAD:
+            out.append(dead_event(track))
+        elif a.reason is EventReason.SANDBOX_LOST_TRACK:
+            out.append(lost_track_event(track, a.last_seen))
+        elif a.reason is EventReason.SANDBOX_FALSE_POSITIVE:
+            out.append(false_positive_event(track))
+        elif a.reason is EventReason.PROBE_BLOCKED:
+            out.append(probe_blocked_event(track))
+        elif a.reason is EventReason.SANDBOX_UNSHIELDED and a.shield is not None:
+            out.append(unshielded_event(track, a.shield, a.spell or ""))
+    return out
+
+
+def verdict_object(namespace: str, name: str, watch: Watch, pod_uid: str) -> dict[str, Any]:
     """A new SandboxVerdict (status comes with the next write: it is a subresource), owned by
-    its DeathWatch, so it is garbage-collected with it."""
-    watch = (owner.get("metadata") or {}).get("name")
+    its DeathWatch, so it is garbage-collected with it; labelled with its DeathWatch and its
+    pod's uid (`kubectl get sv -l deathwatch.dev/pod-uid=...`)."""
     return {
         "apiVersion": API_VERSION,
         "kind": "SandboxVerdict",
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "labels": {"app.kubernetes.io/managed-by": "deathwatch", WATCH_LABEL: watch},
-            "ownerReferences": [dict(kopf.build_owner_reference(owner))],  # type: ignore[arg-type]
+            "labels": {
+                "app.kubernetes.io/managed-by": "deathwatch",
+                WATCH_LABEL: watch.name,
+                POD_UID_LABEL: pod_uid,
+            },
+            "ownerReferences": [watch.owner_reference()],
         },
-        "spec": to_document(SandboxVerdictSpec(death_watch=watch)),
+        "spec": to_document(SandboxVerdictSpec(death_watch=watch.name)),
     }
 
 
@@ -337,37 +379,27 @@ def deathwatch_conditions(
 
 
 def deathwatch_status(
-    tracks: Iterable[Track],
+    summary: Summary,
     firewall: FirewallCoverage | None,
     conditions: list[Condition],
     generation: int | None,
     leader: str | None = None,
-    uncovered_nodes: Iterable[str] = (),
 ) -> DeathWatchStatus:
     """The DeathWatch status: counts, the last deaths with evidence, firewall coverage."""
-    counts = dict.fromkeys(State, 0)
-    flaps = false_positives = 0
-    deaths: list[Evidence] = []
-    for t in tracks:
-        counts[t.state] += 1
-        flaps += t.flaps
-        false_positives += int(t.false_positive)
-        if t.state is State.DEAD and t.evidence is not None:
-            deaths.append(t.evidence)
-    deaths.sort(key=lambda e: (e.declared_at, e.name), reverse=True)
+    counts = summary.counts
     return DeathWatchStatus(
-        tracked=sum(counts.values()),
+        tracked=summary.tracked,
         pending=counts[State.PENDING],
         alive=counts[State.ALIVE],
         suspect=counts[State.SUSPECT],
         dead=counts[State.DEAD],
         gone=counts[State.GONE],
-        flaps=flaps,
-        false_positives=false_positives,
+        flaps=summary.flaps,
+        false_positives=summary.false_positives,
         observed_generation=generation,
         leader=leader,
         firewall=firewall,
-        uncovered_nodes=sorted(uncovered_nodes)[:100],
+        uncovered_nodes=summary.uncovered_nodes()[:100],
         last_deaths=[
             LastDeath(
                 name=e.name,
@@ -379,7 +411,7 @@ def deathwatch_status(
                 ready_drop_at=e.ready_drop_at,
                 declared_at=e.declared_at,
             )
-            for e in deaths[:LAST_DEATHS]
+            for e in summary.last_deaths(LAST_DEATHS)
         ],
         conditions=conditions,
     )

@@ -1,35 +1,34 @@
-"""Kubernetes API access for the operator: every call has a deadline and runs off the loop.
+"""The operator's calls on the Kubernetes API, over `rest.Rest`: the writer's five, the Lease's
+four, and the names failures are counted and logged by.
 
-The `kubernetes` client is synchronous; each `Api` owns a thread pool and its own connection
-pool, so a slow call never blocks the event loop, and two `Api`s (the controller's writes,
-/readyz's probe) never queue behind each other. Every call carries `_request_timeout`
-(connect, read): a silently dropped TCP connection fails within 30 s instead of hanging
-forever while /healthz stays green (field note: that is exactly how a background loop hung).
+Every call has a deadline (rest.API_TIMEOUT, 30 s: a silently dropped TCP connection fails
+instead of hanging for ever while /healthz stays green, the field note's failure), runs on the
+event loop, and every write is checked against `may_write` right before it goes out: a fenced
+leader sends nothing more, not even what was already on its way.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import json
 import os
-import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Final
 
-import urllib3
-from kubernetes import client, config, watch
+import aiohttp
+import msgspec
+from kubernetes import client, config
 
-from deathwatch._operator.resources import GROUP, VERSION
+from deathwatch._operator.resources import API_VERSION, DW_PLURAL, GROUP, SV_PLURAL, VERSION
+from deathwatch._operator.rest import API_TIMEOUT, ApiError, Rest
 
-API_TIMEOUT = 30.0
-REQUEST_TIMEOUT = (10.0, API_TIMEOUT)  # (connect, read) seconds, for every client call
-T = TypeVar("T")
+KINDS: Final = {SV_PLURAL: "SandboxVerdict", DW_PLURAL: "DeathWatch"}
+LEASES: Final = "/apis/coordination.k8s.io/v1"
 
 
 def load_configuration(kubeconfig: str | None) -> client.Configuration:
+    """--kubeconfig if given, else in a pod the ServiceAccount (its token re-read as it
+    rotates), else $KUBECONFIG or ~/.kube/config."""
     configuration = client.Configuration()
     if kubeconfig:
         config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
@@ -40,196 +39,157 @@ def load_configuration(kubeconfig: str | None) -> client.Configuration:
     return configuration
 
 
-class Api:
-    """A kubernetes ApiClient with its own threads; `await api.call(fn, ...)`."""
-
-    def __init__(
-        self, configuration: client.Configuration, threads: int, name: str, identity: str = ""
-    ) -> None:
-        configuration.connection_pool_maxsize = threads
-        configuration.retries = (
-            0  # the writer retries with backoff; urllib3's 3 quick ones only add noise
-        )
-        self.client = client.ApiClient(configuration)
-        # every request names the replica (audit logs; field managers say it for writes)
-        self.client.user_agent = f"deathwatch/{identity or 'controller'} ({name})"
-        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
-        self.core = client.CoreV1Api(self.client)
-        self.custom = client.CustomObjectsApi(self.client)
-        self.apps = client.AppsV1Api(self.client)
-        self.version = client.VersionApi(self.client)
-        self.coordination = client.CoordinationV1Api(self.client)
-
-    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        kwargs.setdefault("_request_timeout", REQUEST_TIMEOUT)
-        loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self.pool, functools.partial(fn, *args, **kwargs))
-        # the socket timeouts end the call; this bounds the wait even if they somehow do not
-        return await asyncio.wait_for(future, API_TIMEOUT + REQUEST_TIMEOUT[0] + 5)
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
-        self.client.close()
-
-
 class Fenced(Exception):
     """A write was not sent: this replica could no longer prove it holds the lease."""
 
 
+class _Meta(msgspec.Struct, rename="camel"):
+    resource_version: str = ""
+
+
+class _Versioned(msgspec.Struct):
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+
+
+class _WithStatus(msgspec.Struct):
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+    status: dict[str, Any] | None = None
+
+
+_versioned = msgspec.json.Decoder(_Versioned).decode
+_with_status = msgspec.json.Decoder(_WithStatus).decode
+
+
+def objects(plural: str, namespace: str | None = None) -> str:
+    """The path of a collection of ours, in a namespace or across all of them."""
+    where = f"/namespaces/{namespace}" if namespace else ""
+    return f"/apis/{GROUP}/{VERSION}{where}/{plural}"
+
+
 class ApiWrites:
-    """The writer's four calls (writer.WriteApi) on the real API, each with its deadline,
-    each checked against `may_write` in the calling thread right before the request goes out
-    (leader.py: a fenced leader sends nothing more, not even what was already on its way),
-    and each signed with `field_manager` (the replica: any write can be traced to it)."""
+    """The writer's calls (writer.WriteApi) on the real API, each with its deadline, each
+    write checked against `may_write` right before it is sent and signed with
+    `field_manager` (the replica: managedFields and the audit log name it)."""
 
     def __init__(
-        self, api: Api, may_write: Callable[[], bool] = lambda: True, field_manager: str = ""
+        self, rest: Rest, may_write: Callable[[], bool] = lambda: True, field_manager: str = ""
     ) -> None:
-        self.api = api
+        self.rest = rest
         self.may_write = may_write
-        self.field_manager = field_manager or "deathwatch"
+        self.manager = {"fieldManager": field_manager or "deathwatch"}
 
-    def _guarded(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            if not self.may_write():
-                raise Fenced("not sent: the lease can no longer be proven")
-            return fn(*args, field_manager=self.field_manager, **kwargs)
-
-        return call
+    def _guard(self) -> None:
+        if not self.may_write():
+            raise Fenced("not sent: the lease can no longer be proven")
 
     async def create(self, plural: str, namespace: str, body: dict[str, Any]) -> str:
-        create = self._guarded(self.api.custom.create_namespaced_custom_object)
-        created = await self.api.call(create, GROUP, VERSION, namespace, plural, body)
-        return _version(created)
-
-    async def patch_status(
-        self, plural: str, namespace: str, name: str, patch: dict[str, Any]
-    ) -> str:
-        patch_status = self._guarded(self.api.custom.patch_namespaced_custom_object_status)
-        patched = await self.api.call(patch_status, GROUP, VERSION, namespace, plural, name, patch)
-        return _version(patched)
-
-    async def delete(
-        self, plural: str, namespace: str, name: str, resource_version: str | None
-    ) -> None:
-        delete = self._guarded(self._delete)
-        options = client.V1DeleteOptions(
-            preconditions=client.V1Preconditions(resource_version=resource_version)
-            if resource_version
-            else None
+        self._guard()
+        data = await self.rest.request(
+            "POST", objects(plural, namespace), params=self.manager, body=body
         )
-        await self.api.call(delete, GROUP, VERSION, namespace, plural, name, body=options)
+        return _versioned(data).metadata.resource_version
 
-    def _delete(self, *args: Any, field_manager: str, **kwargs: Any) -> Any:
-        # a delete records no manager (DeleteOptions has none): the audit log has the caller
-        return self.api.custom.delete_namespaced_custom_object(*args, **kwargs)
+    async def replace_status(
+        self, plural: str, namespace: str, name: str, status: dict[str, Any], version: str
+    ) -> str:
+        """PUT the whole status: nothing of an earlier one survives by accident (a merge
+        patch merges nested objects), and the API server refuses an update of a custom
+        resource without a resourceVersion: never a blind write."""
+        body = {
+            "apiVersion": API_VERSION,
+            "kind": KINDS[plural],
+            "metadata": {"name": name, "namespace": namespace, "resourceVersion": version},
+            "status": status,
+        }
+        self._guard()
+        data = await self.rest.request(
+            "PUT", f"{objects(plural, namespace)}/{name}/status", params=self.manager, body=body
+        )
+        return _versioned(data).metadata.resource_version
 
-    async def get_status(
+    async def delete(self, plural: str, namespace: str, name: str, version: str) -> None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "preconditions": {"resourceVersion": version},
+        }
+        self._guard()
+        await self.rest.request("DELETE", f"{objects(plural, namespace)}/{name}", body=body)
+
+    async def read_status(
         self, plural: str, namespace: str, name: str
     ) -> tuple[dict[str, Any], str] | None:
-        get = self.api.custom.get_namespaced_custom_object_status
         try:
-            obj = await self.api.call(get, GROUP, VERSION, namespace, plural, name)
-        except client.ApiException as exc:
+            data = await self.rest.request("GET", f"{objects(plural, namespace)}/{name}/status")
+        except ApiError as exc:
             if exc.status == 404:
                 return None
             raise
-        return dict(obj.get("status") or {}), _version(obj)
+        read = _with_status(data)
+        return read.status or {}, read.metadata.resource_version
 
     async def create_event(self, namespace: str, body: dict[str, Any]) -> None:
-        create_event = self._guarded(self.api.core.create_namespaced_event)
-        await self.api.call(create_event, namespace, body)
-
-
-def _version(obj: Any) -> str:
-    return str(((obj or {}).get("metadata") or {}).get("resourceVersion") or "")
+        self._guard()
+        await self.rest.request("POST", f"/api/v1/namespaces/{namespace}/events", body=body)
 
 
 class ApiLease:
-    """The elector's three calls on its Lease (leader.LeaseApi), on their own client, each
-    bounded by `timeout` seconds (a renewal must not outlive the renew deadline)."""
+    """The elector's calls on its Lease (leader.LeaseApi), each bounded by `timeout` seconds
+    (a renewal must not outlive the renew deadline)."""
 
-    def __init__(
-        self, api: Api, name: str, namespace: str, timeout: float, field_manager: str
-    ) -> None:
-        self.api = api
+    def __init__(self, rest: Rest, name: str, namespace: str, timeout: float,
+                 field_manager: str) -> None:  # fmt: skip
+        self.rest = rest
         self.name, self.namespace = name, namespace
-        self.timeout = (min(5.0, timeout), timeout)
-        self.leases = client.CoordinationV1Api(api.client)
-        self.field_manager = field_manager
-
-    def _dict(self, obj: Any) -> dict[str, Any]:
-        out: dict[str, Any] = self.api.client.sanitize_for_serialization(obj)
-        return out
+        self.timeout = timeout
+        self.collection = f"{LEASES}/namespaces/{namespace}/leases"
+        self.manager = {"fieldManager": field_manager}
 
     async def get(self) -> dict[str, Any] | None:
         try:
-            lease = await self.api.call(
-                self.leases.read_namespaced_lease, self.name, self.namespace,
-                _request_timeout=self.timeout,
-            )  # fmt: skip
-        except client.ApiException as exc:
+            data = await self.rest.request(
+                "GET", f"{self.collection}/{self.name}", deadline=self.timeout
+            )
+        except ApiError as exc:
             if exc.status == 404:
                 return None
             raise
-        return self._dict(lease)
+        lease: dict[str, Any] = msgspec.json.decode(data)
+        return lease
 
     async def create(self, body: dict[str, Any]) -> dict[str, Any]:
-        lease = await self.api.call(
-            self.leases.create_namespaced_lease, self.namespace, body,
-            field_manager=self.field_manager, _request_timeout=self.timeout,
-        )  # fmt: skip
-        return self._dict(lease)
+        data = await self.rest.request(
+            "POST", self.collection, params=self.manager, body=body, deadline=self.timeout
+        )
+        lease: dict[str, Any] = msgspec.json.decode(data)
+        return lease
 
     async def replace(self, body: dict[str, Any]) -> dict[str, Any]:
-        lease = await self.api.call(
-            self.leases.replace_namespaced_lease, self.name, self.namespace, body,
-            field_manager=self.field_manager, _request_timeout=self.timeout,
+        data = await self.rest.request(
+            "PUT", f"{self.collection}/{self.name}", params=self.manager, body=body,
+            deadline=self.timeout,
         )  # fmt: skip
-        return self._dict(lease)
+        lease: dict[str, Any] = msgspec.json.decode(data)
+        return lease
 
     async def watch(
         self, seen: Callable[[str, dict[str, Any] | None], None], seconds: int = 60
     ) -> None:
         """One watch of the Lease by name (RBAC: list and watch on that name), ended by the
-        server after `seconds`; `seen(type, lease)` runs on the event loop for each event.
-        The blocking read runs on a daemon thread of its own: it never takes the renewals'
-        thread, and a process that is stopping never waits for it."""
-        loop = asyncio.get_running_loop()
-        ended: asyncio.Future[None] = loop.create_future()
-        stream = watch.Watch()
-
-        def deliver(event_type: str, lease: dict[str, Any] | None) -> None:
-            if not ended.done():
-                seen(event_type, lease)
-
-        def finish(error: BaseException | None) -> None:
-            if ended.done():
-                return
-            if error is None:
-                ended.set_result(None)
-            else:
-                ended.set_exception(error)
-
-        def follow() -> None:
-            error: BaseException | None = None
-            try:
-                for event in stream.stream(
-                    self.leases.list_namespaced_lease, self.namespace,
-                    field_selector=f"metadata.name={self.name}", timeout_seconds=seconds,
-                    _request_timeout=(self.timeout[0], seconds + 15), deserialize=False,
-                ):  # fmt: skip
-                    loop.call_soon_threadsafe(deliver, event["type"], event["object"])
-            except Exception as exc:
-                error = exc
-            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting
-                loop.call_soon_threadsafe(finish, error)
-
-        threading.Thread(target=follow, name="lease-watch", daemon=True).start()
-        try:
-            await ended
-        finally:
-            stream.stop()  # cancelled: the thread ends at its next event or the server's end
+        server after `seconds`; `seen(type, lease)` for each event."""
+        params: dict[str, str | int] = {
+            "watch": "1",
+            "fieldSelector": f"metadata.name={self.name}",
+            "timeoutSeconds": seconds,
+        }
+        async with self.rest.stream(self.collection, params, inactivity=seconds + 15) as lines:
+            async for line in lines:
+                event = msgspec.json.decode(line)
+                if event.get("type") == "ERROR":
+                    status = event.get("object") or {}
+                    raise ApiError(int(status.get("code") or 500), "watch error",
+                                   json.dumps(status).encode())  # fmt: skip
+                seen(event["type"], event.get("object"))
 
 
 def status_code(exc: BaseException) -> str:
@@ -237,13 +197,13 @@ def status_code(exc: BaseException) -> str:
     (no answer in time), `connection` (refused, reset, broken), else the error's type."""
     if isinstance(exc, client.ApiException):
         return str(exc.status)
-    if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
-        return status_code(exc.reason)
-    if isinstance(exc, urllib3.exceptions.NewConnectionError | ConnectionError):
-        return "connection"  # (urllib3 makes NewConnectionError a kind of connect timeout)
-    if isinstance(exc, TimeoutError | asyncio.TimeoutError | urllib3.exceptions.TimeoutError):
+    if isinstance(exc, TimeoutError | asyncio.TimeoutError | aiohttp.ServerTimeoutError):
         return "timeout"
-    if isinstance(exc, urllib3.exceptions.ProtocolError | urllib3.exceptions.SSLError):
+    if isinstance(
+        exc, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError | ConnectionError
+    ):
+        return "connection"
+    if isinstance(exc, aiohttp.ClientError):
         return "connection"
     return type(exc).__name__
 
@@ -264,3 +224,6 @@ def api_message(exc: BaseException) -> str:
         except ValueError:
             return str(exc.reason)
     return str(exc) or type(exc).__name__
+
+
+__all__ = ["API_TIMEOUT", "ApiError", "ApiLease", "ApiWrites", "Fenced", "Rest"]

@@ -69,6 +69,13 @@ class Metrics:
             ["resource"],
             registry=r,
         )
+        self.writes_refused = Counter(
+            "deathwatch_writes_refused",
+            "Writes the API refused for good (a 4xx but conflicts): each status is logged once "
+            "and not sent again until it changes",
+            ["resource", "code"],
+            registry=r,
+        )
         self.task_restarts = Counter(
             "deathwatch_task_restarts",
             "Crashes of a supervised long-running task (each followed by a restart)",

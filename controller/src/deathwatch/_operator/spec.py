@@ -18,7 +18,7 @@ import msgspec
 from deathwatch._engine.raw import validation_field
 from deathwatch._engine.selector import Requirement, Selector, SelectorError, check_key, check_value
 from deathwatch._engine.timeutil import UTC, parse_time
-from deathwatch._operator.resources import DeathWatchSpec, LabelSelector
+from deathwatch._operator.resources import API_VERSION, DeathWatchSpec, LabelSelector
 from deathwatch._policies import PolicyRegistry, PolicySettings, UnknownPolicy
 
 DEFAULT_RETENTION = timedelta(hours=1)
@@ -64,21 +64,38 @@ def parse_duration(
 
 @dataclass(frozen=True, slots=True)
 class Watch:
-    """A DeathWatch, compiled for judging: which pods, which policy, how long to keep."""
+    """A DeathWatch, compiled for judging: which pods, which policy, how long to keep.
+    Compiled once per (uid, generation) (deathwatches.py); two compilations of one version
+    are equal, and are compared by `version`, never by identity."""
 
     namespace: str
     name: str
     uid: str
+    generation: int | None
     created: datetime | None
     selector: Selector
     policy: str
     settings: PolicySettings
     retention: timedelta
-    body: Mapping[str, Any]  # the object, for owner references
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.namespace, self.name)
+
+    @property
+    def version(self) -> tuple[str, int | None]:
+        return (self.uid, self.generation)
+
+    def owner_reference(self) -> dict[str, Any]:
+        """What each of its SandboxVerdicts names as owner: they go with it."""
+        return {
+            "apiVersion": API_VERSION,
+            "kind": "DeathWatch",
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
 
     def sort_key(self) -> tuple[datetime, str]:
         # The oldest DeathWatch wins a pod several of them select: deterministic and stable.
@@ -109,9 +126,10 @@ def _selector(selector: LabelSelector | None, where: str) -> Selector:
 
 
 def read_deathwatch(body: Mapping[str, Any], registry: PolicyRegistry) -> Watch:
-    """Raises SpecError naming the first field that cannot be used, and nothing else: an
-    unforeseen failure is a SpecError too, so one bad DeathWatch is reported on its own
-    status and never takes a handler or a loop down with it."""
+    """Raises SpecError naming the first field that cannot be used, and nothing else. An
+    unforeseen failure is a SpecError too ("cannot be read"), so one bad DeathWatch costs one
+    status and never takes a handler down; tests/test_spec.py fails if any object reaches
+    that net (every error must name its field)."""
     try:
         return _read(body, registry)
     except SpecError:
@@ -120,8 +138,24 @@ def read_deathwatch(body: Mapping[str, Any], registry: PolicyRegistry) -> Watch:
         raise SpecError(f"spec: cannot be read: {type(exc).__name__}: {exc}"[:300]) from exc
 
 
-def _read(body: Mapping[str, Any], registry: PolicyRegistry) -> Watch:
+def _metadata(body: object) -> Mapping[str, Any]:
+    if not isinstance(body, Mapping):
+        raise SpecError(f"object: expected a DeathWatch object, got {type(body).__name__}")
     meta = body.get("metadata") or {}
+    if not isinstance(meta, Mapping):
+        raise SpecError(f"metadata: expected an object, got {type(meta).__name__}")
+    for name in ("name", "namespace", "uid", "creationTimestamp"):
+        value = meta.get(name)
+        if value is not None and not isinstance(value, str):
+            raise SpecError(f"metadata.{name}: expected a string, got {type(value).__name__}")
+    generation = meta.get("generation")
+    if generation is not None and (isinstance(generation, bool) or not isinstance(generation, int)):
+        raise SpecError(f"metadata.generation: expected an integer, got {generation!r:.40}")
+    return meta
+
+
+def _read(body: Mapping[str, Any], registry: PolicyRegistry) -> Watch:
+    meta = _metadata(body)
     try:
         spec = msgspec.convert(body.get("spec") or {}, DeathWatchSpec)
     except msgspec.ValidationError as exc:
@@ -140,6 +174,7 @@ def _read(body: Mapping[str, Any], registry: PolicyRegistry) -> Watch:
         namespace=meta.get("namespace") or "default",
         name=meta.get("name") or "",
         uid=meta.get("uid") or "",
+        generation=meta.get("generation"),
         created=parse_time(meta.get("creationTimestamp")),
         selector=selector,
         policy=spec.policy,
@@ -147,5 +182,4 @@ def _read(body: Mapping[str, Any], registry: PolicyRegistry) -> Watch:
             exec_window_multiplier=multiplier, agent_ports=frozenset(spec.agent_ports)
         ),
         retention=parse_duration(spec.verdict_retention, "spec.verdictRetention"),
-        body=body,
     )

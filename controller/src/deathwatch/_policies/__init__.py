@@ -1,9 +1,15 @@
 """Death policies: what a Ready drop means for a pod, pluggable through entry points."""
 
-from deathwatch._policies.base import ContainerDeath, Decision, Policy, PolicySettings, Situation
+from deathwatch._engine.contract import (
+    ENTRY_POINT_GROUP,
+    ContainerDeath,
+    Decision,
+    Policy,
+    PolicySettings,
+    Situation,
+)
 from deathwatch._policies.registry import (
     AUTO,
-    ENTRY_POINT_GROUP,
     PolicyRegistry,
     UnknownPolicy,
     default_registry,

@@ -15,18 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from deathwatch._engine.podview import NETWORK_PROBES, PodView, ProbeView
+from deathwatch._engine.contract import Decision, PolicySettings, Situation, by_containers
+from deathwatch._engine.podview import PodView, ProbeView
 from deathwatch._engine.verdict import Cause, State
-from deathwatch._policies.base import Decision, PolicySettings, Situation
-
-
-def blocked_probes(pod: PodView, agent_ports: frozenset[int]) -> list[ProbeView]:
-    """Readiness probes that kubelet sends from the host to an agent port the firewall refuses."""
-    return [
-        p
-        for p in pod.readiness_probes
-        if p.kind in NETWORK_PROBES and pod.probe_port_number(p) in agent_ports
-    ]
 
 
 def exec_window(pod: PodView, multiplier: float) -> timedelta:
@@ -49,9 +40,6 @@ class NoProbe:
     def applies(self, pod: PodView, settings: PolicySettings) -> bool:
         return not pod.readiness_probes
 
-    def window(self, pod: PodView, settings: PolicySettings) -> timedelta | None:
-        return None
-
     def judge(self, s: Situation) -> Decision:
         if s.container_death is not None:
             return Decision(State.DEAD, s.container_death.cause)
@@ -66,9 +54,6 @@ class ExecProbe:
 
     def applies(self, pod: PodView, settings: PolicySettings) -> bool:
         return bool(pod.readiness_probes) and all(p.kind == "exec" for p in pod.readiness_probes)
-
-    def window(self, pod: PodView, settings: PolicySettings) -> timedelta | None:
-        return exec_window(pod, settings.exec_window_multiplier)
 
     def judge(self, s: Situation) -> Decision:
         if s.container_death is not None:
@@ -90,13 +75,8 @@ class ContainerState:
         # is always observable.
         return True
 
-    def window(self, pod: PodView, settings: PolicySettings) -> timedelta | None:
-        return None
-
     def judge(self, s: Situation) -> Decision:
-        if s.container_death is not None:
-            return Decision(State.DEAD, s.container_death.cause)
-        return Decision(State.ALIVE)
+        return by_containers(s)
 
 
 NO_PROBE = NoProbe()

@@ -12,10 +12,9 @@ trusted and called directly.
 from __future__ import annotations
 
 import concurrent.futures
-from datetime import timedelta
 
+from deathwatch._engine.contract import Decision, Policy, PolicySettings, Situation
 from deathwatch._engine.podview import PodView
-from deathwatch._policies.base import Decision, Policy, PolicySettings, Situation
 
 DEFAULT_BUDGET = 0.05  # seconds: a policy decides from data in memory; 50 ms is generous
 
@@ -44,9 +43,6 @@ class Guarded:
 
     def applies(self, pod: PodView, settings: PolicySettings) -> bool:
         return self.policy.applies(pod, settings)
-
-    def window(self, pod: PodView, settings: PolicySettings) -> timedelta | None:
-        return self.policy.window(pod, settings)
 
     def judge(self, situation: Situation) -> Decision:
         if self.busy:

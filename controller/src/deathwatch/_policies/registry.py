@@ -13,13 +13,12 @@ from collections.abc import Iterable, Mapping
 from functools import cache
 from importlib.metadata import entry_points
 
+from deathwatch._engine.contract import ENTRY_POINT_GROUP, Policy, PolicySettings
 from deathwatch._engine.podview import PodView
-from deathwatch._policies.base import Policy, PolicySettings
 from deathwatch._policies.builtin import BUILTIN_ORDER
 from deathwatch._policies.guard import Guarded
 
 AUTO = "auto"
-ENTRY_POINT_GROUP = "deathwatch.policies"
 
 
 class UnknownPolicy(ValueError):
@@ -74,7 +73,7 @@ def _load_entry_points() -> tuple[dict[str, Policy], dict[str, str]]:
             broken[ep.name] = f"{ep.value}: {type(exc).__name__}: {exc}"
             continue
         if not isinstance(policy, Policy):
-            broken[ep.name] = f"{ep.value} is not a Policy (needs name, applies, judge, window)"
+            broken[ep.name] = f"{ep.value} is not a Policy (needs name, applies, judge)"
             continue
         if policy.name != ep.name:
             broken[ep.name] = f"{ep.value} calls itself {policy.name!r}, registered as {ep.name!r}"

@@ -1,18 +1,25 @@
 """The contract between the engine and a policy: plain data in, a decision out.
 
+The bottom of the import graph with the rest of `_engine`: policies (`_policies`, plugins
+through `deathwatch.policy`) import it, it imports nothing above it.
+
 A policy is consulted only for a pod that has been Ready at least once and is not yet Dead
 or Gone; deletion, completion and eviction are decided by the engine before any policy is
-asked, so no policy can turn a deletion into a death.
+asked, so no policy can turn a deletion into a death. A Suspect decision carries its own
+deadline: that is the policy's window, and the only place it is stated (`window()`, which
+nothing ever called, left the contract; a plugin that still defines it loads as before).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Protocol, runtime_checkable
 
 from deathwatch._engine.podview import PodView
 from deathwatch._engine.verdict import Cause, State
+
+ENTRY_POINT_GROUP = "deathwatch.policies"  # where plugins register (name = the policy's name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +87,18 @@ class Policy(Protocol):
 
     def judge(self, situation: Situation) -> Decision: ...
 
-    def window(self, pod: PodView, settings: PolicySettings) -> timedelta | None:
-        """How long a not-Ready pod may stay Suspect, if the policy uses a window."""
-        ...
+
+class Policies(Protocol):
+    """Where the engine's callers find policies by name (`_policies.PolicyRegistry`)."""
+
+    def get(self, name: str) -> Policy: ...
+
+    def select(self, pod: PodView, configured: str, settings: PolicySettings) -> Policy: ...
+
+
+def by_containers(s: Situation) -> Decision:
+    """Death only on proof: a container that terminated or restarted after the pod was Ready.
+    The `container-state` policy, and what judges a pod whose own policy failed."""
+    if s.container_death is not None:
+        return Decision(State.DEAD, s.container_death.cause)
+    return Decision(State.ALIVE)

@@ -1,0 +1,83 @@
+"""The two collections the controller reads through its own reflector (reflector.py), and
+how each of their objects is decoded, once, from its bytes:
+
+- pods, straight into the engine's `PodView` (msgspec, only the fields a verdict needs);
+- SandboxVerdicts, into `Verdict` (name, version, owner, status): listed at start they rebuild
+  the engine's memory, watched they keep a standby level with the leader.
+
+DeathWatches, a handful of objects that change when people edit them, stay kopf's
+(app.py): its handler semantics are worth more there than a stream of our own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from deathwatch._engine.podview import MalformedPod, PodView, decode_pod
+from deathwatch._operator.controller import Verdict
+from deathwatch._operator.kube import objects
+from deathwatch._operator.reflector import Collection, Undecodable
+from deathwatch._operator.resources import SV_PLURAL
+
+
+class _Meta(msgspec.Struct, rename="camel"):
+    name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    resource_version: str = ""
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class _VerdictSpec(msgspec.Struct, rename="camel"):
+    death_watch: str = ""
+
+
+class _Verdict(msgspec.Struct):
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+    spec: _VerdictSpec = msgspec.field(default_factory=_VerdictSpec)
+    status: dict[str, Any] | None = None
+
+
+class _Named(msgspec.Struct):
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+
+
+_verdict = msgspec.json.Decoder(_Verdict).decode
+_named = msgspec.json.Decoder(_Named, strict=False).decode
+
+
+def _who(raw: msgspec.Raw) -> str:
+    """An object's name as far as it can be read, for a log line about it."""
+    try:
+        meta = _named(raw).metadata
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return "an object without a readable name"
+    return f"{meta.namespace}/{meta.name} ({meta.uid})"
+
+
+def _decode_pod(raw: msgspec.Raw) -> tuple[PodView, str]:
+    try:
+        return decode_pod(raw)
+    except MalformedPod as exc:
+        raise Undecodable(_who(raw), str(exc)) from None
+
+
+def _decode_verdict(raw: msgspec.Raw) -> tuple[Verdict, str]:
+    try:
+        v = _verdict(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise Undecodable(_who(raw), str(exc)) from None
+    m = v.metadata
+    return Verdict(m.namespace, m.name, m.resource_version, v.spec.death_watch, m.labels,
+                   v.status), m.resource_version  # fmt: skip
+
+
+def pods(namespace: str | None, label_selector: str | None = None) -> Collection[PodView]:
+    path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
+    return Collection("pods", path, _decode_pod, namespace, label_selector)
+
+
+def verdicts(namespace: str | None) -> Collection[Verdict]:
+    return Collection(SV_PLURAL, objects(SV_PLURAL, namespace), _decode_verdict, namespace)
