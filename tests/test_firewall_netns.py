@@ -220,8 +220,11 @@ def test_agent_repairs_drift_reloads_config_and_leaves_the_rule_on_sigterm(
             ],
             ["flush", "set", "inet", "deathwatch", "pod_v4"],
         ):
+            # frozen while the drift is made and seen: the check must not race the repair
+            agent.send_signal(signal.SIGSTOP)
             host.nft(*drift)
             assert not in_force(), drift
+            agent.send_signal(signal.SIGCONT)
             started = time.monotonic()
             wait_for(in_force, timeout=10, what=f"repair after nft {' '.join(drift)}")
             repaired_in = time.monotonic() - started

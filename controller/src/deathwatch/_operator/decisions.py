@@ -75,6 +75,12 @@ def decide(
     track = step.track
     if not track.ever_ready and track.state.terminal and not before.persisted:
         return FORGOTTEN
+    write = track.ever_ready or track.probe_blocked or before.persisted
+    if not write:
+        # nothing is said of it yet (never Ready): its shield is judged, and its spell
+        # announced, with its first verdict, not lost with a write that never happens
+        facts_now = facts(track, before.shield, before.node)
+        return Outcome(False, False, False, (), before.shield, before.shield_since, facts_now)
     events = list(_events(step))
     # a final verdict keeps the shield it had when it was declared
     if track.state.terminal and before.shield is not None:
@@ -85,10 +91,9 @@ def decide(
         if shield.exposed and not track.state.terminal:
             spell = f"{before.node}/{shield.reason}/{claim.renew_time if claim else 'none'}"
             events.append(Announcement(EventReason.SANDBOX_UNSHIELDED, shield=shield, spell=spell))
-    write = track.ever_ready or track.probe_blocked or before.persisted
     return Outcome(
         forget=False,
-        write=write,
+        write=True,
         urgent=track.state is State.DEAD,
         events=tuple(events),
         shield=shield,
