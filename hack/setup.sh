@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install what deathwatch needs on a fresh Debian machine; idempotent and quick when done.
-#   hack/setup.sh            Python packages + test tools, nftables/iproute2, the control plane
+#   hack/setup.sh            Python packages + test tools, nftables/iproute2, Prometheus (its
+#                            promtool tests the alerts), Helm, the control plane
 #                            (+ scheduler), a node's parts (containerd, runc, CNI plugins,
 #                            busybox, kubelet, kube-proxy), and both product images built from
 #                            their Dockerfiles (buildah + mmdebstrap; no engine, no registry)
@@ -12,7 +13,7 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 
 missing=()
 for pkg in nftables iproute2 containerd runc containernetworking-plugins busybox-static openssl \
-    buildah mmdebstrap; do
+    buildah mmdebstrap prometheus; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -45,6 +46,8 @@ if command -v go >/dev/null; then
     kube-scheduler kube-proxy
   # the tools bench/peers.py measures deathwatch against (its smoke test runs in the suite)
   "$root/hack/build-peers.sh"
+  # Helm: the chart's lint, render and install lanes
+  "$root/hack/build-helm.sh"
 else
   log "go not found: the real control plane cannot be built; apiserver tests will skip outside CI"
 fi

@@ -106,6 +106,7 @@ def pod(
     grace: int = 30,
     labels: dict[str, str] | None = None,
     created: float = 0,
+    node: str | None = None,
 ) -> dict[str, Any]:
     """A Pod; `deletion_at` is when deletion was requested (the API stores it + grace)."""
     spec_container: dict[str, Any] = {
@@ -145,6 +146,6 @@ def pod(
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": meta,
-        "spec": {"containers": [spec_container]},
+        "spec": {"containers": [spec_container], **({"nodeName": node} if node else {})},
         "status": status,
     }

@@ -8,7 +8,16 @@ from collections.abc import Generator
 
 import pytest
 
-ENFORCED_IN_CI = ("apiserver", "netns", "node", "chaos", "deploy")
+ENFORCED_IN_CI = (
+    "apiserver",
+    "netns",
+    "node",
+    "chaos",
+    "deploy",
+    "helm",
+    "prometheus",
+    "monitoring",
+)
 _skipped_real: list[str] = []
 
 

@@ -343,6 +343,10 @@ def test_healthz_answers_from_the_process_and_readyz_reports_for_people(env: Env
     metrics = ctrl.get("/metrics")
     assert 'deathwatch_verdicts_total{cause="",policy="no-probe",state="Alive"} 1.0' in metrics
     assert "deathwatch_verdict_latency_seconds_bucket" in metrics
+    # every policy's error counter exists at 0 before its first error (increase() skips a
+    # series' first sample: an error that created its series would never fire an alert)
+    for policy in ("no-probe", "exec-probe", "container-state"):
+        assert f'deathwatch_policy_errors_total{{policy="{policy}"}} 0.0' in metrics
 
 
 def test_metadata_untouched_for_pods_of_every_fate(env: Env) -> None:

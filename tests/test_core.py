@@ -112,7 +112,7 @@ async def test_a_sandbox_lifecycle_ending_in_death() -> None:
         h.pod(pod(ready=False, phase="Pending", containers=[waiting()]), 0)
         await h.settle()
         assert h.sv() is None  # never Ready: nothing written yet
-        h.pod(pod(ready=True, ready_at=2), 2)
+        h.pod(pod(ready=True, ready_at=2, node="node-1"), 2)
         await h.settle()
         alive = h.sv()
         assert alive is not None and (alive["state"], alive["policy"]) == ("Alive", "no-probe")
@@ -120,7 +120,13 @@ async def test_a_sandbox_lifecycle_ending_in_death() -> None:
         assert [(o["kind"], o["name"], o["uid"]) for o in obj["metadata"]["ownerReferences"]] == [
             ("DeathWatch", "sandboxes", "dw-uid")
         ]
-        h.pod(pod(ready=False, ready_at=50, phase="Failed", containers=[terminated(code=7)]), 50)
+        # the node's death counters exist at 0 before any death: increase() skips a series'
+        # first sample, so a series born with the deaths would never fire an alert
+        deaths = h.controller.metrics.registry.get_sample_value
+        labels = {"node": "node-1", "cause": "ContainerExited"}
+        assert deaths("deathwatch_sandbox_deaths_total", labels) == 0
+        h.pod(pod(ready=False, ready_at=50, phase="Failed", containers=[terminated(code=7)],
+                  node="node-1"), 50)  # fmt: skip
         await h.settle()
     dead = h.sv()
     assert dead is not None
@@ -133,6 +139,7 @@ async def test_a_sandbox_lifecycle_ending_in_death() -> None:
     (event,) = h.api.events.values()
     assert (event["reason"], event["involvedObject"]["uid"]) == ("SandboxDead", "uid-1")
     assert "exit code 7" in event["message"]
+    assert deaths("deathwatch_sandbox_deaths_total", labels) == 1
     dw = h.api.status(DW_PLURAL, NS, "sandboxes")
     assert dw is not None and (dw["tracked"], dw["dead"], dw["alive"]) == (1, 1, 0)
     assert dw["lastDeaths"][0]["exitCode"] == 7

@@ -42,6 +42,12 @@ class Cause(StrEnum):
     NOT_READY = "NotReady"
 
 
+DEAD_CAUSES = (
+    Cause.CONTAINER_EXITED, Cause.OOM_KILLED, Cause.EVICTED, Cause.UNRESPONSIVE, Cause.NODE_LOST,
+    Cause.UNKNOWN,
+)  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class Evidence:
     """Captured at the moment of a terminal verdict: the pod may be gone seconds later."""

@@ -142,6 +142,7 @@ class App:
             metrics, may_write=may_write, leading=not cfg.leader_elect, term=term,
         )  # fmt: skip
         registry = default_registry()
+        metrics.policies_known(registry.names)
         self.controller = Controller(
             deathwatches=DeathWatches(registry),
             sandboxes=Sandboxes(),

@@ -157,7 +157,7 @@ class Controller:
         """What a step means, applied: reported, counted, written. The one tail of every
         input (pod events, listings, expiries, coverage)."""
         track = step.track
-        self._report(step)
+        self._report(step, sandbox.node)
         if shield is KEEP:
             shield = self._shield(sandbox, watch)
         assert shield is None or isinstance(shield, Shield)  # noqa: S101 - KEEP resolved
@@ -216,9 +216,11 @@ class Controller:
             ready_drop_at=track.ready_drop_at if dead else None,
         )  # fmt: skip
 
-    def _report(self, step: Step) -> None:
+    def _report(self, step: Step, node: str | None) -> None:
         """Logs and metrics of what happened: observability only, nothing decided here."""
         track = step.track
+        if node:
+            self.metrics.node_seen(node)
         for signal in step.signals:
             kind = signal.kind
             if kind is SignalKind.STATE_CHANGED:
@@ -229,6 +231,8 @@ class Controller:
                 self.metrics.verdicts.labels(
                     str(track.state), track.policy, str(track.cause or "")
                 ).inc()
+                if track.state is State.DEAD:
+                    self.metrics.death(node or "", str(track.cause or ""))
                 if track.cause is Cause.UNOBSERVED:
                     log.warning("lost track: the pod is gone and nobody saw how it ended",
                                 namespace=track.namespace, pod=track.name, uid=track.uid,
@@ -503,6 +507,10 @@ class Controller:
         if self.shielding is not None:
             for cs in ConditionStatus:
                 self.metrics.shielded.labels(str(cs)).set(self.summaries.shields[cs])
+        self.metrics.node_sandboxes.clear()  # a node with none left has no series
+        for (node, shielded), count in self.summaries.nodes.items():
+            self.metrics.node_sandboxes.labels(node, shielded).set(count)
+        self.metrics.write_backlog.set(self.writer.backlog)
 
     def unannounced_deaths(self, window: timedelta = EVENT_RECONCILE_WINDOW) -> list[PodEvent]:
         """The SandboxDead Event of every Dead verdict declared within `window`: what a crash

@@ -24,6 +24,7 @@ class Facts:
     false_positive: bool = False
     shield: ConditionStatus | None = None  # a live sandbox's Shielded status, when judged
     exposed_on: str | None = None  # its node, while it is live and not shielded
+    node: str | None = None  # its node, while it is live
     death: Evidence | None = None  # while Dead
 
 
@@ -126,5 +127,6 @@ def facts(track: Track, shield: Shield | None, node: str | None) -> Facts:
         false_positive=track.false_positive,
         shield=shield.status if shield is not None and live else None,
         exposed_on=node if shield is not None and live and shield.exposed and node else None,
+        node=node if live else None,
         death=track.evidence if track.state is State.DEAD else None,
     )

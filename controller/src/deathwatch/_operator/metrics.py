@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from deathwatch._engine.verdict import DEAD_CAUSES
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -45,6 +49,31 @@ class Metrics:
             "deathwatch_verdict_processing_seconds",
             "From the pod event received to the Dead verdict written (the controller's own share)",
             buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.deaths = Counter(
+            "deathwatch_sandbox_deaths",
+            "Sandboxes declared Dead, by node and cause (a node or a runtime dying shows here)",
+            ["node", "cause"],
+            registry=r,
+        )
+        self._death_nodes: set[str] = set()
+        self.node_sandboxes = Gauge(
+            "deathwatch_node_sandboxes",
+            "Live sandboxes per node, by their Shielded status (True, False, Unknown; none: no "
+            "firewall configured)",
+            ["node", "shielded"],
+            registry=r,
+        )
+        self.write_backlog = Gauge(
+            "deathwatch_write_backlog",
+            "Objects waiting to be written (queued, in flight, backing off) or owed by a standby",
+            registry=r,
+        )
+        self.write_retries = Counter(
+            "deathwatch_write_retries",
+            "Writes that failed and will be tried again after a backoff",
+            ["resource"],
             registry=r,
         )
         self.tracked = Gauge(
@@ -149,3 +178,22 @@ class Metrics:
             "Nodes whose firewall agent publishes a coverage Lease (as last listed)",
             registry=r,
         )
+
+    def death(self, node: str, cause: str) -> None:
+        self.node_seen(node)
+        self.deaths.labels(node, cause).inc()
+
+    def node_seen(self, node: str) -> None:
+        """Start a node's death counters at 0 the first time a sandbox is seen on it: increase()
+        ignores a series' first sample, so deaths that create their own series (a whole node
+        dying between two scrapes) would never show in a rate or fire an alert."""
+        if node not in self._death_nodes:
+            self._death_nodes.add(node)
+            for cause in DEAD_CAUSES:
+                self.deaths.labels(node, str(cause))
+
+    def policies_known(self, names: Iterable[str]) -> None:
+        """Start every policy's counters at 0: a policy's first error must show in increase()."""
+        for name in names:
+            for counter in (self.policy_errors, self.flaps, self.false_positives, self.ready_drops):
+                counter.labels(name)

@@ -71,6 +71,8 @@ class Summaries:
         self.dirty: set[Key] = set()  # DeathWatches whose status must be published again
         self.states: Counter[State] = Counter()  # every tracked sandbox, for the gauges
         self.shields: Counter[ConditionStatus] = Counter()  # live judged ones, likewise
+        # live sandboxes per (node, Shielded status or "none"), likewise
+        self.nodes: Counter[tuple[str, str]] = Counter()
 
     def __getitem__(self, key: Key) -> Summary:
         summary = self._by_watch.get(key)
@@ -93,6 +95,11 @@ class Summaries:
             self.states[facts.state] += sign
             if facts.shield is not None:
                 self.shields[facts.shield] += sign
+            if facts.node is not None:
+                per_node = (facts.node, str(facts.shield) if facts.shield else "none")
+                self.nodes[per_node] += sign
+                if self.nodes[per_node] <= 0:
+                    del self.nodes[per_node]
         self.dirty.add(key)
 
     def drop(self, key: Key) -> None:

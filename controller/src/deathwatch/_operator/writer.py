@@ -180,6 +180,10 @@ class Writer:
         self._leading = asyncio.Event()
         if leading:
             self._leading.set()
+        for plural in KINDS:  # a finite label set: its series exist, at 0, from the start
+            metrics.write_retries.labels(plural)
+            for code in ("400", "403", "422"):  # bad value, RBAC, schema: the refusals we expect
+                metrics.writes_refused.labels(plural, code)
 
     # --- what the controller asks for ---------------------------------------------------
 
@@ -363,6 +367,7 @@ class Writer:
             return
         delay = BACKOFF[min(d.attempt, len(BACKOFF) - 1)]
         d.attempt += 1
+        self.metrics.write_retries.labels(d.plural).inc()
         report = log.error if code == "403" else log.warning  # forbidden: usually RBAC
         report("write failed, will retry", **where, code=code, error=api_message(exc)[:200],
                retry_in=delay)  # fmt: skip

@@ -41,6 +41,10 @@ class PolicyRegistry:
         self._auto = tuple(auto_order)
         self._broken = dict(broken or {})
 
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(sorted(self._policies))
+
     def get(self, name: str) -> Policy:
         policy = self._policies.get(name)
         if policy is None:

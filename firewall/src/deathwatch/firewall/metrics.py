@@ -48,6 +48,11 @@ class FirewallMetrics:
             "Sandbox pods of this node guarded by the inbound rule (as last listed)",
             registry=r,
         )
+        # finite label sets: their series exist, at 0, from the start (a rate is 0, not absent)
+        for reason in ("nft", "config", "sandboxes", "coverage", "watch"):
+            self.sync_failures.labels(reason)
+        for result in ("unchanged", "applied", "repaired"):
+            self.syncs.labels(result)
         self.coverage_published = Gauge(
             "deathwatch_firewall_coverage_published_timestamp_seconds",
             "When this node's coverage Lease was last renewed",

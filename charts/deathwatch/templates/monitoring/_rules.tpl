@@ -1,0 +1,180 @@
+{{/*
+deathwatch's alerting rules, as Prometheus rule groups: the PrometheusRule (prometheusrule.yaml)
+and the plain file monitoring/deathwatch.rules.yaml (hack/render-manifests.sh) both come from
+here. Each alert's runbook is a section of docs/runbook.md. Both controller replicas judge
+every sandbox, so counters they both keep are taken once (max over replicas), never summed.
+*/}}
+{{- define "deathwatch.rules" -}}
+{{- $r := .Values.prometheusRule -}}
+{{- $for := $r.for -}}
+{{- $runbook := "https://github.com/deathwatch-dev/deathwatch/blob/main/docs/runbook.md" -}}
+groups:
+  - name: deathwatch.controller
+    rules:
+      - alert: DeathwatchControllerDown
+        expr: absent(up{job=~{{ $r.controllerJob | quote }}} == 1)
+        for: {{ $for.controllerDown }}
+        labels: {severity: critical}
+        annotations:
+          summary: No deathwatch controller replica is up
+          description: >-
+            No controller target has answered a scrape for {{ $for.controllerDown }}: sandbox
+            deaths are not being judged, and nobody acting on verdicts learns of them.
+          runbook_url: {{ $runbook }}#deathwatchcontrollerdown
+      - alert: DeathwatchNoLeader
+        expr: >-
+          (sum(deathwatch_leader) or vector(0)) < 1
+          and on() count(up{job=~{{ $r.controllerJob | quote }}} == 1) > 0
+        for: {{ $for.noLeader }}
+        labels: {severity: critical}
+        annotations:
+          summary: deathwatch controllers are up but none holds the Lease
+          description: >-
+            The controller replicas answer, but none has written for {{ $for.noLeader }}:
+            verdicts are judged and held, not published.
+          runbook_url: {{ $runbook }}#deathwatchnoleader
+      - alert: DeathwatchSplitLeadership
+        expr: sum(deathwatch_leader) > 1
+        for: {{ $for.noLeader }}
+        labels: {severity: critical}
+        annotations:
+          summary: More than one deathwatch replica says it leads
+          description: >-
+            {{`{{ $value }}`}} replicas report deathwatch_leader 1 for {{ $for.noLeader }}.
+          runbook_url: {{ $runbook }}#deathwatchsplitleadership
+      - alert: DeathwatchWatchStale
+        expr: >-
+          time() - max by (instance, resource)
+          (deathwatch_watch_stream_activity_timestamp_seconds{resource="pods"}) > 90
+        for: {{ $for.watchStale }}
+        labels: {severity: warning}
+        annotations:
+          summary: A deathwatch replica's pod watch delivered nothing for over 90 s
+          description: >-
+            {{`{{ $labels.instance }}`}} has had nothing from its pod watch, not even a
+            bookmark, for {{`{{ $value | humanizeDuration }}`}}: verdicts may be late.
+          runbook_url: {{ $runbook }}#deathwatchwatchstale
+      - alert: DeathwatchTaskCrashLooping
+        expr: increase(deathwatch_task_restarts_total[10m]) > 3
+        for: {{ $for.taskCrashLooping }}
+        labels: {severity: warning}
+        annotations:
+          summary: A deathwatch task keeps crashing
+          description: >-
+            Task {{`{{ $labels.task }}`}} on {{`{{ $labels.instance }}`}} was restarted
+            {{`{{ $value | printf "%.0f" }}`}} times in 10 minutes.
+          runbook_url: {{ $runbook }}#deathwatchtaskcrashlooping
+      - alert: DeathwatchAPIErrors
+        expr: >-
+          sum by (instance, operation, code)
+          (rate(deathwatch_api_errors_total{code!~"404|409"}[5m])) > 0.05
+        for: {{ $for.apiErrors }}
+        labels: {severity: warning}
+        annotations:
+          summary: deathwatch's API calls keep failing
+          description: >-
+            {{`{{ $labels.operation }}`}} fails with {{`{{ $labels.code }}`}} on
+            {{`{{ $labels.instance }}`}} ({{`{{ $value | printf "%.2f" }}`}}/s).
+          runbook_url: {{ $runbook }}#deathwatchapierrors
+      - alert: DeathwatchPolicyErrors
+        expr: max by (policy) (increase(deathwatch_policy_errors_total[1m])) > 0
+        for: {{ $for.policyErrors }}
+        labels: {severity: warning}
+        annotations:
+          summary: A death policy keeps failing
+          description: >-
+            Policy {{`{{ $labels.policy }}`}} has raised, returned garbage or hung in every
+            minute for {{ $for.policyErrors }} ({{`{{ $value | printf "%.0f" }}`}} in the last);
+            its pods are judged by container-state meanwhile (Dead only on a terminated or
+            restarted container).
+          runbook_url: {{ $runbook }}#deathwatchpolicyerrors
+      - alert: DeathwatchWritesRefused
+        expr: max by (resource, code) (increase(deathwatch_writes_refused_total[15m])) > 0
+        for: {{ $for.writesRefused }}
+        labels: {severity: warning}
+        annotations:
+          summary: The API refuses some of deathwatch's writes for good
+          description: >-
+            The API refused {{`{{ $value | printf "%.0f" }}`}} writes of
+            {{`{{ $labels.resource }}`}} ({{`{{ $labels.code }}`}}) in 15 minutes; each is logged
+            once with the reason.
+          runbook_url: {{ $runbook }}#deathwatchwritesrefused
+      - alert: DeathwatchVerdictLatencyHigh
+        expr: >-
+          histogram_quantile(0.99, sum by (le)
+          (rate(deathwatch_verdict_latency_seconds_bucket[10m]))) > 2
+        for: {{ $for.verdictLatency }}
+        labels: {severity: warning}
+        annotations:
+          summary: Dead verdicts take more than 2 s (p99)
+          description: >-
+            From a sandbox's Ready drop to its Dead verdict, p99 {{`{{ $value | humanizeDuration }}`}}.
+          runbook_url: {{ $runbook }}#deathwatchverdictlatencyhigh
+  - name: deathwatch.sandboxes
+    rules:
+      - alert: DeathwatchNodeDeathBurst
+        expr: >-
+          max by (node) (sum by (instance, node)
+          (increase(deathwatch_sandbox_deaths_total[5m]))) > {{ $r.deathBurst.perNode }}
+        for: {{ $for.deathBurst }}
+        labels: {severity: critical}
+        annotations:
+          summary: Many sandboxes died on one node
+          description: >-
+            {{`{{ $value | printf "%.0f" }}`}} sandboxes on node {{`{{ $labels.node }}`}} were
+            declared Dead in 5 minutes: the node or its runtime may be failing.
+          runbook_url: {{ $runbook }}#deathwatchnodedeathburst
+      - alert: DeathwatchDeathBurst
+        expr: >-
+          max(sum by (instance) (increase(deathwatch_sandbox_deaths_total[5m])))
+          > {{ $r.deathBurst.cluster }}
+        for: {{ $for.deathBurst }}
+        labels: {severity: critical}
+        annotations:
+          summary: Many sandboxes died across the cluster
+          description: >-
+            {{`{{ $value | printf "%.0f" }}`}} sandboxes were declared Dead in 5 minutes.
+          runbook_url: {{ $runbook }}#deathwatchdeathburst
+      - alert: DeathwatchUncoveredNode
+        expr: max by (node) (deathwatch_node_sandboxes{shielded="False"}) > 0
+        for: {{ $for.uncoveredNodes }}
+        labels: {severity: critical}
+        annotations:
+          summary: A node runs sandboxes without a current firewall agent
+          description: >-
+            {{`{{ $value | printf "%.0f" }}`}} live sandboxes on node {{`{{ $labels.node }}`}}
+            are not shielded: anything on that node can reach their agent ports.
+          runbook_url: {{ $runbook }}#deathwatchuncoverednode
+  - name: deathwatch.firewall
+    rules:
+      - alert: DeathwatchFirewallAgentDown
+        expr: up{job=~{{ $r.firewallJob | quote }}} == 0
+        for: {{ $for.firewallDown }}
+        labels: {severity: warning}
+        annotations:
+          summary: A firewall agent does not answer
+          description: >-
+            The firewall agent {{`{{ $labels.instance }}`}} has not answered a scrape for
+            {{ $for.firewallDown }} (its rule stays in force; its coverage Lease will go stale).
+          runbook_url: {{ $runbook }}#deathwatchfirewallagentdown
+      - alert: DeathwatchFirewallSyncFailing
+        expr: increase(deathwatch_firewall_sync_failures_total[10m]) > 2
+        for: {{ $for.firewallSyncFailing }}
+        labels: {severity: warning}
+        annotations:
+          summary: A firewall agent's syncs keep failing
+          description: >-
+            The firewall agent {{`{{ $labels.instance }}`}} failed to sync its table
+            {{`{{ $value | printf "%.0f" }}`}} times in 10 minutes ({{`{{ $labels.reason }}`}}).
+          runbook_url: {{ $runbook }}#deathwatchfirewallsyncfailing
+      - alert: DeathwatchFirewallRuleMissing
+        expr: deathwatch_firewall_rule_present == 0
+        for: {{ $for.firewallSyncFailing }}
+        labels: {severity: critical}
+        annotations:
+          summary: A node's firewall table is not in force
+          description: >-
+            The live table on {{`{{ $labels.instance }}`}} has not matched its rule for
+            {{ $for.firewallSyncFailing }}: the sandboxes on that node may be reachable.
+          runbook_url: {{ $runbook }}#deathwatchfirewallrulemissing
+{{- end }}
