@@ -198,11 +198,12 @@ NFT_CONFIG = {
     "allowedSources": ["10.0.5.0/24", "fd00:5::7/128"],
 }
 NFT_SANDBOXES = ("10.244.1.2", "10.244.1.7", "fd00:10:244:1::2")
+NFT_HOSTS = ("10.244.2.0", "10.244.2.1", "10.244.9.77", "fd00:10:244:2::")  # tunnel addresses
 
 
 def record_nft_listing() -> None:
     """`nft -j list table inet deathwatch` as this machine's nft prints it, after applying
-    NFT_CONFIG (with NFT_SANDBOXES) in a throwaway network namespace and being refused 3 times
+    NFT_CONFIG (with NFT_SANDBOXES and NFT_HOSTS) in a throwaway network namespace and being refused 3 times
     (v4) and 2 (v6) by the output rule.
     Needs root; tests/test_firewall.py reduces the file and compares it with the model."""
     import ipaddress
@@ -230,7 +231,8 @@ def record_nft_listing() -> None:
         run("ip", "route", "add", "10.244.0.0/16", "dev", "d0")
         run("ip", "route", "add", "fd00:10:244::/56", "dev", "d0")
         sandboxes = [ipaddress.ip_address(a) for a in NFT_SANDBOXES]
-        run("nft", "-f", "-", stdin=script(desired(parse_config(NFT_CONFIG), sandboxes)))
+        hosts = [ipaddress.ip_address(a) for a in NFT_HOSTS]
+        run("nft", "-f", "-", stdin=script(desired(parse_config(NFT_CONFIG), sandboxes, hosts)))
         for addr, times in (("10.244.0.5", 3), ("fd00:10:244::5", 2)):
             for _ in range(times):
                 run("busybox", "nc", "-w", "1", addr, "49983", stdin="", check=False)

@@ -147,6 +147,7 @@ def test_values_reach_the_objects() -> None:
     assert config == {
         "podCIDRs": ["10.0.0.0/16", "fd00::/48"], "agentPorts": [49983, 49984], "resyncSeconds": 10,
         "inbound": False, "allowedSources": ["192.0.2.10/32"], "sandboxSelector": "app=sandbox",
+        "hostPodCIDROffsets": [0, 1],
     }  # fmt: skip
     assert (
         "tolerations"

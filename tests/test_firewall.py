@@ -33,7 +33,7 @@ from deathwatch.firewall.table import (
     from_json,
     script,
 )
-from hack.make_recordings import NFT_CONFIG, NFT_SANDBOXES
+from hack.make_recordings import NFT_CONFIG, NFT_HOSTS, NFT_SANDBOXES
 from tests.kube import wait_for
 
 DATA = Path(__file__).parent / "data" / "nft"
@@ -113,8 +113,10 @@ table inet deathwatch
 delete table inet deathwatch
 table inet deathwatch {
 \tset pod_v4 { type ipv4_addr; flags interval; elements = { 10.244.0.0/16 } }
+\tset podsrc_v4 { type ipv4_addr; flags interval; elements = { 10.244.0.0/16 } }
 \tset sandbox_v4 { type ipv4_addr; }
 \tset pod_v6 { type ipv6_addr; flags interval; elements = { fd00:10:244::/56 } }
+\tset podsrc_v6 { type ipv6_addr; flags interval; elements = { fd00:10:244::/56 } }
 \tset sandbox_v6 { type ipv6_addr; }
 \tchain output {
 \t\ttype filter hook output priority -90; policy accept;
@@ -123,8 +125,8 @@ table inet deathwatch {
 \t}
 \tchain inbound {
 \t\ttype filter hook forward priority -90; policy accept;
-\t\ttcp dport { 49983 } ip daddr @sandbox_v4 ip saddr != @pod_v4 counter reject with tcp reset comment "deathwatch: refuse connections from outside the pod network to sandbox agents"
-\t\ttcp dport { 49983 } ip6 daddr @sandbox_v6 ip6 saddr != @pod_v6 counter reject with tcp reset comment "deathwatch: refuse connections from outside the pod network to sandbox agents"
+\t\ttcp dport { 49983 } ip daddr @sandbox_v4 ip saddr != @podsrc_v4 counter reject with tcp reset comment "deathwatch: refuse connections from outside the pod network to sandbox agents"
+\t\ttcp dport { 49983 } ip6 daddr @sandbox_v6 ip6 saddr != @podsrc_v6 counter reject with tcp reset comment "deathwatch: refuse connections from outside the pod network to sandbox agents"
 \t}
 }
 """
@@ -169,20 +171,39 @@ def test_the_inbound_rule_guards_this_nodes_sandboxes_but_for_pods_and_allowed_s
     inbound = next(c for c in table.chains if c.name == "inbound")
     assert (inbound.hook, inbound.priority) == ("forward", -90)
     assert inbound.rules[0] == Rule(
-        (
+        (  # the port first: what is not to an agent port leaves at this one compare
             Match("tcp dport", "{ 49983 }"),
             Match("ip daddr", "@sandbox_v4"),
-            Match("ip saddr", "@pod_v4", "!="),
+            Match("ip saddr", "@podsrc_v4", "!="),
             Match("ip saddr", "@allowed_v4", "!="),
         ),
         "reject with tcp reset",
         comment=INBOUND_COMMENT,
     )
+    assert sets["podsrc_v4"] == ("10.244.0.0/16",)  # no host in the pod range known: all pods
     # the readiness probe has no sandbox list: it compares those sets but for their elements
     bare = desired(config)
     assert differences(bare, table)
     assert differences(bare, table, SANDBOX_SETS) == []
     assert differences(bare, desired(parse_config(GOOD)), SANDBOX_SETS)  # allowed differs
+
+
+def test_hosts_in_the_pod_range_are_taken_out_of_the_pod_sources() -> None:
+    """An overlay's tunnel addresses (flannel .0, a bridge gateway .1, Calico's, Cilium's)
+    are hosts: the inbound rule refuses them like any non-pod source. One address out of a
+    range costs one more interval, not a prefix per bit."""
+    config = parse_config(GOOD)
+    hosts = [ip_address(a) for a in ("10.244.2.0", "10.244.2.1", "10.244.0.0", "fd00:10:244:2::")]
+    sets = {s.name: s.elements for s in desired(config, [ip_address("10.244.1.2")], hosts).sets}
+    assert sets["podsrc_v4"] == ("10.244.0.1-10.244.1.255", "10.244.2.2-10.244.255.255")
+    assert sets["podsrc_v6"] == (
+        "fd00:10:244:2::1-fd00:10:244:ff:ffff:ffff:ffff:ffff",
+        "fd00:10:244::/63",
+    )
+    assert sets["pod_v4"] == ("10.244.0.0/16",)  # the output rule's destinations: unchanged
+    # a host address outside the pod ranges is nothing to take out (it is refused already)
+    outside = desired(config, [], [ip_address("192.168.1.1")])
+    assert {s.name: s.elements for s in outside.sets}["podsrc_v4"] == ("10.244.0.0/16",)
 
 
 def test_a_real_nft_listing_reduces_to_exactly_the_desired_table() -> None:
@@ -191,7 +212,9 @@ def test_a_real_nft_listing_reduces_to_exactly_the_desired_table() -> None:
     listing = json.loads((DATA / "nft-1.0.6-list-table.json").read_text())
     config = parse_config(NFT_CONFIG)
     have = from_json(listing)
-    assert have == desired(config, [ip_address(a) for a in NFT_SANDBOXES])
+    assert have == desired(
+        config, [ip_address(a) for a in NFT_SANDBOXES], [ip_address(a) for a in NFT_HOSTS]
+    )
     assert have is not None and have.rejected_packets == 5  # 3 + 2 counted in the recording
 
 

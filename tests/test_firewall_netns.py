@@ -22,10 +22,12 @@ from deathwatch.firewall.table import from_json
 from hack.localcluster.netnode import (
     AGENT_PORT,
     GATEWAY,
+    NODE_B,
     OTHER_PORT,
     Node,
     netns_available,
     node,
+    tunnel_addresses,
     two_nodes,
 )
 from tests.kube import wait_for
@@ -376,4 +378,81 @@ def test_another_nodes_host_is_refused_by_the_sandboxs_own_node_alone(
     # inbound off: A's output rule alone cannot stop B's host (B must run the agent)
     path.write_text(json.dumps({**json.loads(path.read_text()), "inbound": False}))
     assert firewall(a, "apply", "--config", str(path)).returncode == 0
+    assert a.connect(b.host, sbx.v4, AGENT_PORT) == "connected"
+
+
+# --- overlays: a host sending from its own tunnel address inside the pod range ------------
+
+
+@pytest.fixture(params=["ipip", "vxlan"])
+def overlay(request: pytest.FixtureRequest) -> Iterator[tuple[Node, Node, str]]:
+    reason = netns_available()
+    if reason:
+        pytest.skip(reason)
+    with two_nodes("routed", request.param) as (a, b):
+        assert a.sandbox is not None and b.ordinary is not None
+        a.listen(a.sandbox)
+        for ns in (b.host, b.ordinary.ns):
+            a.wait_reachable(ns, a.sandbox.v4, AGENT_PORT)
+            if request.param == "vxlan":  # IPIP carries IPv4 only
+                a.wait_reachable(ns, a.sandbox.v6, AGENT_PORT)
+        yield a, b, request.param
+
+
+def test_a_host_sending_from_its_tunnel_address_is_refused_by_the_sandboxs_node_alone(
+    overlay: tuple[Node, Node, str], tmp_path: Path
+) -> None:
+    """Calico IPIP, flannel and Calico VXLAN, Cilium's tunnel: B's host reaches A's pods
+    from an address of the pod pool. B runs no agent. A's rule must refuse it on its own,
+    while B's pods and an allowed gateway still connect (issue #22)."""
+    a, b, kind = overlay
+    sbx, b_pod = a.sandbox, b.ordinary
+    assert sbx is not None and b_pod is not None
+    b4, b6 = tunnel_addresses(b, kind)
+    path = tmp_path / "fw.yaml"
+    config = {"podCIDRs": ["10.244.0.0/16", "fd00:10:244::/56"], "agentPorts": [AGENT_PORT],
+              "allowedSources": [f"{GATEWAY}/32"]}  # fmt: skip
+    path.write_text(json.dumps(config))
+    sandboxes = ["--sandbox", sbx.v4, "--sandbox", sbx.v6]
+    # the hole, as it was: a pod-range source passes the inbound rule (the host set emptied)
+    assert firewall(a, "apply", "--config", str(path), *sandboxes).returncode == 0
+    assert a.connect(b.host, sbx.v4, AGENT_PORT) == "connected", "no hole without the host set?"
+    hosts = ["--host-address", b4, *(["--host-address", b6] if b6 else [])]
+    applied = firewall(a, "apply", "--config", str(path), *sandboxes, *hosts)
+    assert applied.returncode == 0, applied.stderr
+    assert b.nft("list", "tables").stdout.strip() == ""  # nothing on B
+    outcomes = {
+        "B host (tunnel address) -> A sandbox agent v4": a.connect(b.host, sbx.v4, AGENT_PORT),
+        "B host (node address) -> A sandbox agent v4": a.connect(
+            b.host, sbx.v4, AGENT_PORT, source=NODE_B
+        ),
+        "B host -> A sandbox other port": a.connect(b.host, sbx.v4, OTHER_PORT),
+        "B pod -> A sandbox agent v4": a.connect(b_pod.ns, sbx.v4, AGENT_PORT),
+        "B gateway (allowed) -> A sandbox agent": a.connect(
+            b.host, sbx.v4, AGENT_PORT, source=GATEWAY
+        ),
+        "A host -> A sandbox agent": a.connect(a.host, sbx.v4, AGENT_PORT),
+    }
+    want = {
+        "B host (tunnel address) -> A sandbox agent v4": "refused",
+        "B host (node address) -> A sandbox agent v4": "refused",
+        "B host -> A sandbox other port": "connected",
+        "B pod -> A sandbox agent v4": "connected",
+        "B gateway (allowed) -> A sandbox agent": "connected",
+        "A host -> A sandbox agent": "refused",
+    }
+    if b6:  # the VXLAN device carries IPv6 too
+        outcomes["B host (tunnel address) -> A sandbox agent v6"] = a.connect(
+            b.host, sbx.v6, AGENT_PORT
+        )
+        outcomes["B pod -> A sandbox agent v6"] = a.connect(b_pod.ns, sbx.v6, AGENT_PORT)
+        want["B host (tunnel address) -> A sandbox agent v6"] = "refused"
+        want["B pod -> A sandbox agent v6"] = "connected"
+    assert outcomes == want
+    live = from_json(json.loads(a.nft("-j", "list", "table", "inet", "deathwatch").stdout))
+    assert live == desired(load_config(path), [ip_address(sbx.v4), ip_address(sbx.v6)],
+                           [ip_address(h) for h in (b4, b6) if h])  # fmt: skip
+    # allowedSources still win: the tunnel address allowed, B's host connects through it
+    path.write_text(json.dumps({**config, "allowedSources": [f"{GATEWAY}/32", f"{b4}/32"]}))
+    assert firewall(a, "apply", "--config", str(path), *sandboxes, *hosts).returncode == 0
     assert a.connect(b.host, sbx.v4, AGENT_PORT) == "connected"

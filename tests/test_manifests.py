@@ -339,7 +339,7 @@ def _allowed(
 
 
 @pytest.mark.apiserver
-def test_firewall_rbac_reads_pods_and_keeps_its_coverage_leases_only(
+def test_firewall_rbac_reads_pods_and_nodes_and_keeps_its_coverage_leases_only(
     control_plane: controlplane.ControlPlane, api: client.ApiClient
 ) -> None:
     control_plane.kubectl_run("create", "namespace", "deathwatch-system", check=False)
@@ -349,6 +349,10 @@ def test_firewall_rbac_reads_pods_and_keeps_its_coverage_leases_only(
     for verb, resource, group, namespace in (
         ("list", "pods", "", None),
         ("watch", "pods", "", None),
+        # every host's own addresses in the pod ranges (overlay tunnels): read only
+        ("get", "nodes", "", None),
+        ("list", "nodes", "", None),
+        ("watch", "nodes", "", None),
         ("get", *lease),
         ("create", *lease),
         ("update", *lease),
@@ -362,7 +366,11 @@ def test_firewall_rbac_reads_pods_and_keeps_its_coverage_leases_only(
         ("list", *lease),
         ("create", "leases", "coordination.k8s.io", "kube-node-lease"),
         ("get", "secrets", "", "deathwatch-system"),
-        ("list", "nodes", "", None),
+        ("patch", "nodes", "", None),
+        ("update", "nodes", "", None),
+        ("delete", "nodes", "", None),
+        ("create", "nodes", "", None),
+        ("patch", "nodes", "", "status"),
         ("get", "configmaps", "", "deathwatch-system"),
     ):
         assert not _allowed(api, verb, resource, group, namespace, user=user), (verb, resource)

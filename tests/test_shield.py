@@ -36,6 +36,7 @@ from deathwatch._operator.shield import (
 )
 from deathwatch.firewall.config import parse_config
 from deathwatch.firewall.coverage import LABELS, NodeState, lease_body, lease_name
+from deathwatch.firewall.hosts import Hosts
 from hack.localcluster import controlplane
 from hack.localcluster.netnode import netns_available
 from tests.controller_env import Env, ready_status
@@ -105,6 +106,32 @@ def test_judge_names_why_a_sandbox_is_not_shielded() -> None:
     assert reason(ports=(49983, 8000)) == (f, ShieldReason.CONFIG_MISMATCH)
     assert reason(node=None) == (u, ShieldReason.NOT_SCHEDULED)
     assert reason(observed=False) == (u, ShieldReason.NOT_OBSERVED)
+    assert reason(claim(hosts_unknown="node-b")) == (f, ShieldReason.HOSTS_UNKNOWN)
+    assert reason(claim(hosts_unknown="*")) == (f, ShieldReason.HOSTS_UNKNOWN)
+    # with inbound off, the hosts of other nodes are their own output rules' business
+    assert reason(claim(hosts_unknown="node-b", inbound=False)) == (t, ShieldReason.IN_FORCE)
+
+
+def test_hosts_the_agent_cannot_tell_from_pods_are_said_on_its_lease() -> None:
+    config = parse_config(CONFIG)
+
+    def unknown(hosts: Hosts, inbound: bool = True) -> str:
+        c = parse_config({**CONFIG, "inbound": inbound})
+        body = lease_body("node-a", "fw-a", "deathwatch-system",
+                          NodeState(c, c.digest(), True, 2, hosts), NOW)  # fmt: skip
+        read = read_lease(body)
+        assert read is not None
+        return read.hosts_unknown
+
+    assert unknown(Hosts((), ())) == ""  # every node's hosts known
+    assert unknown(Hosts((), ("node-b", "node-c"))) == "node-b,node-c"
+    assert unknown(Hosts((), None)) == "*"  # the nodes were never listed
+    assert unknown(Hosts((), tuple(f"n{i:02}" for i in range(25)))).endswith(",n19,+5")
+    assert unknown(Hosts((), None), inbound=False) == ""
+    shield = judge("node-a", ("10.244.1.2",), (49983,), claim(hosts_unknown="node-b,node-c"),
+                   Sighting("t", 100.0, 1.0), 101.0, True)  # fmt: skip
+    assert "nodes node-b, node-c" in shield.message
+    assert config.inbound
 
 
 def test_staleness_is_timed_on_our_clock_not_the_agents() -> None:

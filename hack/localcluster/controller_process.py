@@ -21,6 +21,15 @@ from hack.localcluster.controlplane import ControlPlane, free_port, kubeconfig
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 
+def service_account_token(api: client.ApiClient, namespace: str, name: str) -> str:
+    """A TokenRequest token of the ServiceAccount (an hour), as its Pod would be given."""
+    core = client.CoreV1Api(api)
+    token: str = core.create_namespaced_service_account_token(
+        name, namespace, {"spec": {"expirationSeconds": 3600}}, _request_timeout=30
+    ).status.token
+    return token
+
+
 def service_account_kubeconfig(
     cp: ControlPlane,
     api: client.ApiClient,
@@ -32,10 +41,7 @@ def service_account_kubeconfig(
     """A kubeconfig holding a TokenRequest token of the ServiceAccount: the controller then
     runs with exactly the RBAC its manifests grant, as it would in its Pod. `server` replaces
     the apiserver's address (a chaos proxy in front of it)."""
-    core = client.CoreV1Api(api)
-    token = core.create_namespaced_service_account_token(
-        name, namespace, {"spec": {"expirationSeconds": 3600}}, _request_timeout=30
-    ).status.token
+    token = service_account_token(api, namespace, name)
     path.write_text(
         kubeconfig(server or cp.server, cp.certs / "ca.crt", None, None, token=token, user=name)
     )

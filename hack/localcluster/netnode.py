@@ -58,6 +58,7 @@ class Node:
     ordinary: Pod | None = None
     listeners: list[subprocess.Popen[str]] = field(default_factory=list)
     namespaces: list[str] = field(default_factory=list)
+    userspace_ipip: bool = False  # the kernel has no ipip: the tunnel is netns_tool's relay
 
     @property
     def pod_cidrs(self) -> list[str]:
@@ -221,11 +222,61 @@ NODE_A, NODE_B, GATEWAY = "192.168.77.1", "192.168.77.2", "192.168.77.3"
 NODE_A6, NODE_B6 = "fd00:77::1", "fd00:77::2"
 
 
+def tunnel_addresses(n: Node, overlay: str) -> tuple[str, str | None]:
+    """A host's own address inside the pod range on an overlay, as the CNIs take it: flannel's
+    VXLAN device the network address of the node's range (and an address there for v6),
+    Calico's IPIP device an address of the node's block (no v6: IPIP carries IPv4 only)."""
+    if overlay == "vxlan":
+        return f"10.244.{n.subnet}.0", f"fd00:10:244:{n.subnet}::ffff"
+    return f"10.244.{n.subnet}.192", None
+
+
+def _overlay(n: Node, other: Node, overlay: str, local: str, remote: str) -> None:
+    """`other`'s pod range routed through a tunnel device from `n`'s host, which sends from
+    its own tunnel address (a pod-range address) as those CNIs' routes make it."""
+    dev = f"dw{overlay[:2]}{n.tag}"
+    v4, v6 = tunnel_addresses(n, overlay)
+    o4, o6 = tunnel_addresses(other, overlay)
+    if overlay == "ipip":
+        made = n.ns_exec(n.host, "ip", "link", "add", dev, "type", "ipip", "local", local,
+                         "remote", remote, check=False)  # fmt: skip
+        if made.returncode != 0:  # no CONFIG_NET_IPIP: the same encapsulation, in userspace
+            relay = subprocess.Popen(
+                ["ip", "netns", "exec", n.host, sys.executable, str(TOOL), "ipip", dev, local,
+                 remote], stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            n.listeners.append(relay)
+            if (relay.stdout.readline() if relay.stdout else "").strip() != "ready":
+                raise RuntimeError(f"the IPIP relay on {n.host} did not start")
+            n.userspace_ipip = True
+    else:
+        n.ns_exec(n.host, "ip", "link", "add", dev, "type", "vxlan", "id", "42", "local", local,
+                  "remote", remote, "dstport", "4789")  # fmt: skip
+    n.ns_exec(n.host, "ip", "addr", "add", f"{v4}/32", "dev", dev)
+    if v6:
+        n.ns_exec(n.host, "ip", "-6", "addr", "add", f"{v6}/128", "dev", dev, "nodad")
+    n.ns_exec(n.host, "ip", "link", "set", dev, "up")
+    if overlay == "ipip":  # point to point: the pod range straight into the tunnel
+        n.ns_exec(n.host, "ip", "route", "add", f"10.244.{other.subnet}.0/24", "dev", dev,
+                  "src", v4)  # fmt: skip
+        return
+    # VXLAN is a link layer: via the other VTEP's address, resolved over the tunnel (flannel)
+    n.ns_exec(n.host, "ip", "route", "add", f"10.244.{other.subnet}.0/24", "via", o4, "dev", dev,
+              "onlink", "src", v4)  # fmt: skip
+    if v6 is None or o6 is None:
+        raise RuntimeError("a VXLAN overlay carries IPv6 too: both tunnel addresses need one")
+    n.ns_exec(n.host, "ip", "-6", "route", "add", f"fd00:10:244:{other.subnet}::/64", "via", o6,
+              "dev", dev, "onlink", "src", v6)  # fmt: skip
+
+
 @contextlib.contextmanager
-def two_nodes(wiring: str = "routed") -> Iterator[tuple[Node, Node]]:
+def two_nodes(wiring: str = "routed", overlay: str | None = None) -> Iterator[tuple[Node, Node]]:
     """Two nodes, A (pods 10.244.1.0/24) and B (10.244.2.0/24), their hosts joined by a
-    link with each node's pod range routed to the other node, as a CNI's native routing
-    does it (Calico BGP without overlay, flannel host-gw, Cilium native routing)."""
+    link. Without `overlay`, each node's pod range is routed to the other node over that
+    link, as a CNI's native routing does it (Calico BGP without overlay, flannel host-gw,
+    Cilium native routing); with overlay "ipip" (Calico IPIP) or "vxlan" (flannel, Calico
+    VXLAN, Cilium's tunnel mode) through a real tunnel device instead, each host sending from
+    its own tunnel address inside the pod range (`tunnel_addresses`)."""
     a, b = Node(wiring, subnet=1), Node(wiring, subnet=2)
     try:
         a.create()
@@ -240,6 +291,9 @@ def two_nodes(wiring: str = "routed") -> Iterator[tuple[Node, Node]]:
             n.ns_exec(n.host, "ip", "addr", "add", f"{v4}/24", "dev", dev)
             n.ns_exec(n.host, "ip", "-6", "addr", "add", f"{v6}/64", "dev", dev, "nodad")
             n.ns_exec(n.host, "ip", "link", "set", dev, "up")
+            if overlay is not None:
+                _overlay(n, other, overlay, v4, other4)
+                continue
             n.ns_exec(n.host, "ip", "route", "add", f"10.244.{other.subnet}.0/24", "via", other4)
             n.ns_exec(n.host, "ip", "-6", "route", "add", f"fd00:10:244:{other.subnet}::/64",
                       "via", other6)  # fmt: skip

@@ -8,6 +8,9 @@ connect-from SRC HOST PORT [TIMEOUT]
 connects HOST PORT N          N connects; prints JSON {outcome: count, latencies_us: [...]}
 hold HOST PORT                connect, print "held", wait for a line on stdin, then send
                               and receive: prints "alive" or the error (e.g. reset)
+ipip DEV LOCAL REMOTE         an IPIP tunnel (RFC 2003) to REMOTE: a TUN device DEV whose
+                              packets travel as IP protocol 4, as a kernel ipip device sends
+                              them; for kernels without CONFIG_NET_IPIP (prints "ready")
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ def listen(ports: list[int]) -> None:
             if family == socket.AF_INET6:
                 s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             s.bind((addr, port))
-            s.listen(128)
+            s.listen(4096)  # rapid sequential connects must never find the queue full
             threading.Thread(target=serve, args=(s,), daemon=True).start()
     print("ready", flush=True)
     threading.Event().wait()
@@ -76,6 +79,32 @@ def connect_once(
     elapsed = time.perf_counter() - started
     s.close()
     return outcome, elapsed
+
+
+def ipip(dev: str, local: str, remote: str) -> None:
+    """Encapsulate what the TUN device `dev` is given in IPv4 protocol 4 to `remote`, and
+    hand what arrives from `remote` (the outer header taken off) to the device."""
+    import fcntl
+    import os
+    import select
+    import struct
+
+    tunsetiff, iff_tun, iff_no_pi = 0x400454CA, 0x0001, 0x1000
+    tun = os.open("/dev/net/tun", os.O_RDWR)
+    fcntl.ioctl(tun, tunsetiff, struct.pack("16sH", dev.encode(), iff_tun | iff_no_pi))
+    wire = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_IPIP)
+    wire.bind((local, 0))
+    print("ready", flush=True)
+    while True:
+        ready, _, _ = select.select([tun, wire.fileno()], [], [])
+        if tun in ready:
+            packet = os.read(tun, 65535)
+            if packet and packet[0] >> 4 == 4:  # IPIP carries IPv4 only
+                wire.sendto(packet, (remote, 0))
+        if wire.fileno() in ready:
+            outer, (source, _) = wire.recvfrom(65535)
+            if source == remote:
+                os.write(tun, outer[(outer[0] & 0x0F) * 4 :])
 
 
 def main() -> None:
@@ -115,6 +144,8 @@ def main() -> None:
             print("alive" if data else "closed", flush=True)
         except OSError as exc:
             print(f"error:{type(exc).__name__}", flush=True)
+    elif cmd == "ipip":
+        ipip(args[0], args[1], args[2])
     else:
         raise SystemExit(f"unknown command {cmd}")
 

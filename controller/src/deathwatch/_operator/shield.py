@@ -28,6 +28,7 @@ NODE, CONFIG, CONFIG_FILE, RULE = (
     f"{PREFIX}{k}" for k in ("node", "config", "config-file", "rule")
 )
 POD_CIDRS, AGENT_PORTS, INBOUND = (f"{PREFIX}{k}" for k in ("pod-cidrs", "agent-ports", "inbound"))
+HOSTS_UNKNOWN = f"{PREFIX}hosts-unknown"  # nodes whose hosts' pod-range addresses are unknown
 SELECTOR = "app.kubernetes.io/component=firewall-coverage"
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -43,6 +44,7 @@ class ShieldReason:
     CONFIG_MISMATCH = "ConfigMismatch"
     NOT_SCHEDULED = "NotScheduled"
     NOT_OBSERVED = "NotObserved"
+    HOSTS_UNKNOWN = "HostAddressesUnknown"  # the inbound rule cannot tell some hosts from pods
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +62,9 @@ class NodeCoverage:
     pod_cidrs: tuple[Network, ...]
     agent_ports: frozenset[int]
     inbound: bool
+    # nodes whose hosts' addresses in the pod ranges the agent does not know ("*": nodes not
+    # listed at all): their hosts could pass the inbound rule from a tunnel address
+    hosts_unknown: str = ""
 
 
 def read_lease(lease: Mapping[str, Any]) -> NodeCoverage | None:
@@ -92,6 +97,7 @@ def read_lease(lease: Mapping[str, Any]) -> NodeCoverage | None:
         pod_cidrs=cidrs,
         agent_ports=ports,
         inbound=notes.get(INBOUND) == "true",
+        hosts_unknown=str(notes.get(HOSTS_UNKNOWN, "")),
     )
 
 
@@ -175,6 +181,18 @@ def judge(
             f,
             ShieldReason.CONFIG_MISMATCH,
             f"agent port {unguarded[0]} is not among the firewall's agentPorts on {node}",
+        )
+    if coverage.inbound and coverage.hosts_unknown:
+        which = (
+            "no node was listed yet"
+            if coverage.hosts_unknown == "*"
+            else f"nodes {coverage.hosts_unknown.replace(',', ', ')}"
+        )
+        return Shield(
+            f,
+            ShieldReason.HOSTS_UNKNOWN,
+            f"the firewall agent on {node} does not know every host's address in the pod "
+            f"ranges ({which}): a host there could reach this sandbox from a tunnel address",
         )
     inbound = "both rules" if coverage.inbound else "the output rule (inbound is off)"
     return Shield(

@@ -26,6 +26,7 @@ import structlog
 
 from deathwatch.firewall.config import ConfigError, FirewallConfig, load_config
 from deathwatch.firewall.coverage import NodeState, lease_body, publish
+from deathwatch.firewall.hosts import Hosts, NodeAddresses, host_addresses
 from deathwatch.firewall.kubeapi import Api, ApiError
 from deathwatch.firewall.metrics import FirewallMetrics
 from deathwatch.firewall.nft import Nft, NftError
@@ -54,6 +55,7 @@ class Agent:
         metrics: FirewallMetrics | None = None,
         link: ClusterLink | None = None,
         sandboxes: Sequence[Address] = (),
+        hosts: Sequence[Address] = (),
     ) -> None:
         self.path = Path(config_path)
         self.nft = nft
@@ -63,6 +65,11 @@ class Agent:
         # the sandboxes of this node: listed from the API in a cluster, else as given
         self.sandboxes: tuple[Address, ...] = tuple(sandboxes)
         self._sandboxes_known = link is None
+        # every node's host addresses inside the pod ranges: learned from the Node objects in
+        # a cluster (unknown until they are listed), else as given
+        self._given_hosts = tuple(hosts)
+        self.hosts = Hosts(self._given_hosts, () if link is None else None)
+        self.nodes: NodeAddresses | None = None
         self._file_digest = "invalid"  # the config the mounted file asks for
         self._in_force = False
         self.wake = threading.Event()
@@ -107,7 +114,7 @@ class Agent:
         """Make the live table match the config. Returns unchanged, applied or repaired."""
         if self.config is None:
             raise NftError("no valid config yet: the table is left as it is")
-        want = desired(self.config, self.sandboxes)
+        want = desired(self.config, self.sandboxes, self.hosts.addresses)
         have = self.nft.list_table()
         diffs = differences(want, have)
         self._count_rejected(have)
@@ -156,6 +163,25 @@ class Agent:
         self.sandboxes, self._sandboxes_known = found, True
         self.metrics.sandboxes.set(len(found))
 
+    def learn_hosts(self) -> None:
+        """Every node's host addresses in the pod ranges, from the Node objects as last
+        watched; until they are listed, none are known (the coverage Lease says so)."""
+        if self.config is None:
+            return
+        nodes = self.nodes.snapshot() if self.nodes is not None else []
+        if nodes is None:
+            self.hosts = Hosts(self._given_hosts, None)
+            return
+        found = host_addresses(nodes, self.config)
+        hosts = Hosts(tuple(sorted({*found.addresses, *self._given_hosts},
+                                   key=lambda a: (a.version, int(a)))), found.unknown)  # fmt: skip
+        if hosts != self.hosts:
+            unknown = "not listed" if hosts.unknown is None else list(hosts.unknown)
+            log.info("host addresses in the pod ranges", count=len(hosts.addresses),
+                     unknown=unknown)  # fmt: skip
+        self.hosts = hosts
+        self.metrics.host_addresses.set(len(hosts.addresses))
+
     def publish(self) -> None:
         """Renew this node's coverage Lease with what is in force now."""
         if self.link is None or self.config is None:
@@ -166,6 +192,7 @@ class Agent:
             self._file_digest,
             self._in_force,
             len(self.sandboxes) if self._sandboxes_known else None,
+            self.hosts,
         )
         try:
             publish(
@@ -184,6 +211,7 @@ class Agent:
         if self.reload():
             self._config_changed = True
         self.list_sandboxes()
+        self.learn_hosts()
         self._in_force = False
         try:
             result = self.sync()
@@ -220,6 +248,11 @@ class Agent:
                 lambda: self.metrics.sync_failures.labels("watch").inc(),
                 stop,
             ).start()
+            self.nodes = NodeAddresses(
+                link.api, self.wake.set, lambda: self.metrics.sync_failures.labels("nodes").inc(),
+                stop,
+            )  # fmt: skip
+            self.nodes.start()
         while not stop.is_set():
             self.step()
             interval = self.config.resync_seconds if self.config else 10.0

@@ -47,6 +47,16 @@ def build_parser() -> argparse.ArgumentParser:
                 "cluster the agent lists them from the API instead. check without it compares "
                 "the sandbox sets but for their elements",
             )
+            a.add_argument(
+                "--host-address",
+                action="append",
+                default=[],
+                type=_address,
+                metavar="IP",
+                help="a host's own address inside the pod ranges (an overlay tunnel's), refused "
+                "inbound like a non-pod source (repeatable); in a cluster the agent learns them "
+                "from the Node objects",
+            )
         if name == "agent":
             a.add_argument(
                 "--node-name",
@@ -124,12 +134,15 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"deathwatch-firewall {args.action}: {exc}", file=sys.stderr)
         return EXIT_BAD_CONFIG
-    want = desired(config, args.sandbox)
+    hosts = [*args.host_address, *config.extra_host_addresses]
+    want = desired(config, args.sandbox, hosts)
     if args.action == "render":
         sys.stdout.write(script(want))
         return EXIT_OK
     # the readiness probe knows no sandbox addresses: the agent keeps those sets
-    loose = SANDBOX_SETS if args.action == "check" and not args.sandbox else ()
+    loose = (
+        SANDBOX_SETS if args.action == "check" and not (args.sandbox or args.host_address) else ()
+    )
     try:
         if args.action == "apply":
             nft.apply(want)
@@ -183,7 +196,7 @@ def _agent(args: argparse.Namespace) -> int:
     if args.metrics_port:
         start_http_server(args.metrics_port, args.metrics_host, registry=metrics.registry)
     stop = threading.Event()
-    agent = Agent(args.config, SystemNft(args.nft), metrics, link, args.sandbox)
+    agent = Agent(args.config, SystemNft(args.nft), metrics, link, args.sandbox, args.host_address)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()  # the loop ends; the table stays (a rollout must never open the hole)

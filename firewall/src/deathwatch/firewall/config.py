@@ -7,6 +7,11 @@
                                    # outside the pod ranges (other nodes' hosts, NodePorts)
     allowedSources: ["10.0.5.7/32"]                    # ... except from these (a gateway)
     sandboxSelector: "app=sandbox"  # which pods on this node are sandboxes (label selector)
+    # hosts in the pod range are hosts (overlay CNIs give each node a tunnel address there):
+    hostAddressAnnotations: [...]  # Node annotations holding one (default: Calico's, Cilium's)
+    hostPodCIDROffsets: [0, 1]     # addresses of each node's spec.podCIDRs the host takes
+                                   # (flannel's VXLAN device .0, a bridge CNI's gateway .1)
+    extraHostAddresses: []         # any other host addresses inside the pod ranges
 
 YAML or JSON, decoded through a typed model (`ConfigFile`: types and bounds declared once).
 Validated strictly: an unknown key, a wrong type or a bad value is an error that names the
@@ -28,9 +33,26 @@ import msgspec
 import yaml
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 N = TypeVar("N", ipaddress.IPv4Network, ipaddress.IPv6Network)
 DEFAULT_RESYNC = 10.0
 MAX_RESYNC = 3600.0
+# Node annotations that hold a host's own address inside the pod range (its tunnel device):
+# Calico (IPIP, VXLAN, WireGuard) and Cilium (cilium_host, old and new keys)
+HOST_ADDRESS_ANNOTATIONS = (
+    "projectcalico.org/IPv4IPIPTunnelAddr",
+    "projectcalico.org/IPv4VXLANTunnelAddr",
+    "projectcalico.org/IPv6VXLANTunnelAddr",
+    "projectcalico.org/IPv4WireguardInterfaceAddr",
+    "projectcalico.org/IPv6WireguardInterfaceAddr",
+    "network.cilium.io/ipv4-cilium-host",
+    "network.cilium.io/ipv6-cilium-host",
+    "io.cilium.network.ipv4-cilium-host",
+    "io.cilium.network.ipv6-cilium-host",
+)
+# flannel's VXLAN device takes the network address of the node's podCIDR, a bridge CNI's
+# gateway (cni0, cbr0) its first address
+HOST_POD_CIDR_OFFSETS = (0, 1)
 
 
 class ConfigError(ValueError):
@@ -50,9 +72,19 @@ class ConfigFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     sandbox_selector: Annotated[str, msgspec.Meta(max_length=1024)] = msgspec.field(
         name="sandboxSelector", default=""
     )
+    host_address_annotations: list[Annotated[str, msgspec.Meta(min_length=1, max_length=317)]] = (
+        msgspec.field(
+            name="hostAddressAnnotations", default_factory=lambda: list(HOST_ADDRESS_ANNOTATIONS)
+        )
+    )
+    host_pod_cidr_offsets: list[Annotated[int, msgspec.Meta(ge=0, le=65535)]] = msgspec.field(
+        name="hostPodCIDROffsets", default_factory=lambda: list(HOST_POD_CIDR_OFFSETS)
+    )
+    extra_host_addresses: list[str] = msgspec.field(name="extraHostAddresses", default_factory=list)
 
 
-KEYS = ("podCIDRs", "agentPorts", "resyncSeconds", "inbound", "allowedSources", "sandboxSelector")
+KEYS = ("podCIDRs", "agentPorts", "resyncSeconds", "inbound", "allowedSources", "sandboxSelector",
+        "hostAddressAnnotations", "hostPodCIDROffsets", "extraHostAddresses")  # fmt: skip
 # a label selector as kubectl takes it: key=value, key!=value, key, !key, key in (a,b)
 _SELECTOR = re.compile(
     r"^\s*(!?[\w./-]+(\s*(==?|!=)\s*[\w.-]*|\s+(in|notin)\s*\([\w.,\s-]*\))?)"
@@ -69,6 +101,12 @@ _EXPECTED = {
     "allowedSources": "a list of CIDRs",
     "allowedSources[]": "a CIDR string",
     "sandboxSelector": "a label selector string (e.g. app=sandbox)",
+    "hostAddressAnnotations": "a list of Node annotation keys",
+    "hostAddressAnnotations[]": "an annotation key",
+    "hostPodCIDROffsets": "a list of offsets into a node's podCIDRs",
+    "hostPodCIDROffsets[]": "an offset 0-65535",
+    "extraHostAddresses": "a list of IP addresses",
+    "extraHostAddresses[]": "an IP address string",
 }
 
 
@@ -80,6 +118,9 @@ class FirewallConfig:
     inbound: bool = True
     allowed_sources: tuple[Network, ...] = ()
     sandbox_selector: str = ""
+    host_address_annotations: tuple[str, ...] = HOST_ADDRESS_ANNOTATIONS
+    host_pod_cidr_offsets: tuple[int, ...] = HOST_POD_CIDR_OFFSETS
+    extra_host_addresses: tuple[Address, ...] = ()
 
     @property
     def v4(self) -> tuple[ipaddress.IPv4Network, ...]:
@@ -104,6 +145,9 @@ class FirewallConfig:
                 "inbound": self.inbound,
                 "allowedSources": sorted(str(n) for n in self.allowed_sources),
                 "sandboxSelector": self.sandbox_selector,
+                "hostAddressAnnotations": sorted(self.host_address_annotations),
+                "hostPodCIDROffsets": sorted(self.host_pod_cidr_offsets),
+                "extraHostAddresses": sorted(str(a) for a in self.extra_host_addresses),
             },
             sort_keys=True,
         )
@@ -148,6 +192,14 @@ def parse_config(data: object, source: str = "config") -> FirewallConfig:
             f"{source}: sandboxSelector: expected {_EXPECTED['sandboxSelector']}, "
             f"got {raw.sandbox_selector!r}"
         )
+    extra: list[Address] = []
+    for i, text in enumerate(raw.extra_host_addresses):
+        try:
+            extra.append(ipaddress.ip_address(text))
+        except ValueError:
+            raise ConfigError(
+                f"{source}: extraHostAddresses[{i}]: expected an IP address, got {text!r}"
+            ) from None
     return FirewallConfig(
         _networks(raw.pod_cidrs, "podCIDRs", source),
         tuple(sorted(raw.agent_ports)),
@@ -155,6 +207,9 @@ def parse_config(data: object, source: str = "config") -> FirewallConfig:
         raw.inbound,
         _networks(raw.allowed_sources, "allowedSources", source),
         raw.sandbox_selector.strip(),
+        tuple(dict.fromkeys(raw.host_address_annotations)),
+        tuple(sorted(set(raw.host_pod_cidr_offsets))),
+        tuple(sorted(set(extra), key=lambda a: (a.version, int(a)))),
     )
 
 

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from deathwatch.firewall.config import FirewallConfig
+from deathwatch.firewall.hosts import Hosts
 from deathwatch.firewall.kubeapi import Api, ApiError
 
 PREFIX = "deathwatch.dev/"
@@ -30,6 +31,10 @@ NODE, CONFIG, CONFIG_FILE, RULE = (
 POD_CIDRS, AGENT_PORTS, INBOUND, SANDBOXES = (
     f"{PREFIX}{k}" for k in ("pod-cidrs", "agent-ports", "inbound", "sandboxes")
 )
+# every node's host addresses inside the pod ranges, as the inbound rule refuses them: how
+# many, and the nodes whose addresses could not be learned ("*": the nodes were not listed)
+HOST_ADDRESSES, HOSTS_UNKNOWN = f"{PREFIX}host-addresses", f"{PREFIX}hosts-unknown"
+UNKNOWN_SHOWN = 20  # nodes named in the annotation; more are counted
 LABELS = {
     "app.kubernetes.io/name": "deathwatch",
     "app.kubernetes.io/component": "firewall-coverage",
@@ -46,6 +51,9 @@ def lease_name(node: str) -> str:
     return name
 
 
+KNOWN_NONE = Hosts((), ())  # outside a cluster: no other node, nothing to learn
+
+
 @dataclass(frozen=True)
 class NodeState:
     """What the agent knows after a resync."""
@@ -54,6 +62,16 @@ class NodeState:
     config_file: str  # the digest of the mounted file's config, "invalid" if it was refused
     rule_in_force: bool
     sandboxes: int | None  # None: the sandbox list could not be read
+    hosts: Hosts = KNOWN_NONE  # the hosts' addresses in force (unknown None: not listed)
+
+
+def unknown_hosts(hosts: Hosts) -> str:
+    """The nodes whose host addresses are not in the rule: "" none, "*" not listed at all."""
+    if hosts.unknown is None:
+        return "*"
+    shown = ",".join(hosts.unknown[:UNKNOWN_SHOWN])
+    more = len(hosts.unknown) - UNKNOWN_SHOWN
+    return f"{shown},+{more}" if more > 0 else shown
 
 
 def lease_body(
@@ -77,6 +95,8 @@ def lease_body(
                 AGENT_PORTS: ",".join(str(p) for p in config.agent_ports),
                 INBOUND: "true" if config.inbound else "false",
                 SANDBOXES: "unknown" if state.sandboxes is None else str(state.sandboxes),
+                HOST_ADDRESSES: str(len(state.hosts.addresses)),
+                HOSTS_UNKNOWN: unknown_hosts(state.hosts) if config.inbound else "",
             },
         },
         "spec": {

@@ -49,10 +49,15 @@ class FirewallMetrics:
             registry=r,
         )
         # finite label sets: their series exist, at 0, from the start (a rate is 0, not absent)
-        for reason in ("nft", "config", "sandboxes", "coverage", "watch"):
+        for reason in ("nft", "config", "sandboxes", "coverage", "watch", "nodes"):
             self.sync_failures.labels(reason)
         for result in ("unchanged", "applied", "repaired"):
             self.syncs.labels(result)
+        self.host_addresses = Gauge(
+            "deathwatch_firewall_host_addresses",
+            "Hosts' own addresses inside the pod ranges (overlay tunnels), refused inbound",
+            registry=r,
+        )
         self.coverage_published = Gauge(
             "deathwatch_firewall_coverage_published_timestamp_seconds",
             "When this node's coverage Lease was last renewed",

@@ -15,9 +15,22 @@ network namespace: their packets take the forward path and never meet this chain
 
 inbound (hook forward, priority -90): the receiving side, on the sandbox's own node, so that
 a node without the agent is not an open door. It refuses connections to the agent ports of
-this node's sandboxes whose source is outside the pod ranges (another node's host, a NodePort
-client before SNAT), except `allowedSources`. Keyed on the sandboxes' addresses, not the pod
-range: another pod that happens to listen on an agent port is not ours to guard.
+this node's sandboxes whose source is not a pod: outside the pod ranges (another node's host,
+a NodePort client before SNAT) or a host's own address inside them (an overlay CNI's tunnel
+address: hosts.py), except `allowedSources`. The pod sources are one interval set, the pod
+ranges with every host address taken out, so one compare tells a pod from a host. Keyed on
+the sandboxes' addresses, not the pod range: another pod that happens to listen on an agent
+port is not ours to guard.
+
+The port is the rule's first test, as in output: everything a node forwards that is not to
+an agent port, replies included, leaves at that one compare. Only packets to an agent port of
+one of this node's sandboxes reach the source test, and every one of them does, not only a
+connection's first: a host connection established before the rule covered a sandbox (before
+the agent started, before a node's host addresses were learned, or in the moment between a
+sandbox starting and its address joining the set) is cut at its next packet. Measured
+(bench/firewall_bench.py, ADR 0012): every key considered (this, the source first, only new
+connections, only SYNs) costs 0-5% of a pod's connect, the differences between them inside the
+harness's noise; this one is chosen for cutting connections that predate the rule.
 """
 
 from __future__ import annotations
@@ -26,7 +39,7 @@ import ipaddress
 from collections.abc import Iterable
 
 from deathwatch.firewall.config import FirewallConfig
-from deathwatch.firewall.table import Chain, Match, Rule, Set, Table, ports
+from deathwatch.firewall.table import Chain, Match, Rule, Set, Table, interval, ports
 
 CHAIN = "output"
 INBOUND_CHAIN = "inbound"
@@ -34,14 +47,18 @@ PRIORITY = -90  # NAT dstnat is -100 on the output hook; this must come after it
 COMMENT = "deathwatch: refuse host and hostNetwork connections to sandbox agent ports"
 INBOUND_COMMENT = "deathwatch: refuse connections from outside the pod network to sandbox agents"
 # the sets the agent fills from the API at run time; `check` compares them without elements
-SANDBOX_SETS = ("sandbox_v4", "sandbox_v6")
+SANDBOX_SETS = ("sandbox_v4", "sandbox_v6", "podsrc_v4", "podsrc_v6")
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 _FAMILIES = (("ip", 4, "ipv4_addr", "v4"), ("ip6", 6, "ipv6_addr", "v6"))
 
 
-def desired(config: FirewallConfig, sandboxes: Iterable[Address] = ()) -> Table:
-    local = set(sandboxes)
+def desired(
+    config: FirewallConfig, sandboxes: Iterable[Address] = (), hosts: Iterable[Address] = ()
+) -> Table:
+    """The table for `config`, this node's `sandboxes` and every node's `hosts` (their
+    addresses inside the pod ranges)."""
+    local, host = set(sandboxes), set(hosts)
     sets: list[Set] = []
     output: list[Rule] = []
     inbound: list[Rule] = []
@@ -64,14 +81,17 @@ def desired(config: FirewallConfig, sandboxes: Iterable[Address] = ()) -> Table:
         )
         if not config.inbound:
             continue
-        # cheapest test first: most forwarded packets (replies included) leave at the port;
-        # the sandboxes are a hash set of addresses, the ranges interval sets
+        # the port first, as in output: everything forwarded that is not to an agent port
+        # (every reply included) leaves at one compare; then this node's sandboxes (a hash
+        # lookup); then the source, against the pod ranges without the hosts' own addresses
+        sources = _without(pods, {a for a in host if a.version == version})
+        sets.append(Set(f"podsrc_{suffix}", kind, ("interval",), sources))
         mine = sorted(str(a) for a in local if a.version == version)
         sets.append(Set(f"sandbox_{suffix}", kind, (), tuple(mine)))
         matches = [
             agent,
             Match(f"{proto} daddr", f"@sandbox_{suffix}"),
-            Match(f"{proto} saddr", f"@pod_{suffix}", "!="),
+            Match(f"{proto} saddr", f"@podsrc_{suffix}", "!="),
         ]
         allowed = config.allowed(version)
         if allowed:
@@ -86,3 +106,21 @@ def desired(config: FirewallConfig, sandboxes: Iterable[Address] = ()) -> Table:
 
 def _sorted(nets: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> tuple[str, ...]:
     return tuple(sorted(str(n) for n in nets))
+
+
+def _without(
+    ranges: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network], holes: set[Address]
+) -> tuple[str, ...]:
+    """The ranges with each address in `holes` taken out: merged intervals, each written as
+    nft lists it (a prefix when it is exactly one, else `low-high`), so one address taken out
+    of a /56 costs one more element, not seventy."""
+    spans: list[tuple[int, int, int]] = []  # (first, last, version)
+    for network in ranges:  # one family's ranges, collapsed (FirewallConfig.v4, .v6)
+        first, last = int(network.network_address), int(network.broadcast_address)
+        for hole in sorted(int(a) for a in holes if a in network):
+            if hole > first:
+                spans.append((first, hole - 1, network.version))
+            first = hole + 1
+        if first <= last:
+            spans.append((first, last, network.version))
+    return tuple(sorted(interval(lo, hi, v) for lo, hi, v in spans))

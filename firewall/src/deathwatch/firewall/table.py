@@ -64,6 +64,15 @@ class Table:
         return sum(r.packets for c in self.chains for r in c.rules)
 
 
+def interval(first: int, last: int, version: int) -> str:
+    """An interval set's element as nft lists it: the prefix when [first, last] is exactly
+    one, else `first-last`."""
+    lo = ipaddress.ip_address(first) if version == 4 else ipaddress.IPv6Address(first)
+    hi = ipaddress.ip_address(last) if version == 4 else ipaddress.IPv6Address(last)
+    nets = list(ipaddress.summarize_address_range(lo, hi))
+    return str(nets[0]) if len(nets) == 1 else f"{lo}-{hi}"
+
+
 def ports(numbers: tuple[int, ...] | list[int]) -> str:
     """An anonymous set of ports in nft's syntax, in numeric order."""
     return "{ " + ", ".join(str(p) for p in sorted(numbers)) + " }"
@@ -102,9 +111,9 @@ def script(table: Table) -> str:
 # --- reading `nft -j list table inet deathwatch` back ---------------------------------------
 
 
-def _element(e: Any, interval: bool = True) -> str:
+def _element(e: Any, ranged: bool = True) -> str:
     if isinstance(e, str):
-        if not interval:  # a hash set holds addresses, never prefixes
+        if not ranged:  # a hash set holds addresses, never prefixes
             return str(ipaddress.ip_address(e))
         return str(ipaddress.ip_network(e, strict=False))
     if isinstance(e, int):
@@ -112,7 +121,10 @@ def _element(e: Any, interval: bool = True) -> str:
     if isinstance(e, Mapping) and "prefix" in e:
         p = e["prefix"]
         return str(ipaddress.ip_network(f"{p['addr']}/{p['len']}", strict=False))
-    return json.dumps(e, sort_keys=True)  # a range or anything else: kept, so it differs
+    if isinstance(e, Mapping) and isinstance(e.get("range"), list) and len(e["range"]) == 2:
+        lo, hi = (ipaddress.ip_address(x) for x in e["range"])
+        return interval(int(lo), int(hi), lo.version)
+    return json.dumps(e, sort_keys=True)  # anything else: kept, so it differs
 
 
 def _left(x: Any) -> str:
