@@ -16,6 +16,7 @@ by the node's teardown.
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import subprocess
 import tempfile
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from hack.localcluster import productimages
 from hack.localcluster.controlplane import ControlPlane
-from hack.localcluster.node import BRIDGE, POD_SUBNET, Node, node_available
+from hack.localcluster.node import BRIDGE, NODE_NAME, POD_SUBNET, Node, node_available
 
 BRIDGE_IP = POD_SUBNET.rsplit(".", 1)[0] + ".1"  # the CNI bridge's gateway: 10.88.0.1
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -81,6 +82,11 @@ def running(workdir: Path | None = None) -> Iterator[Cluster]:
     try:
         cp.start()
         node = Node(cp, workdir=workdir / "node", kube_proxy=True, node_ip=BRIDGE_IP).up()
+        # the node's pod range on its Node object, as kube-controller-manager's
+        # --allocate-node-cidrs records it on every real cluster: the firewall agents learn the
+        # host's own addresses in it (.0, and .1 the bridge's gateway) from there (ADR 0012)
+        cidrs = json.dumps({"spec": {"podCIDR": POD_SUBNET, "podCIDRs": [POD_SUBNET]}})
+        cp.kubectl_run("patch", "node", NODE_NAME, "--type=merge", "-p", cidrs)
         for image in images.values():
             node.import_image(image.archive, image.name)
         yield Cluster(cp, node, images)
