@@ -4,23 +4,29 @@ the way the README says, watched by a real Prometheus (Debian's 2.42) that finds
 controller replicas and the firewall agent through the shipped Services' prometheus.io
 annotations, and evaluates deathwatch's rules. Debian builds its Prometheus without
 `kubernetes_sd_configs`, so the lane serves that discovery itself over `http_sd_configs`: the
-Services annotated prometheus.io/scrape, each endpoint with the annotated port and path, as
-the usual `kubernetes-service-endpoints` job would find them (`Discovery`).
+Services annotated prometheus.io/scrape, each endpoint (ready or not, as kubernetes_sd lists
+them) with the annotated port and path, as the usual `kubernetes-service-endpoints` job would
+find them (`Discovery`).
 
-Real faults make the alerts fire (the rules rendered by the chart with short `for:`s and a
-low death threshold, as an operator would tune them; the unit tests in monitoring/tests cover
-the shipped defaults): a burst of deaths, a policy plugin that raises, the firewall agent
-stopped, both controller replicas gone. Every dashboard panel's query returns data;
-`promtool check metrics` passes on each component's /metrics. Then `helm upgrade` with
-changed values rolls the agents while a host process tries the agent port every ~2 ms (none
-gets through), and `helm uninstall` plus the cleanup release leave no table behind.
-Measurements (each alert's time to fire) are printed at the end ("helm lane measurements").
+Real faults make the alerts fire (the rules rendered by the chart with short `for:`s and low
+thresholds, as an operator would tune them for a test cluster; the unit tests in
+monitoring/tests cover the shipped defaults): a burst of deaths, a policy plugin that raises,
+the firewall agent hung, RBAC drift (a verb taken from the controller's role, its Lease role
+unbound, the agent's pod listing unbound), an admission webhook that stalls status writes,
+both controller replicas gone, the controller's network to the API server black-holed. Every
+dashboard panel's query returns data; `promtool check metrics` passes on each component's
+/metrics. Then `helm upgrade` with changed values rolls the agents while a host process tries
+the agent port every ~2 ms (none gets through), and `helm uninstall` plus the cleanup release
+leave no table behind. Measurements (each alert's time to fire, from the fault) are printed at
+the end ("helm lane measurements").
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -41,24 +47,30 @@ from hack.localcluster import cluster
 from hack.localcluster.agentpods import AGENT_PORT, EXEC_PROBE, agent_pod
 from hack.localcluster.controlplane import free_port
 from hack.localcluster.netns_tool import connect_once
-from hack.localcluster.node import NODE_NAME, POD_SUBNET
+from hack.localcluster.node import BRIDGE, NODE_NAME, POD_SUBNET
 from hack.render_manifests import CHART, helm_bin
 from tests.conftest import _binaries_or_skip
-from tests.kube import wait_for
+from tests.kube import WaitTimeout, wait_for
 
 pytestmark = [pytest.mark.deploy, pytest.mark.monitoring]
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEM, NS, PLUGIN_NS = "deathwatch-system", "sandboxes", "plugin-sandboxes"
 RESULTS: dict[str, Any] = {"alerts_fired_after_seconds": {}}
-# as an operator tunes them for a test cluster: every `for:` short, a low death threshold
+# as an operator tunes them for a test cluster: every `for:` short, a low death threshold, the
+# stale-watch threshold just above the API server's bookmark interval and the controller's own
+# reconnect (70 s), so that a healthy idle stream never reads as stale
+FOR_KEYS = (
+    "controllerDown", "noLeader", "watchStale", "taskCrashLooping", "apiErrors", "policyErrors",
+    "writesRefused", "deathBurst", "uncoveredNodes", "firewallDown", "firewallSyncFailing",
+    "verdictLatency",
+)  # fmt: skip
 LANE_RULES = [
-    *(
-        f"prometheusRule.for.{k}=5s"
-        for k in ("controllerDown", "noLeader", "policyErrors", "uncoveredNodes", "deathBurst")
-    ),
+    *(f"prometheusRule.for.{k}=5s" for k in FOR_KEYS),
     "prometheusRule.deathBurst.perNode=3",
     "prometheusRule.deathBurst.cluster=3",
+    "prometheusRule.watchStaleSeconds=75",
 ]
+WEBHOOK_DELAY = 4.0  # seconds an admission webhook holds each verdict status write
 
 
 @dataclass
@@ -116,6 +128,19 @@ class Lane:
         RESULTS["alerts_fired_after_seconds"][alert] = round(time.monotonic() - since, 1)
         return found[0]
 
+    def object(self, *what: str) -> dict[str, Any]:
+        """An object as `kubectl get -o json` returns it, ready to be created again."""
+        obj: dict[str, Any] = json.loads(self.c.kubectl("get", *what, "-o", "json").stdout)
+        for key in ("resourceVersion", "uid", "creationTimestamp", "managedFields"):
+            obj["metadata"].pop(key, None)
+        return obj
+
+    def put(self, verb: str, obj: dict[str, Any]) -> None:
+        self.c.kubectl(verb, "-f", "-", input=json.dumps(obj))
+
+    def leaders(self) -> float:
+        return sum(float(s["value"][1]) for s in self.query("deathwatch_leader"))
+
     def deathwatch(self, ns: str, **spec: Any) -> None:
         self.c.kubectl("apply", "-f", "-", input=json.dumps({
             "apiVersion": "deathwatch.dev/v1alpha1", "kind": "DeathWatch",
@@ -163,8 +188,10 @@ def values(tmp: Path) -> Path:
 class Discovery:
     """What `kubernetes_sd_configs` (role endpoints) with the usual annotation relabelling
     finds, served for `http_sd_configs`: every Service of `namespace` annotated
-    prometheus.io/scrape "true", each ready endpoint at the annotated port, with the annotated
-    path, its Service (the job) and its pod. Read from the API at every poll."""
+    prometheus.io/scrape "true", each endpoint at the annotated port, with the annotated path,
+    its Service (the job) and its pod. Not-ready endpoints too, as kubernetes_sd lists them: a
+    replica that fails /readyz (cut off from the API server) is the one whose metrics say
+    why. Read from the API at every poll."""
 
     def __init__(self, api: client.ApiClient, namespace: str) -> None:
         import http.server
@@ -197,7 +224,7 @@ class Discovery:
                 svc.metadata.name, namespace, _request_timeout=10
             )
             for subset in endpoints.subsets or []:
-                for address in subset.addresses or []:
+                for address in [*(subset.addresses or []), *(subset.not_ready_addresses or [])]:
                     pod = address.target_ref.name if address.target_ref else ""
                     groups.append({
                         "targets": [f"{address.ip}:{notes['prometheus.io/port']}"],
@@ -208,6 +235,98 @@ class Discovery:
 
     def close(self) -> None:
         self.server.shutdown()
+
+
+class SlowWebhook:
+    """A validating admission webhook that holds every SandboxVerdict status write for
+    `delay` seconds before answering: a policy engine under load, which the API server waits
+    for. It refuses (422, as a policy engine names an invalid field) the writes to verdicts
+    whose name starts with `deny`. HTTPS on loopback (the API server runs on this host) with
+    its own certificate."""
+
+    def __init__(self, tmp: Path, delay: float, deny: str = "unwritable") -> None:
+        import base64
+        import http.server
+        import ssl
+
+        key, cert = tmp / "webhook.key", tmp / "webhook.crt"
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+             "-out", str(cert), "-days", "1", "-subj", "/CN=lane-webhook",
+             "-addext", "subjectAltName=IP:127.0.0.1"],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+        self.ca = base64.b64encode(cert.read_bytes()).decode()
+        self.held = self.denied = 0
+
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                time.sleep(delay)
+                outer.held += 1
+                request = review["request"]
+                response: dict[str, Any] = {"uid": request["uid"], "allowed": True}
+                if str(request.get("name", "")).startswith(deny):
+                    outer.denied += 1
+                    response = {"uid": request["uid"], "allowed": False, "status": {
+                        "code": 422, "message": "status.state: refused by the lane's policy"}}  # fmt: skip
+                body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                                   "response": response}).encode()  # fmt: skip
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert, key)
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def configuration(self) -> dict[str, Any]:
+        port = self.server.server_address[1]
+        return {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": "lane-slow-policy-engine"},
+            "webhooks": [{
+                "name": "slow.lane.deathwatch.dev",
+                "clientConfig": {"url": f"https://127.0.0.1:{port}/validate", "caBundle": self.ca},
+                "rules": [{"apiGroups": ["deathwatch.dev"], "apiVersions": ["v1alpha1"],
+                           "operations": ["UPDATE"], "resources": ["sandboxverdicts/status"],
+                           "scope": "Namespaced"}],
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+                "timeoutSeconds": 10,
+                "failurePolicy": "Ignore",
+            }],
+        }  # fmt: skip
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+def agent_pids() -> list[int]:
+    """The firewall agent's process on this host (the node's containers run here)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"agent" in argv and any(
+            a.startswith(b"--config=/etc/deathwatch-firewall") for a in argv
+        ):
+            pids.append(int(proc.name))
+    return pids
 
 
 def prometheus_config(c: cluster.Cluster, tmp: Path, discovery: str) -> Path:
@@ -320,6 +439,7 @@ def test_a_burst_of_deaths_fires_the_death_rate_alert(lane: Lane) -> None:
         (lane.ctl(NS, name) / "exit").write_text("3")
     alert = lane.fires("DeathwatchNodeDeathBurst", killed)
     assert alert["labels"]["node"] == NODE_NAME
+    lane.fires("DeathwatchDeathBurst", killed)  # the cluster-wide threshold, 3 in the lane
     assert all(lane.state(n) == "Dead" for n in names)
 
 
@@ -332,22 +452,102 @@ def test_a_policy_plugin_that_raises_fires_the_policy_error_alert(lane: Lane) ->
     assert alert["labels"]["policy"] == "flaky"
 
 
-def test_the_firewall_agent_stopped_fires_the_uncovered_node_alert(lane: Lane) -> None:
+def test_an_admission_webhook_that_stalls_and_refuses_status_writes_fires_latency_and_refused(
+    lane: Lane,
+) -> None:
+    """A policy engine that takes 4 s per request on verdict status writes: the Dead verdict
+    is written 4 s after the drop, past the 2 s p99 goal (the burst before was well under).
+    Then it refuses one verdict's status (422): a write refused for good, counted once."""
+    assert not lane.firing("DeathwatchVerdictLatencyHigh"), (
+        "already firing before the fault: this machine is too loaded to prove the alert"
+    )
+    webhook = SlowWebhook(lane.tmp, WEBHOOK_DELAY)
+    try:
+        lane.put("apply", webhook.configuration())
+        name = lane.sandbox("slow")
+        wait_for(lambda: lane.state(name) == "Alive", timeout=90, what="slow Alive")
+        assert webhook.held > 0  # the API server waited for it
+        killed = time.monotonic()
+        (lane.ctl(NS, name) / "exit").write_text("3")
+        alert = lane.fires("DeathwatchVerdictLatencyHigh", killed)
+        assert float(alert["value"]) > 2
+        refused = time.monotonic()
+        name = lane.sandbox("unwritable")
+        alert = lane.fires("DeathwatchWritesRefused", refused)
+        assert (alert["labels"]["resource"], alert["labels"]["code"]) == ("sandboxverdicts", "422")
+        assert webhook.denied >= 1
+        lane.core.delete_namespaced_pod(name, NS, grace_period_seconds=0, _request_timeout=10)
+    finally:
+        lane.c.kubectl("delete", "validatingwebhookconfiguration", "lane-slow-policy-engine",
+                       "--ignore-not-found")  # fmt: skip
+        webhook.close()
+
+
+def test_a_hung_firewall_agent_fires_agent_down_and_uncovered_node(lane: Lane) -> None:
+    """The agent's process stopped (SIGSTOP, as a hung process): its metrics stop answering
+    and its coverage Lease goes stale. Its table stays in force all along."""
     name = lane.sandbox("covered")
     wait_for(lambda: lane.state(name) == "Alive", timeout=60, what="covered Alive")
+    (pid,) = wait_for(agent_pids, what="the agent's process")
     stopped = time.monotonic()
-    # the agent's pod goes (its table stays: it never opens the hole), its Lease goes stale
-    lane.c.kubectl("patch", "daemonset", "deathwatch-firewall", "-n", SYSTEM, "--type=merge",
-                   "-p", '{"spec":{"template":{"spec":{"nodeSelector":{"deathwatch.dev/nowhere":"true"}}}}}')  # fmt: skip
-    alert = lane.fires("DeathwatchUncoveredNode", stopped)
-    assert alert["labels"]["node"] == NODE_NAME
-    lane.c.kubectl("patch", "daemonset", "deathwatch-firewall", "-n", SYSTEM, "--type=json",
-                   "-p", '[{"op":"remove","path":"/spec/template/spec/nodeSelector"}]')  # fmt: skip
-    lane.c.kubectl("rollout", "status", "-n", SYSTEM, "daemonset/deathwatch-firewall", "--timeout=120s",
-                   timeout=150)  # fmt: skip
-    wait_for(
-        lambda: not lane.firing("DeathwatchUncoveredNode"), timeout=90, what="uncovered resolved"
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        lane.fires("DeathwatchFirewallAgentDown", stopped)
+        alert = lane.fires("DeathwatchUncoveredNode", stopped)
+        assert alert["labels"]["node"] == NODE_NAME
+        assert SystemNft().list_table() is not None
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    try:
+        wait_for(lambda: not lane.firing("DeathwatchUncoveredNode"), timeout=120,
+                 what="uncovered resolved")  # fmt: skip
+    except WaitTimeout:
+        print("node_sandboxes:", lane.query("deathwatch_node_sandboxes"))
+        print("agent up:", lane.query('up{job=~".*firewall.*"}'), agent_pids())
+        print(lane.c.kubectl("get", "lease", "-A", "-o", "yaml").stdout[-3000:])
+        print(lane.c.kubectl("get", "sv", "-A", "-o", "json").stdout[-4000:])
+        raise
+
+
+def test_rbac_drift_fires_api_errors_and_no_leader(lane: Lane) -> None:
+    """A real RBAC fault: the controller's Lease Role unbound. Every renewal and coverage
+    read is refused (sustained API errors, 403), and the leader steps down: no leader."""
+    binding = lane.object("rolebinding", "deathwatch-controller-leader-election", "-n", SYSTEM)
+    unbound = time.monotonic()
+    lane.c.kubectl("delete", "rolebinding", "deathwatch-controller-leader-election", "-n", SYSTEM)
+    try:
+        alert = lane.fires("DeathwatchAPIErrors", unbound)
+        assert alert["labels"]["code"] == "403"
+        lane.fires("DeathwatchNoLeader", unbound)
+    finally:
+        lane.put("create", binding)
+    wait_for(lambda: lane.leaders() == 1, timeout=90, interval=1, what="a leader again")
+
+
+def test_the_controllers_cut_off_from_the_api_server_fire_stale_watch(lane: Lane) -> None:
+    """A network fault: the node drops every packet from its pods to the API server (the
+    controller's connections hang; nothing closes them). Its pod watches go silent past the
+    bookmark interval, and the leader, unable to renew, steps down."""
+    partition = lane.tmp / "partition.nft"
+    partition.write_text(
+        "table inet lane_partition {\n"
+        "  chain input { type filter hook input priority -300; policy accept;\n"
+        f'    iifname "{BRIDGE}" tcp dport {lane.c.cp.apiserver_port} drop\n'
+        "  }\n"
+        "}\n"
     )
+    cut = time.monotonic()
+    subprocess.run(["nft", "-f", str(partition)], check=True, timeout=30)
+    try:
+        lane.fires("DeathwatchNoLeader", cut, timeout=120)
+        alert = lane.fires("DeathwatchWatchStale", cut, timeout=240)
+        assert float(alert["value"]) > 75
+    finally:
+        subprocess.run(
+            ["nft", "delete", "table", "inet", "lane_partition"], check=False, timeout=30
+        )
+    wait_for(lambda: lane.leaders() == 1, timeout=120, interval=1, what="a leader again")
+    wait_for(lambda: not lane.firing("DeathwatchWatchStale"), timeout=120, what="watches fresh")
 
 
 def test_both_controller_replicas_gone_fire_the_down_alert(lane: Lane) -> None:
@@ -412,6 +612,20 @@ def test_helm_upgrade_with_new_values_rolls_the_agents_and_lets_nothing_through(
     config = yaml.safe_load(lane.core.read_namespaced_config_map(
         "deathwatch-firewall", SYSTEM, _request_timeout=10).data["config.yaml"])  # fmt: skip
     assert config["allowedSources"] == ["192.0.2.10/32"] and config["podCIDRs"] == [POD_SUBNET]
+
+
+def test_the_agent_unable_to_list_its_sandboxes_fires_sync_failing(lane: Lane) -> None:
+    """After the upgrade (a resync every 5 s): the agent's ClusterRoleBinding deleted, each
+    resync's listing of its node's sandboxes is refused. The last known set stays in force."""
+    binding = lane.object("clusterrolebinding", "deathwatch-firewall")
+    unbound = time.monotonic()
+    lane.c.kubectl("delete", "clusterrolebinding", "deathwatch-firewall")
+    try:
+        alert = lane.fires("DeathwatchFirewallSyncFailing", unbound)
+        assert alert["labels"]["reason"] in ("sandboxes", "nodes", "watch"), alert["labels"]
+        assert SystemNft().list_table() is not None
+    finally:
+        lane.put("create", binding)
 
 
 def test_helm_uninstall_and_the_cleanup_release_leave_no_table(lane: Lane) -> None:

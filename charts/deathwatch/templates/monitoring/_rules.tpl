@@ -1,6 +1,6 @@
 {{/*
 deathwatch's alerting rules, as Prometheus rule groups: the PrometheusRule (prometheusrule.yaml)
-and the plain file monitoring/deathwatch.rules.yaml (hack/render-manifests.sh) both come from
+and the plain file monitoring/deathwatch.rules.yaml (hack/render_manifests.py) both come from
 here. Each alert's runbook is a section of docs/runbook.md. Both controller replicas judge
 every sandbox, so counters they both keep are taken once (max over replicas), never summed.
 */}}
@@ -45,11 +45,12 @@ groups:
       - alert: DeathwatchWatchStale
         expr: >-
           time() - max by (instance, resource)
-          (deathwatch_watch_stream_activity_timestamp_seconds{resource="pods"}) > 90
+          (deathwatch_watch_stream_activity_timestamp_seconds{resource="pods"})
+          > {{ $r.watchStaleSeconds }}
         for: {{ $for.watchStale }}
         labels: {severity: warning}
         annotations:
-          summary: A deathwatch replica's pod watch delivered nothing for over 90 s
+          summary: A deathwatch replica's pod watch delivered nothing for over {{ $r.watchStaleSeconds }} s
           description: >-
             {{`{{ $labels.instance }}`}} has had nothing from its pod watch, not even a
             bookmark, for {{`{{ $value | humanizeDuration }}`}}: verdicts may be late.
@@ -102,11 +103,11 @@ groups:
       - alert: DeathwatchVerdictLatencyHigh
         expr: >-
           histogram_quantile(0.99, sum by (le)
-          (rate(deathwatch_verdict_latency_seconds_bucket[10m]))) > 2
+          (rate(deathwatch_verdict_latency_seconds_bucket[10m]))) > {{ $r.verdictLatencySeconds }}
         for: {{ $for.verdictLatency }}
         labels: {severity: warning}
         annotations:
-          summary: Dead verdicts take more than 2 s (p99)
+          summary: Dead verdicts take more than {{ $r.verdictLatencySeconds }} s (p99)
           description: >-
             From a sandbox's Ready drop to its Dead verdict, p99 {{`{{ $value | humanizeDuration }}`}}.
           runbook_url: {{ $runbook }}#deathwatchverdictlatencyhigh
