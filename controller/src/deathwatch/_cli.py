@@ -10,6 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 
 def _version() -> str:
@@ -22,15 +23,19 @@ def _version() -> str:
 def build_parser() -> argparse.ArgumentParser:
     from deathwatch._operator import command as controller_command
     from deathwatch._replay import command as replay_command
+    from deathwatch._verdicts import command as verdicts_command
 
+    # installed twice: `deathwatch`, and `kubectl-deathwatch` for `kubectl deathwatch ...`
+    plugin = Path(sys.argv[0]).name.startswith("kubectl-")
     parser = argparse.ArgumentParser(
-        prog="deathwatch",
+        prog="kubectl deathwatch" if plugin else "deathwatch",
         description="Sandbox death verdicts for Kubernetes (firewall: deathwatch-firewall).",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     replay_command.add_parser(sub)
     controller_command.add_parser(sub)
+    verdicts_command.add_parsers(sub)
     return parser
 
 

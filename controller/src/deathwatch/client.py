@@ -1,0 +1,427 @@
+"""Act on verdicts: read, watch and wait for SandboxVerdicts. Public and kept stable, like
+`deathwatch.policy`.
+
+    from deathwatch.client import Client, State
+
+    async with Client.from_kubeconfig() as dw:
+        verdict = await dw.get("team-a", "sandbox-7")          # None if there is none
+        async for change in dw.watch("team-a"):                # every transition, once
+            if change.verdict.state is State.DEAD:
+                reclaim(change.verdict.pod, change.verdict.cause)
+        verdict = await dw.wait_for("team-a", "sandbox-7", {State.DEAD, State.GONE}, 60)
+
+    # scripts: the same, blocking
+    from deathwatch.client import get_verdict, wait_for_verdict
+
+A SandboxVerdict is named after its pod, in the pod's namespace. `watch` lists first (one
+`Change` per verdict, its current state), then follows a watch from that list's
+resourceVersion; a dropped connection resumes from the last version seen, and a version the
+API server no longer has (410 Gone) lists again and hands over only what changed meanwhile:
+a caller never gets the same transition (pod uid, state) twice, and a verdict deleted while
+it was not looking arrives as one `Change` with `deleted=True`. Every request has a deadline
+(30 s); a watch with no byte for 70 s (the API server sends a bookmark every minute) is
+treated as dropped.
+
+Dead and Gone are final for a pod: a Dead verdict is never taken back (the CRD refuses it),
+and a Gone pod cannot die. `wait_for` raises `Unreachable` as soon as the verdict is final
+and not one of the states asked for, and `TimeoutError` at the deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Final, TypeVar
+
+import aiohttp
+import msgspec
+import structlog
+
+from deathwatch._engine.verdict import Cause, State
+from deathwatch._operator import kube
+from deathwatch._operator.resources import (
+    GROUP,
+    SV_PLURAL,
+    VERSION,
+    Condition,
+    ConditionType,
+    SandboxVerdictStatus,
+)
+from deathwatch._operator.rest import ApiError, Rest
+
+__all__ = [
+    "FINAL",
+    "ApiError",
+    "Cause",
+    "Change",
+    "Client",
+    "Condition",
+    "State",
+    "Unreachable",
+    "Verdict",
+    "get_verdict",
+    "wait_for_verdict",
+]
+
+FINAL: Final = frozenset({State.DEAD, State.GONE})  # a pod's verdict never leaves these
+WATCH_INACTIVITY = 70.0  # seconds: above the API server's bookmark interval (about 60 s)
+BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0)  # seconds between reconnects, the last repeated
+log = structlog.get_logger("deathwatch.client")
+T = TypeVar("T")
+
+
+class Unreachable(Exception):
+    """The verdict is final and not what was waited for (a Gone pod can never be Dead)."""
+
+    def __init__(self, verdict: Verdict, wanted: Collection[State]) -> None:
+        want = "|".join(sorted(s.value for s in wanted))
+        super().__init__(
+            f"{verdict.namespace}/{verdict.pod} is {verdict.state.value}"
+            f"{f' ({verdict.cause.value})' if verdict.cause else ''}: it can never be {want}"
+        )
+        self.verdict = verdict
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One SandboxVerdict: the pod it judges and its typed status."""
+
+    namespace: str
+    pod: str  # the SandboxVerdict's name
+    resource_version: str
+    deathwatch: str | None
+    state: State  # Pending until the controller has written a status
+    status: SandboxVerdictStatus | None  # None: created, no status written yet
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def cause(self) -> Cause | None:
+        return self.status.cause if self.status else None
+
+    @property
+    def pod_uid(self) -> str | None:
+        return self.status.pod_uid if self.status else None
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL
+
+    def condition(self, kind: str) -> Condition | None:
+        conditions = self.status.conditions if self.status else []
+        return next((c for c in conditions if c.type == kind), None)
+
+    @property
+    def shielded(self) -> Condition | None:
+        return self.condition(ConditionType.SHIELDED)
+
+    @property
+    def declared_at(self) -> datetime | None:
+        return self.status.declared_at if self.status else None
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A transition handed over once: the verdict as it is now, and the state it had when
+    this client last handed it over (None: the first time, or a new pod of the same name)."""
+
+    verdict: Verdict
+    previous: State | None
+    deleted: bool = False
+
+
+class _Meta(msgspec.Struct, rename="camel"):
+    name: str = ""
+    namespace: str = ""
+    resource_version: str = ""
+    labels: dict[str, str] = {}
+
+
+class _Spec(msgspec.Struct, rename="camel"):
+    death_watch: str | None = None
+
+
+class _Object(msgspec.Struct):
+    metadata: _Meta
+    spec: _Spec = msgspec.field(default_factory=_Spec)
+    status: SandboxVerdictStatus | None = None
+
+
+class _List(msgspec.Struct):
+    items: list[_Object]
+    metadata: _Meta
+
+
+class _Event(msgspec.Struct):
+    type: str
+    object: msgspec.Raw
+
+
+_decode_object = msgspec.json.Decoder(_Object).decode
+_decode_list = msgspec.json.Decoder(_List).decode
+_decode_event = msgspec.json.Decoder(_Event).decode
+
+
+def _verdict(o: _Object) -> Verdict:
+    m = o.metadata
+    state = o.status.state if o.status else State.PENDING
+    return Verdict(
+        m.namespace, m.name, m.resource_version, o.spec.death_watch, state, o.status, m.labels
+    )
+
+
+def _path(namespace: str | None, name: str | None = None) -> str:
+    base = f"/apis/{GROUP}/{VERSION}"
+    scope = f"{base}/namespaces/{namespace}/{SV_PLURAL}" if namespace else f"{base}/{SV_PLURAL}"
+    return f"{scope}/{name}" if name else scope
+
+
+class _Gone(Exception):
+    """The watch's resourceVersion is no longer served (410): list again."""
+
+
+class Client:
+    """SandboxVerdicts, read-only, over one HTTPS connection pool. Use `async with`."""
+
+    def __init__(self, rest: Rest) -> None:
+        self._rest = rest
+        self.relists = 0  # watches that could not resume (410) and listed again
+        self.reconnects = 0  # watches resumed after a dropped connection
+
+    @classmethod
+    def from_kubeconfig(cls, kubeconfig: str | None = None) -> Client:
+        """--kubeconfig if given, else in a pod its ServiceAccount, else $KUBECONFIG or
+        ~/.kube/config."""
+        configuration = kube.load_configuration(kubeconfig)
+        return cls(Rest(configuration, identity="client", purpose="verdicts", connections=2))
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._rest.close()
+
+    async def get(self, namespace: str, pod: str) -> Verdict | None:
+        """The verdict of `pod` in `namespace`, or None if it has none (yet)."""
+        try:
+            body = await self._rest.request("GET", _path(namespace, pod))
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+        return _verdict(_decode_object(body))
+
+    async def verdicts(
+        self, namespace: str | None = None, label_selector: str | None = None
+    ) -> tuple[list[Verdict], str]:
+        """Every verdict (in `namespace`, or all the caller may list), and the list's
+        resourceVersion."""
+        params = {"labelSelector": label_selector} if label_selector else None
+        body = _decode_list(await self._rest.request("GET", _path(namespace), params=params))
+        return [_verdict(o) for o in body.items], body.metadata.resource_version
+
+    async def events(self, namespace: str, pod: str) -> list[dict[str, Any]]:
+        """The Events that name `pod` (the kubelet's, and deathwatch's on the pod and on its
+        verdict), as the API returns them."""
+        params = {"fieldSelector": f"involvedObject.name={pod}"}
+        body = await self._rest.request("GET", f"/api/v1/namespaces/{namespace}/events",
+                                        params=params)  # fmt: skip
+        items: list[dict[str, Any]] = msgspec.json.decode(body).get("items") or []
+        return items
+
+    async def watch(
+        self,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> AsyncIterator[Change]:
+        """Every transition of every verdict (in `namespace`), each once; runs until the
+        caller stops iterating. Reconnects on its own (with backoff); an error that is not a
+        dropped connection (403, 404: no CRD) is raised."""
+        seen: dict[tuple[str, str], tuple[str | None, State]] = {}  # (ns, pod) -> (uid, state)
+        failures = 0
+        version = ""
+        while True:
+            if not version:
+                verdicts, version = await self._list(namespace, label_selector, field_selector)
+                for change in _resync(seen, verdicts):
+                    yield change
+            try:
+                async for kind, verdict in self._follow(
+                    namespace, label_selector, field_selector, version
+                ):
+                    failures = 0
+                    version = verdict.resource_version
+                    if kind == "BOOKMARK":
+                        continue
+                    moved = _transition(seen, verdict, deleted=kind == "DELETED")
+                    if moved is not None:
+                        yield moved
+                self.reconnects += 1  # the server ended the watch (its timeout): resume
+            except _Gone:
+                self.relists += 1  # the version is compacted away, or the cache restarted
+                log.info("a verdict watch could not resume (410 Gone): listing again")
+                version = ""
+            except (TimeoutError, aiohttp.ClientError, ConnectionError) as e:
+                self.reconnects += 1
+                delay = BACKOFF[min(failures, len(BACKOFF) - 1)]
+                failures += 1
+                log.info("verdict watch dropped, resuming", error=repr(e), retry_in=delay)
+                await asyncio.sleep(delay)
+            except ApiError as e:
+                if e.status == 410:
+                    self.relists += 1
+                    log.info("a verdict watch could not resume (410 Gone): listing again")
+                    version = ""
+                    continue
+                if e.status not in (429, 500, 502, 503, 504):
+                    raise
+                delay = BACKOFF[min(failures, len(BACKOFF) - 1)]
+                failures += 1
+                log.info("verdict watch refused, retrying", status=e.status, retry_in=delay)
+                await asyncio.sleep(delay)
+
+    async def _list(
+        self, namespace: str | None, label_selector: str | None, field_selector: str | None
+    ) -> tuple[list[Verdict], str]:
+        params = {k: v for k, v in (("labelSelector", label_selector),
+                                    ("fieldSelector", field_selector)) if v}  # fmt: skip
+        failures = 0
+        while True:
+            try:
+                raw = await self._rest.request("GET", _path(namespace), params=params or None)
+                body = _decode_list(raw)
+                return [_verdict(o) for o in body.items], body.metadata.resource_version
+            except (TimeoutError, aiohttp.ClientError, ConnectionError) as e:
+                error: Any = repr(e)
+            except ApiError as e:
+                if e.status not in (429, 500, 502, 503, 504):
+                    raise
+                error = e.status
+            delay = BACKOFF[min(failures, len(BACKOFF) - 1)]
+            failures += 1
+            log.info("verdict list failed, retrying", error=error, retry_in=delay)
+            await asyncio.sleep(delay)
+
+    async def _follow(
+        self,
+        namespace: str | None,
+        label_selector: str | None,
+        field_selector: str | None,
+        version: str,
+    ) -> AsyncIterator[tuple[str, Verdict]]:
+        params: dict[str, str | int] = {
+            "watch": "true",
+            "resourceVersion": version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": 300,
+        }
+        if label_selector:
+            params["labelSelector"] = label_selector
+        if field_selector:
+            params["fieldSelector"] = field_selector
+        stream = self._rest.stream(_path(namespace), params, inactivity=WATCH_INACTIVITY)
+        async with stream as lines:
+            async for line in lines:
+                event = _decode_event(line)
+                if event.type == "ERROR":
+                    raise _watch_error(event.object)
+                yield event.type, _verdict(msgspec.json.decode(event.object, type=_Object))
+
+    async def wait_for(
+        self,
+        namespace: str,
+        pod: str,
+        states: Collection[State],
+        timeout: float,  # noqa: ASYNC109 - the deadline of the whole wait, the caller's word
+    ) -> Verdict:
+        """The verdict once its state is one of `states`. Raises `Unreachable` when it is
+        final and not one of them, `TimeoutError` after `timeout` seconds."""
+        wanted = frozenset(states)
+
+        async def reached() -> Verdict:
+            async for change in self.watch(namespace, field_selector=f"metadata.name={pod}"):
+                v = change.verdict
+                if change.deleted:
+                    continue  # its retention ended; a new pod of that name may come
+                if v.state in wanted:
+                    return v
+                if v.final:
+                    raise Unreachable(v, wanted)
+            raise AssertionError("a watch does not end")  # pragma: no cover
+
+        return await asyncio.wait_for(reached(), timeout)
+
+
+def _watch_error(raw: msgspec.Raw) -> Exception:
+    """An ERROR event's Status: 410 means list again; anything else is the API's refusal."""
+    status = msgspec.json.decode(raw)
+    code = int(status.get("code", 500)) if isinstance(status, dict) else 500
+    if code == 410:
+        return _Gone()
+    reason = str(status.get("reason", "")) if isinstance(status, dict) else ""
+    return ApiError(code, reason, bytes(raw))
+
+
+def _transition(
+    seen: dict[tuple[str, str], tuple[str | None, State]], v: Verdict, deleted: bool = False
+) -> Change | None:
+    key = (v.namespace, v.pod)
+    last = seen.get(key)
+    if deleted:
+        seen.pop(key, None)
+        return Change(v, last[1] if last else None, deleted=True) if last else None
+    now = (v.pod_uid, v.state)
+    if last == now:
+        return None
+    seen[key] = now
+    same_pod = last is not None and last[0] == v.pod_uid
+    return Change(v, last[1] if same_pod and last else None)
+
+
+def _resync(
+    seen: dict[tuple[str, str], tuple[str | None, State]], verdicts: Iterable[Verdict]
+) -> list[Change]:
+    """After a (re)list: what changed since the caller last heard, and what vanished."""
+    present = {(v.namespace, v.pod): v for v in verdicts}
+    changes = [c for v in present.values() if (c := _transition(seen, v)) is not None]
+    for key in [k for k in seen if k not in present]:
+        _, state = seen.pop(key)
+        namespace, pod = key
+        gone = Verdict(namespace, pod, "", None, state, None)
+        changes.append(Change(gone, state, deleted=True))
+    return changes
+
+
+def _run(kubeconfig: str | None, job: Callable[[Client], Awaitable[T]]) -> T:
+    async def main() -> T:
+        async with Client.from_kubeconfig(kubeconfig) as c:
+            return await job(c)
+
+    return asyncio.run(main())
+
+
+def get_verdict(namespace: str, pod: str, *, kubeconfig: str | None = None) -> Verdict | None:
+    """`Client.get`, blocking."""
+    return _run(kubeconfig, lambda c: c.get(namespace, pod))
+
+
+def wait_for_verdict(
+    namespace: str,
+    pod: str,
+    states: Collection[State | str],
+    timeout: float,
+    *,
+    kubeconfig: str | None = None,
+) -> Verdict:
+    """`Client.wait_for`, blocking; states as `State` or their names ("Dead")."""
+    wanted = frozenset(State(s) for s in states)
+    return _run(kubeconfig, lambda c: c.wait_for(namespace, pod, wanted, timeout))
