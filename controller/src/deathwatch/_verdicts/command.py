@@ -100,6 +100,17 @@ def _api_failure(command: str, exc: BaseException, err: TextIO) -> int:
     return EXIT_API
 
 
+def _prepare(args: argparse.Namespace, command: str, err: TextIO) -> tuple[str, str, Client] | int:
+    """The target and a client, or the exit code of bad input (said in one line)."""
+    try:
+        namespace, pod = _target(args)
+    except ValueError as exc:
+        err.write(f"deathwatch {command}: {exc}\n")
+        return EXIT_BAD_INPUT
+    client = _client(args, command, err)
+    return EXIT_BAD_INPUT if client is None else (namespace, pod, client)
+
+
 def _client(args: argparse.Namespace, command: str, err: TextIO) -> Client | None:
     # a command's output is its answer: the client's retry logs only as warnings, on stderr
     structlog.configure(
@@ -115,14 +126,10 @@ def _client(args: argparse.Namespace, command: str, err: TextIO) -> Client | Non
 
 def run_wait(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     out, err = out or sys.stdout, err or sys.stderr
-    try:
-        namespace, pod = _target(args)
-    except ValueError as exc:
-        err.write(f"deathwatch wait: {exc}\n")
-        return EXIT_BAD_INPUT
-    client = _client(args, "wait", err)
-    if client is None:
-        return EXIT_BAD_INPUT
+    ready = _prepare(args, "wait", err)
+    if isinstance(ready, int):
+        return ready
+    namespace, pod, client = ready
     wanted = FOR[args.wanted]
 
     async def wait() -> Verdict:
@@ -156,14 +163,10 @@ def run_explain(
     args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
 ) -> int:
     out, err = out or sys.stdout, err or sys.stderr
-    try:
-        namespace, pod = _target(args)
-    except ValueError as exc:
-        err.write(f"deathwatch explain: {exc}\n")
-        return EXIT_BAD_INPUT
-    client = _client(args, "explain", err)
-    if client is None:
-        return EXIT_BAD_INPUT
+    ready = _prepare(args, "explain", err)
+    if isinstance(ready, int):
+        return ready
+    namespace, pod, client = ready
 
     async def read() -> tuple[Verdict | None, list[dict[str, Any]]]:
         async with client:
