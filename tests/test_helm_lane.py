@@ -61,8 +61,8 @@ RESULTS: dict[str, Any] = {"alerts_fired_after_seconds": {}}
 # reconnect (70 s), so that a healthy idle stream never reads as stale
 FOR_KEYS = (
     "controllerDown", "noLeader", "watchStale", "taskCrashLooping", "apiErrors", "policyErrors",
-    "writesRefused", "deathBurst", "uncoveredNodes", "firewallDown", "firewallSyncFailing",
-    "verdictLatency",
+    "writesRefused", "writesRetrying", "deathBurst", "uncoveredNodes", "firewallDown",
+    "firewallSyncFailing", "verdictLatency",
 )  # fmt: skip
 LANE_RULES = [
     *(f"prometheusRule.for.{k}=5s" for k in FOR_KEYS),
@@ -509,9 +509,34 @@ def test_a_hung_firewall_agent_fires_agent_down_and_uncovered_node(lane: Lane) -
         raise
 
 
-def test_rbac_drift_fires_api_errors_and_no_leader(lane: Lane) -> None:
-    """A real RBAC fault: the controller's Lease Role unbound. Every renewal and coverage
-    read is refused (sustained API errors, 403), and the leader steps down: no leader."""
+def test_rbac_drift_fires_writes_retrying_api_errors_and_no_leader(lane: Lane) -> None:
+    """Two real RBAC faults. `create` taken from the controller's ClusterRole: a new
+    sandbox's verdict is forbidden (403), retried without pause, and written once the role is
+    restored (nothing lost). Then its Lease Role unbound: every renewal and coverage read
+    refused (sustained API errors, 403), and the leader steps down: no leader."""
+    role = json.loads(
+        lane.c.kubectl("get", "clusterrole", "deathwatch-controller", "-o", "json").stdout
+    )
+    rules = json.loads(json.dumps(role["rules"]))
+    for rule in role["rules"]:
+        if rule["resources"] == ["sandboxverdicts"]:
+            rule["verbs"] = [v for v in rule["verbs"] if v != "create"]
+    drifted = time.monotonic()
+    lane.put("replace", role)
+    try:
+        name = lane.sandbox("forbidden")
+        alert = lane.fires("DeathwatchWritesRetrying", drifted)
+        assert alert["labels"]["resource"] == "sandboxverdicts"
+        assert lane.state(name) is None
+    finally:
+        current = json.loads(
+            lane.c.kubectl("get", "clusterrole", "deathwatch-controller", "-o", "json").stdout
+        )
+        current["rules"] = rules
+        lane.put("replace", current)
+    wait_for(lambda: lane.state(name), timeout=60, what="the verdict written once allowed")
+    lane.core.delete_namespaced_pod(name, NS, grace_period_seconds=0, _request_timeout=10)
+
     binding = lane.object("rolebinding", "deathwatch-controller-leader-election", "-n", SYSTEM)
     unbound = time.monotonic()
     lane.c.kubectl("delete", "rolebinding", "deathwatch-controller-leader-election", "-n", SYSTEM)

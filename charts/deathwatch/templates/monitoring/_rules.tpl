@@ -100,6 +100,17 @@ groups:
             {{`{{ $labels.resource }}`}} ({{`{{ $labels.code }}`}}) in 15 minutes; each is logged
             once with the reason.
           runbook_url: {{ $runbook }}#deathwatchwritesrefused
+      - alert: DeathwatchWritesRetrying
+        expr: sum by (instance, resource) (rate(deathwatch_write_retries_total[5m])) > 0
+        for: {{ $for.writesRetrying }}
+        labels: {severity: warning}
+        annotations:
+          summary: Some of deathwatch's writes keep failing and are retried
+          description: >-
+            {{`{{ $labels.instance }}`}} has retried writes of {{`{{ $labels.resource }}`}}
+            without pause for {{ $for.writesRetrying }}: verdicts wait (kept, not lost) until
+            the API takes them.
+          runbook_url: {{ $runbook }}#deathwatchwritesretrying
       - alert: DeathwatchVerdictLatencyHigh
         expr: >-
           histogram_quantile(0.99, sum by (le)
