@@ -15,7 +15,7 @@ makes `--rate` pod status writes per second for `--seconds`; one write in ten is
 The peers (hack/build-peers.sh builds the Go ones from their published modules):
 - deathwatch: the controller as shipped, two replicas (leader + hot standby); signal: the
   SandboxVerdict turns Dead.
-- agent-sandbox v0.5.6 (sigs.k8s.io/agent-sandbox): its Sandbox's Ready turns False.
+- agent-sandbox v1.0.3 (sigs.k8s.io/agent-sandbox): its Sandbox's Ready turns False.
 - kopf-naive (bench/peer_kopf.py): on.field on status.conditions, annotates the pod.
 - kopf-noop: on.event doing nothing; the framework's floor (no signal).
 - kube-state-metrics v2.20.0: kube_pod_status_ready{condition="false"} is 1 on /metrics,
@@ -436,7 +436,7 @@ class Run:
                 port = free_port()
                 tool.procs[name] = spawn([
                     str(peer_bin("sigs.k8s.io/agent-sandbox", v["AGENT_SANDBOX_VERSION"], "agent-sandbox-controller")),
-                    "--leader-elect=false", "--enable-webhook=false", "--manage-webhook-certs=false",
+                    "--leader-elect=false",
                     f"--metrics-bind-address=127.0.0.1:{free_port()}", f"--health-probe-bind-address=127.0.0.1:{port}",
                 ], logs / f"{name}.log", env={"KUBECONFIG": str(kc)})  # fmt: skip
                 wait_http(port, "/readyz", 60, tool.procs[name])
