@@ -90,13 +90,18 @@ def test_the_controller_requires_what_it_imports(wheels: dict[str, Path]) -> Non
     assert third_party == requires
 
 
-def test_the_plugin_api_is_the_policy_module_and_nothing_private_leaks() -> None:
+def test_the_public_api_is_the_policy_and_client_modules_and_nothing_private_leaks() -> None:
+    import deathwatch.client as consumers
     import deathwatch.policy as api
 
-    for name in api.__all__:
-        assert getattr(api, name) is not None
+    for module in (api, consumers):
+        for name in module.__all__:
+            assert getattr(module, name) is not None, (module.__name__, name)
     assert {"Policy", "Situation", "Decision", "State", "Cause", "PodView"} <= set(api.__all__)
+    assert {"Client", "Verdict", "Change", "get_verdict", "wait_for_verdict"} <= set(
+        consumers.__all__
+    )
     # everything else in the distribution is private
     src = ROOT / "controller" / "src" / "deathwatch"
     public = sorted(p.name for p in src.iterdir() if not p.name.startswith(("_", ".")))
-    assert public == ["policy.py", "py.typed"]
+    assert public == ["client.py", "policy.py", "py.typed"]
