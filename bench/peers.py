@@ -42,7 +42,6 @@ import http.client
 import json
 import multiprocessing
 import os
-import queue
 import re
 import signal
 import ssl
@@ -353,6 +352,53 @@ class Scraper(threading.Thread):
         self.process.terminate()
 
 
+WRITER_PROCESSES = 4
+WRITER_THREADS = 4
+
+
+def write_statuses(
+    api: Api,
+    bodies: dict[str, tuple[bytes, bytes]],
+    jobs: multiprocessing.Queue[tuple[str, bool] | None],
+    done: multiprocessing.Queue[list[tuple[str, bool, str, float]]],
+) -> None:
+    """One writer process: WRITER_THREADS keep-alive connections taking (pod, death?) jobs
+    until a None each; sends back (pod, death?, resourceVersion, monotonic time returned).
+    CLOCK_MONOTONIC is one clock for every process on the machine, so the parent compares
+    these times with its watches' directly."""
+    results: list[tuple[str, bool, str, float]] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while (job := jobs.get()) is not None:
+            name, death = job
+            ready, dead = bodies[name]
+            body = dead
+            if not death:
+                status = json.loads(ready)
+                status["status"]["conditions"][0]["lastTransitionTime"] = format_time(
+                    datetime.now(UTC)
+                )
+                body = json.dumps(status).encode()
+            code, pod = api.request(
+                "PATCH",
+                f"/api/v1/namespaces/{NS}/pods/{name}/status",
+                body,
+                "application/merge-patch+json",
+            )
+            now = time.monotonic()
+            if code == 200:
+                with lock:
+                    results.append((name, death, pod["metadata"]["resourceVersion"], now))
+
+    threads = [threading.Thread(target=worker) for _ in range(WRITER_THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done.put(results)
+
+
 @dataclass
 class Run:
     cp: ControlPlane
@@ -551,44 +597,26 @@ class Run:
         return took
 
     def load(self, names: list[str], bodies: dict[str, tuple[bytes, bytes]], rate: float,
-             seconds: float, workers: int = 8) -> dict[str, Any]:  # fmt: skip
+             seconds: float) -> dict[str, Any]:  # fmt: skip
         """The kubelet-like writer: `rate` status writes/s, one in ten a death. Returns what
-        each write returned at, per death and per no-op write."""
+        each write returned at, per death and per no-op write. The writes go out from
+        WRITER_PROCESSES forked processes: one process's GIL tops out near 150 writes/s here,
+        which would cap the saturation step, and would share a GIL with the watches that time
+        the signals."""
         deaths: dict[str, float] = {}
         noops: dict[str, float] = {}
         live = [n for n in names]
         victims = iter(list(names))
-        jobs: queue.Queue[tuple[str, bool] | None] = queue.Queue()
+        ctx = multiprocessing.get_context("fork")
+        jobs: multiprocessing.Queue[tuple[str, bool] | None] = ctx.Queue()
+        done: multiprocessing.Queue[list[tuple[str, bool, str, float]]] = ctx.Queue()
+        writers = [
+            ctx.Process(target=write_statuses, args=(self.api, bodies, jobs, done), daemon=True)
+            for _ in range(WRITER_PROCESSES)
+        ]
+        for w in writers:
+            w.start()
         lag: list[float] = []
-
-        def worker() -> None:
-            while (job := jobs.get()) is not None:
-                name, death = job
-                ready, dead = bodies[name]
-                body = dead
-                if not death:
-                    status = json.loads(ready)
-                    status["status"]["conditions"][0]["lastTransitionTime"] = format_time(
-                        datetime.now(UTC)
-                    )
-                    body = json.dumps(status).encode()
-                code, pod = self.api.request(
-                    "PATCH",
-                    f"/api/v1/namespaces/{NS}/pods/{name}/status",
-                    body,
-                    "application/merge-patch+json",
-                )
-                now = time.monotonic()
-                if code != 200:
-                    continue
-                if death:
-                    deaths[name] = now
-                else:
-                    noops[f"{name}/{pod['metadata']['resourceVersion']}"] = now
-
-        threads = [threading.Thread(target=worker, daemon=True) for _ in range(workers)]
-        for t in threads:
-            t.start()
         interval = 1.0 / rate
         total = int(rate * seconds)
         dead_names: set[str] = set()
@@ -611,10 +639,16 @@ class Run:
                 if name in dead_names:
                     continue
                 jobs.put((name, False))
-        for _ in threads:
+        for _ in range(WRITER_PROCESSES * WRITER_THREADS):
             jobs.put(None)
-        for t in threads:
-            t.join()
+        for _ in writers:
+            for name, death, rv, at in done.get(timeout=120):
+                if death:
+                    deaths[name] = at
+                else:
+                    noops[f"{name}/{rv}"] = at
+        for w in writers:
+            w.join(timeout=30)
         elapsed = time.monotonic() - started
         return {"deaths": deaths, "noops": noops, "writes": total, "rate": total / elapsed,
                 "dispatch_lag_max_ms": round(max(lag, default=0.0) * 1e3, 1)}  # fmt: skip
@@ -772,22 +806,39 @@ def saturation(n: int, rates: list[float], seconds: float, work: Path) -> dict[s
         bodies = run.create(names, Fate.EXITS)
         run.settled(names, timeout=600 + n / 20)
         remaining = list(names)
+        api_proc = cp.processes["kube-apiserver"].popen
+        assert api_proc is not None
+        dw = run.running["deathwatch"]
         for rate in rates:
             need = int(rate * seconds / 10) + 1
             if len(remaining) < need * 2:
                 break
+            cpu_before = (
+                cpu_seconds(api_proc.pid),
+                {k: cpu_seconds(p.pid) for k, p in dw.procs.items()},
+            )
+            started = time.monotonic()
             writes = run.load(remaining, bodies, rate, seconds)
+            wall = time.monotonic() - started
             run.wait_verdicts(writes["deaths"], 30)
             lat = run.latencies("deathwatch", writes["deaths"])
+            baseline = [(run.signals.pod_rv[k] - t) * 1e3 for k, t in writes["noops"].items()
+                        if k in run.signals.pod_rv]  # fmt: skip
+            # CPU as a share of one core over the step's writing: the API server's next to each
+            # replica's, so a step that fails shows whose ceiling it hit
             step = {"target_rate": rate, "rate": round(writes["rate"], 1), "deaths": len(writes["deaths"]),
-                    "seen": len(lat), "latency_ms": summary(lat)}  # fmt: skip
+                    "seen": len(lat), "latency_ms": summary(lat),
+                    "baseline_watch_ms": summary(baseline) if baseline else None,
+                    "apiserver_cores": round((cpu_seconds(api_proc.pid) - cpu_before[0]) / wall, 2),
+                    "deathwatch_cores": {k: round((cpu_seconds(p.pid) - cpu_before[1][k]) / wall, 2)
+                                         for k, p in dw.procs.items()}}  # fmt: skip
             steps.append(step)
             print(f"  saturation step {step}", file=sys.stderr)
             remaining = [x for x in remaining if x not in writes["deaths"]]
             if len(lat) < len(writes["deaths"]) or step["latency_ms"]["p99"] >= 1000:
                 break
             if writes["rate"] < 0.9 * rate:
-                break  # the bench itself cannot write faster here
+                break  # the API server (or the bench) cannot take writes faster here
         sustained = [s for s in steps if s["seen"] == s["deaths"] and s["latency_ms"]["p99"] < 1000]
         return {"pods": n, "seconds_per_step": seconds, "steps": steps,
                 "max_sustained_rate": max((s["rate"] for s in sustained), default=0.0)}  # fmt: skip
@@ -875,7 +926,9 @@ def main() -> int:
         )
         for s in results["saturation"]["steps"]:
             print(f"  {s['rate']} writes/s: p50 {s['latency_ms']['p50']} ms, p99 {s['latency_ms']['p99']} ms, "
-                  f"max {s['latency_ms']['max']} ms ({s['seen']}/{s['deaths']} deaths seen)")  # fmt: skip
+                  f"max {s['latency_ms']['max']} ms ({s['seen']}/{s['deaths']} deaths seen); "
+                  f"watch baseline p99 {(s['baseline_watch_ms'] or {}).get('p99')} ms; cores: "
+                  f"API server {s['apiserver_cores']}, deathwatch {s['deathwatch_cores']}")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0
