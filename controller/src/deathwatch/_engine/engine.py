@@ -220,9 +220,12 @@ def step(
     settings: PolicySettings,
     *,
     first: bool = False,
+    deletion: Cause = Cause.DELETED,
 ) -> Step:
     """Judge one observation of the pod. `policy` must be the one named by `track.policy`;
-    `first` marks the first observation since the track was made or restored."""
+    `first` marks the first observation since the track was made or restored; `deletion` is
+    what its deletion means when the pod's owner says (Suspended, Expired): the pod itself
+    never tells why it was deleted."""
     before = track.state
 
     # 1-2. Terminal states are final; only the false-positive fact can still be learned.
@@ -289,7 +292,7 @@ def step(
     track = replace(track, **changes)
 
     death = _container_death(pod, baseline) if ever_ready else None
-    after = _judge_lifecycle(track, pod, now, death)
+    after = _judge_lifecycle(track, pod, now, death, deletion)
     if after is None:
         # The policy judges; for a pod whose deletion was requested after its Ready drop, it
         # judges the pod as of the request: only a death complete by then stands.
@@ -307,7 +310,7 @@ def step(
         if error != track.policy_error:
             track = replace(track, policy_error=error)
         if deleting is not None and decision.state is not State.DEAD:
-            after = _bury(track, now, Cause.DELETED, pod)
+            after = _bury(track, now, deletion, pod)
         else:
             after = _apply(track, pod, now, decision, death)
 
@@ -345,7 +348,7 @@ def _unsound(decision: object, now: datetime) -> str | None:
 
 
 def _judge_lifecycle(
-    track: Track, pod: PodView, now: datetime, death: ContainerDeath | None
+    track: Track, pod: PodView, now: datetime, death: ContainerDeath | None, deletion: Cause
 ) -> Track | None:
     """Steps 3-6: the facts no policy may reinterpret. None: the policy decides."""
     evicted = pod.phase == "Failed" and pod.reason == "Evicted"
@@ -353,7 +356,7 @@ def _judge_lifecycle(
         died_at = track.ready_drop_at or (death.finished_at if death else None)
         if track.ever_ready and not pod.ready and _died_before(died_at, pod.deletion_requested_at):
             return None  # it dropped before the request: the policy says whether that was death
-        return _bury(track, now, Cause.DELETED, pod)
+        return _bury(track, now, deletion, pod)
     if evicted:
         if track.ever_ready:
             return _kill(track, pod, now, Cause.EVICTED, death)
@@ -402,7 +405,12 @@ def expire(
 
 
 def remove(
-    track: Track, now: datetime, last: PodView | None, policy: Policy, settings: PolicySettings
+    track: Track,
+    now: datetime,
+    last: PodView | None,
+    policy: Policy,
+    settings: PolicySettings,
+    deletion: Cause = Cause.DELETED,
 ) -> Step:
     """The pod object is gone from the API.
 
@@ -411,9 +419,13 @@ def remove(
     Without it (found missing after a restart or a relist), nobody saw how it ended: Gone
     (Unobserved), never a claim that it was deleted without dying.
     """
-    result = step(track, last, now, policy, settings) if last is not None else Step(track)
+    result = (
+        step(track, last, now, policy, settings, deletion=deletion)
+        if last is not None
+        else Step(track)
+    )
     if result.track.state.terminal:
         return result
-    cause = Cause.DELETED if last is not None else Cause.UNOBSERVED
+    cause = deletion if last is not None else Cause.UNOBSERVED
     gone = _bury(result.track, now, cause, last)
     return Step(gone, (*result.signals, Signal(SignalKind.STATE_CHANGED, result.track.state)))

@@ -16,7 +16,7 @@ from deathwatch._engine import engine
 from deathwatch._engine.contract import Policies, PolicySettings
 from deathwatch._engine.engine import Step, Track
 from deathwatch._engine.podview import PodView
-from deathwatch._engine.verdict import State
+from deathwatch._engine.verdict import Cause, State
 
 
 class Fleet:
@@ -52,7 +52,12 @@ class Fleet:
         self._schedule(track)
 
     def observe(
-        self, pod: PodView, now: datetime, configured_policy: str, settings: PolicySettings
+        self,
+        pod: PodView,
+        now: datetime,
+        configured_policy: str,
+        settings: PolicySettings,
+        deletion: Cause = Cause.DELETED,
     ) -> Step:
         track = self.tracks.get(pod.uid)
         if track is None:
@@ -62,16 +67,19 @@ class Fleet:
             policy = self.registry.get(track.policy)
         first = pod.uid not in self.seen and not track.state.terminal
         self._settings[pod.uid] = settings
-        step = engine.step(track, pod, now, policy, settings, first=first)
+        step = engine.step(track, pod, now, policy, settings, first=first, deletion=deletion)
         return self._keep(step, pod)
 
-    def remove(self, uid: str, now: datetime, last: PodView | None) -> Step | None:
+    def remove(
+        self, uid: str, now: datetime, last: PodView | None, deletion: Cause = Cause.DELETED
+    ) -> Step | None:
         """The pod is gone from the API. Returns None for a pod never tracked."""
         track = self.tracks.get(uid)
         if track is None:
             return None
         policy = self.registry.get(track.policy)
-        return self._keep(engine.remove(track, now, last, policy, self._settings[uid]), None)
+        step = engine.remove(track, now, last, policy, self._settings[uid], deletion)
+        return self._keep(step, None)
 
     def forget(self, uid: str) -> Track | None:
         """Drop a track entirely (its verdict has been retired)."""

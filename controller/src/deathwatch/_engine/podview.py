@@ -107,6 +107,8 @@ class PodView(msgspec.Struct, frozen=True, gc=False):
     container_ports: Mapping[str, int]
     # The latest instant the object itself proves has passed (replay's clock).
     latest_time: datetime | None
+    # The agent-sandbox Sandbox that controls it (its controller ownerReference), if any.
+    sandbox: str | None = None
 
     @property
     def ready(self) -> bool:
@@ -190,6 +192,23 @@ def _probe(container: raw.Container) -> ProbeView | None:
     )
 
 
+SANDBOX_GROUP = "agents.x-k8s.io"
+
+
+def _controlling_sandbox(meta: raw.ObjectMeta) -> str | None:
+    """The name of the agent-sandbox Sandbox controlling the pod (any version of the group:
+    the name is what links them, and agent-sandbox keeps it across versions)."""
+    for ref in meta.owner_references or ():
+        if (
+            ref.controller
+            and ref.kind == "Sandbox"
+            and (ref.api_version or "").split("/")[0] == SANDBOX_GROUP
+            and ref.name
+        ):
+            return ref.name
+    return None
+
+
 def view_of(pod: raw.Pod) -> PodView:
     """Derive the view from a validated raw Pod. Raises MalformedPod for missing identity."""
     if pod.kind is not None and pod.kind != "Pod":
@@ -270,6 +289,7 @@ def view_of(pod: raw.Pod) -> PodView:
         readiness_probes=tuple(probes),
         container_ports=ports,
         latest_time=latest,
+        sandbox=_controlling_sandbox(meta),
     )
 
 

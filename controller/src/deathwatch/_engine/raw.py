@@ -16,6 +16,13 @@ import msgspec
 Time = Annotated[datetime, msgspec.Meta(tz=True)]
 
 
+class OwnerReference(msgspec.Struct, rename="camel", frozen=True, gc=False):
+    api_version: str | None = None
+    kind: str | None = None
+    name: str | None = None
+    controller: bool | None = None
+
+
 class ObjectMeta(msgspec.Struct, rename="camel", frozen=True, gc=False):
     uid: str | None = None
     name: str | None = None
@@ -25,6 +32,7 @@ class ObjectMeta(msgspec.Struct, rename="camel", frozen=True, gc=False):
     creation_timestamp: Time | None = None
     deletion_timestamp: Time | None = None
     deletion_grace_period_seconds: int | None = None
+    owner_references: tuple[OwnerReference, ...] | None = None
 
 
 class PortHandler(msgspec.Struct, rename="camel", frozen=True, gc=False):

@@ -35,6 +35,9 @@ class Cause(StrEnum):
     UNKNOWN = "Unknown"
     # causes of Gone
     DELETED = "Deleted"
+    # a deletion whose reason its owner states (an agent-sandbox Sandbox): on purpose
+    SUSPENDED = "Suspended"  # the Sandbox was suspended (operatingMode: Suspended)
+    EXPIRED = "Expired"  # the Sandbox reached its shutdownTime
     COMPLETED = "Completed"
     FAILED_BEFORE_READY = "FailedBeforeReady"
     UNOBSERVED = "Unobserved"  # found gone with nobody watching: whether it died is unknown
