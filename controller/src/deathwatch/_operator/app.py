@@ -28,6 +28,7 @@ from deathwatch._engine.fleet import Fleet
 from deathwatch._engine.podview import MalformedPod, PodView, decode_pod
 from deathwatch._engine.timeutil import UTC
 from deathwatch._operator import gcpauses
+from deathwatch._operator.agent_sandboxes import SandboxObject
 from deathwatch._operator.controller import Controller, Verdict
 from deathwatch._operator.deathwatches import Change, DeathWatches
 from deathwatch._operator.documents import FirewallReading
@@ -51,7 +52,7 @@ from deathwatch._operator.shield import SELECTOR
 from deathwatch._operator.shielding import Shielding
 from deathwatch._operator.summary import Summaries
 from deathwatch._operator.supervisor import Supervisor
-from deathwatch._operator.watched import pods, verdicts
+from deathwatch._operator.watched import pods, sandboxes, verdicts
 from deathwatch._operator.writer import Writer
 from deathwatch._policies import default_registry
 
@@ -60,6 +61,7 @@ log = structlog.get_logger("deathwatch.app")
 ADOPT_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)  # seconds between tries to list a namespace
 REFREEZE_INTERVAL = 600.0  # seconds: sandboxes that arrived since the last freeze join it
 STALE_AFTER = 90.0  # a watch with nothing (not even a bookmark) for this long is stale
+SANDBOXES_WAIT = 30.0  # seconds start-up waits for the Sandboxes' first listing, at most
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,7 @@ class Config:
     http_port: int = 8080
     firewall_daemonset: str | None = None  # "namespace/name"
     pod_label_selector: str | None = None  # optional server-side prefilter of watched pods
+    agent_sandbox: bool = True  # watch agent-sandbox's Sandboxes (if and once installed)
     probe_interval: float = 15.0  # /readyz and the firewall DaemonSet: one light call each
     coverage_interval: float = 5.0  # the firewall agents' coverage Leases: one list each
     publish_interval: float = 1.0  # DeathWatch status, at most once per interval
@@ -162,6 +165,10 @@ class App:
             Reflector(self.watches, verdicts(scope), _Verdicts(self), metrics)
             for scope in cfg.scopes
         ]
+        self.sandbox_reflectors = [
+            Reflector(self.watches, sandboxes(scope), _AgentSandboxes(self), metrics)
+            for scope in (cfg.scopes if cfg.agent_sandbox else ())
+        ]
         self.pod_reflectors = [
             Reflector(self.watches, pods(scope, cfg.pod_label_selector), _Pods(self), metrics)
             for scope in cfg.scopes
@@ -189,6 +196,16 @@ class App:
             self.supervisor.start(f"watch-verdicts-{i}", verdict_reflector.run)
         await asyncio.gather(*(r.listed() for r in self.verdict_reflectors))
         await self.list_deathwatches()
+        for i, sandbox_reflector in enumerate(self.sandbox_reflectors):
+            self.supervisor.start(f"watch-sandboxes-{i}", sandbox_reflector.run)
+        try:
+            # Sandboxes before pods, so the first verdicts already name their claims; never
+            # held up by them: a Sandbox watch that cannot list (RBAC) is retried, and logged
+            async with asyncio.timeout(SANDBOXES_WAIT):
+                await asyncio.gather(*(r.settled() for r in self.sandbox_reflectors))
+        except TimeoutError:
+            log.warning("agent-sandbox Sandboxes not listed yet: starting without them",
+                        waited=SANDBOXES_WAIT)  # fmt: skip
         for i, pod_reflector in enumerate(self.pod_reflectors):
             self.supervisor.start(f"watch-pods-{i}", pod_reflector.run)
         await asyncio.gather(*(r.listed() for r in self.pod_reflectors))
@@ -414,8 +431,9 @@ class App:
         }
         ages: dict[str, float] = {}
         reflectors: list[Reflector[Any]] = (
-            [*self.pod_reflectors, *self.verdict_reflectors] if self.built else []
-        )
+            [*self.pod_reflectors, *self.verdict_reflectors,
+             *(r for r in self.sandbox_reflectors if not r.absent)] if self.built else []
+        )  # fmt: skip
         for reflector in reflectors:
             name = reflector.collection.resource
             ages[name] = round(max(ages.get(name, 0.0), reflector.age()), 1)
@@ -431,9 +449,19 @@ class App:
             "firewall": to_document(coverage) if coverage else None,
             "tracked": len(c.sandboxes) if c else 0,
             "write_backlog": self.writer.backlog if self.built else 0,
+            "agent_sandbox": self._agent_sandbox_state(),
         }
         ok = all(v is not False for v in checks.values())
         return ok, {**checks, "details": details}
+
+    def _agent_sandbox_state(self) -> str:
+        if not self.built or not self.sandbox_reflectors:
+            return "off"
+        if any(r.absent for r in self.sandbox_reflectors):
+            return "not installed"
+        if all(r.listings for r in self.sandbox_reflectors):
+            return "watching"
+        return "not listed yet"
 
     @contextlib.contextmanager
     def reported(self, handler: str, body: Any) -> Iterator[None]:
@@ -506,6 +534,31 @@ class _Verdicts:
             if (plural == SV_PLURAL and (scope is None or namespace == scope)
                     and (namespace, name) not in self.seen):  # fmt: skip
                 writer.observed(plural, namespace, name, None, "")
+
+    def undecodable(self, error: Undecodable) -> None:
+        self.controller.undecodable(error)
+
+
+class _AgentSandboxes:
+    """The Sandbox reflector's sink: each Sandbox to the controller; a relisting's missing
+    ones were deleted meanwhile."""
+
+    def __init__(self, app: App) -> None:
+        self.app, self.controller = app, app.controller
+        self.seen: set[tuple[str, str]] = set()
+
+    def listing(self, scope: str | None) -> None:
+        self.seen = set()
+
+    def event(self, kind: Kind, sandbox: SandboxObject, received: float) -> None:
+        with self.app.reported("sandbox_event", sandbox):
+            if kind is Kind.LISTED:
+                self.seen.add((sandbox.namespace, sandbox.name))
+            self.controller.on_agent_sandbox(kind, sandbox)
+
+    def listed(self, scope: str | None) -> None:
+        self.controller.agent_sandboxes.relisted(scope, self.seen)
+        log.info("agent-sandbox Sandboxes listed", scope=scope or "all", count=len(self.seen))
 
     def undecodable(self, error: Undecodable) -> None:
         self.controller.undecodable(error)

@@ -52,6 +52,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         metavar="SELECTOR",
         help="only watch pods matching this label selector (server-side), e.g. app=sandbox",
     )
+    p.add_argument(
+        "--agent-sandbox",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="watch agent-sandbox's Sandboxes (read-only; none installed is fine, and they are "
+        "picked up once installed): verdicts name their Sandbox and claim, and say Suspended "
+        "or Expired (default on)",
+    )
     election = p.add_argument_group(
         "leader election", "replicas elect one writer on a Lease; the others stand by, hot"
     )
@@ -131,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         firewall_daemonset=args.firewall_daemonset,
         coverage_interval=args.coverage_interval,
         pod_label_selector=args.pod_label_selector,
+        agent_sandbox=args.agent_sandbox,
         leader_elect=args.leader_elect,
         identity=args.identity,
         lease_name=args.lease_name,

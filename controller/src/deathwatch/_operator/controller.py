@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
+import msgspec
 import structlog
 
 from deathwatch._engine.engine import SignalKind, Step, Track
@@ -33,6 +34,7 @@ from deathwatch._engine.podview import PodView
 from deathwatch._engine.timeutil import UTC, parse_time
 from deathwatch._engine.verdict import Cause, State
 from deathwatch._operator import decisions, documents
+from deathwatch._operator.agent_sandboxes import AgentSandboxes, SandboxObject
 from deathwatch._operator.deathwatches import Change, DeathWatches
 from deathwatch._operator.decisions import Announcement, Before
 from deathwatch._operator.documents import FirewallReading, PodEvent
@@ -45,6 +47,7 @@ from deathwatch._operator.resources import (
     ConditionStatus,
     ConditionType,
     EventReason,
+    SandboxRef,
     to_document,
 )
 from deathwatch._operator.sandboxes import Sandbox, Sandboxes
@@ -84,6 +87,7 @@ class Controller:
         writer: Writer,
         metrics: Metrics,
         shielding: Shielding | None = None,
+        agent_sandboxes: AgentSandboxes | None = None,
         leader: Callable[[], str | None] = lambda: None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
@@ -94,6 +98,8 @@ class Controller:
         self.writer = writer
         self.metrics = metrics
         self.shielding = shielding  # None: no firewall configured, no Shielded condition
+        # the agent-sandbox Sandboxes as their watch shows them (empty where none are installed)
+        self.agent_sandboxes = agent_sandboxes or AgentSandboxes()
         self.leader = leader
         self.clock = clock
         self.firewall = FirewallReading(None)  # the DaemonSet, as the probe loop last read it
@@ -136,12 +142,20 @@ class Controller:
     def _judge(self, kind: Kind, pod: PodView, sandbox: Sandbox, watch: Watch, changed: bool,
                received: float | None) -> None:  # fmt: skip
         now = self.clock()
+        deletion = Cause.DELETED
+        if sandbox.agent_sandbox is not None and (
+            kind is Kind.DELETED or pod.deletion_requested_at is not None
+        ):
+            # the pod never says why it was deleted; its Sandbox does (suspended, expired)
+            deletion = self.agent_sandboxes.fate(
+                pod.namespace, sandbox.agent_sandbox, pod.deletion_requested_at or now
+            )
         if kind is Kind.DELETED:
-            step = self.fleet.remove(pod.uid, now, pod)
+            step = self.fleet.remove(pod.uid, now, pod, deletion)
             if step is None:
                 return
         else:
-            step = self.fleet.observe(pod, now, watch.policy, watch.settings)
+            step = self.fleet.observe(pod, now, watch.policy, watch.settings, deletion)
         if not step.changed and not step.signals and not changed:
             return  # nothing it says changed (a heartbeat of the kubelet): nothing to do
         self._settle(step, sandbox, watch, received)
@@ -202,9 +216,11 @@ class Controller:
                  announce: Iterable[Announcement] = (), received: float | None = None
                  ) -> Desired:  # fmt: skip
         dead = track.state is State.DEAD
+        owner = sandbox.agent_sandbox
+        ref = self.agent_sandboxes.ref(track.namespace, owner) if owner is not None else None
         status, obj, events = documents.verdict(
             track, watch, sandbox.node, sandbox.deleted_at, sandbox.shield, sandbox.shield_since,
-            announce,
+            announce, ref,
         )  # fmt: skip
         return Desired(
             SV_PLURAL, track.namespace, track.name,
@@ -346,6 +362,23 @@ class Controller:
         self.summaries.drop(key)
         self.writer.forget(DW_PLURAL, *key)
 
+    # --- agent-sandbox Sandboxes (their reflector) ------------------------------------------
+
+    def on_agent_sandbox(self, kind: Kind, obj: SandboxObject) -> None:
+        """A Sandbox as its watch shows it. When what its verdicts name changes (a claim
+        adopted it from its warm pool), each of its pods' verdicts says so: same verdict,
+        same pod uid, and now its claim."""
+        if kind is Kind.DELETED:
+            self.agent_sandboxes.remove(obj.namespace, obj.name)
+            return
+        if not self.agent_sandboxes.update(obj):
+            return
+        for sandbox in self.sandboxes.of_agent_sandbox(obj.namespace, obj.name):
+            track = self.fleet.get(sandbox.uid)
+            watch = self.deathwatches.get(sandbox.watch)
+            if track is not None and watch is not None and sandbox.persisted:
+                self.writer.want(self._verdict(track, sandbox, watch))
+
     # --- verdicts (their reflector) ---------------------------------------------------------
 
     def restore(self, verdict: Verdict) -> bool:
@@ -370,6 +403,10 @@ class Controller:
         sandbox.persisted = True
         sandbox.node = status.get("node") if isinstance(status.get("node"), str) else None
         sandbox.shield, sandbox.shield_since = _restored_shield(status)
+        ref = _restored_sandbox(status)
+        if ref is not None:
+            self.sandboxes.link(sandbox, ref.name)
+            self.agent_sandboxes.remember(verdict.namespace, ref)
         deleted_at = parse_time(status.get("podDeletedAt"))
         if deleted_at is not None:  # the retention clock carries over the restart
             self.sandboxes.ended(sandbox, deleted_at)
@@ -524,6 +561,14 @@ class Controller:
             and track.evidence is not None
             and track.evidence.declared_at >= since
         ]
+
+
+def _restored_sandbox(status: Mapping[str, Any]) -> SandboxRef | None:
+    """The agent-sandbox Sandbox a verdict names, if it names one it can be read from."""
+    try:
+        return msgspec.convert(status.get("sandbox"), SandboxRef | None)
+    except msgspec.ValidationError:
+        return None
 
 
 def _restored_shield(status: Mapping[str, Any]) -> tuple[Shield | None, datetime | None]:

@@ -58,7 +58,7 @@ class DeathWatches:
     def owner(self, pod: PodView) -> Watch | None:
         """The DeathWatch that judges a pod: the oldest in its namespace that selects it."""
         for watch in self._by_namespace.get(pod.namespace, ()):
-            if watch.selector.matches(pod.labels):
+            if watch.selects(pod):
                 return watch
         return None
 
@@ -91,7 +91,12 @@ class DeathWatches:
             return Change(key, None, select=False)
         self.invalid.pop(key, None)
         self._set(key, watch)
-        select = before is None or before.selector != watch.selector or before.uid != watch.uid
+        select = (
+            before is None
+            or before.selector != watch.selector
+            or before.sandboxes != watch.sandboxes
+            or before.uid != watch.uid
+        )
         return Change(key, watch, select)
 
     def remove(self, key: Key) -> bool:

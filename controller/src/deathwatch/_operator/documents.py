@@ -9,6 +9,7 @@ from a SandboxVerdict's status, so nothing the engine needs lives only in memory
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,6 +24,7 @@ from deathwatch._operator.resources import (
     API_VERSION,
     MANAGED_BY,
     POD_UID_LABEL,
+    SANDBOX_LABEL,
     WATCH_LABEL,
     Condition,
     ConditionStatus,
@@ -32,6 +34,7 @@ from deathwatch._operator.resources import (
     FirewallCoverage,
     LastDeath,
     Reason,
+    SandboxRef,
     SandboxVerdictSpec,
     SandboxVerdictStatus,
     to_document,
@@ -118,6 +121,7 @@ def verdict_status(
     deleted_at: datetime | None = None,
     shield: Shield | None = None,
     shield_since: datetime | None = None,
+    sandbox: SandboxRef | None = None,
 ) -> SandboxVerdictStatus:
     e = track.evidence
     conditions = [
@@ -173,6 +177,7 @@ def verdict_status(
         deadline=track.deadline,
         declared_at=e.declared_at if e else None,
         pod_deleted_at=deleted_at,
+        sandbox=sandbox,
         ready_drops=track.ready_drops,
         flaps=track.flaps,
         false_positive=track.false_positive,
@@ -189,11 +194,12 @@ def verdict(
     shield: Shield | None,
     shield_since: datetime | None,
     announce: Iterable[Announcement] = (),
+    sandbox: SandboxRef | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], list[PodEvent]]:
     """A sandbox's SandboxVerdict: its status document, the object to create if it does not
     exist yet, and the Events that announce what `decide` chose to."""
-    status = verdict_status(track, node, deleted_at, shield, shield_since)
-    obj = verdict_object(track.namespace, track.name, watch, track.uid)
+    status = verdict_status(track, node, deleted_at, shield, shield_since, sandbox)
+    obj = verdict_object(track.namespace, track.name, watch, track.uid, sandbox)
     return to_document(status), obj, events(track, announce)
 
 
@@ -214,21 +220,30 @@ def events(track: Track, announcements: Iterable[Announcement]) -> list[PodEvent
     return out
 
 
-def verdict_object(namespace: str, name: str, watch: Watch, pod_uid: str) -> dict[str, Any]:
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+
+
+def verdict_object(
+    namespace: str, name: str, watch: Watch, pod_uid: str, sandbox: SandboxRef | None = None
+) -> dict[str, Any]:
     """A new SandboxVerdict (status comes with the next write: it is a subresource), owned by
-    its DeathWatch, so it is garbage-collected with it; labelled with its DeathWatch and its
-    pod's uid (`kubectl get sv -l deathwatch.dev/pod-uid=...`)."""
+    its DeathWatch, so it is garbage-collected with it; labelled with its DeathWatch, its
+    pod's uid (`kubectl get sv -l deathwatch.dev/pod-uid=...`) and its agent-sandbox Sandbox
+    (`-l deathwatch.dev/sandbox=NAME`: a Sandbox's name outlives a claim's adoption)."""
+    labels = {
+        "app.kubernetes.io/managed-by": "deathwatch",
+        WATCH_LABEL: watch.name,
+        POD_UID_LABEL: pod_uid,
+    }
+    if sandbox is not None and _LABEL_VALUE.fullmatch(sandbox.name):
+        labels[SANDBOX_LABEL] = sandbox.name  # a longer name (up to 253) is in status only
     return {
         "apiVersion": API_VERSION,
         "kind": "SandboxVerdict",
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "labels": {
-                "app.kubernetes.io/managed-by": "deathwatch",
-                WATCH_LABEL: watch.name,
-                POD_UID_LABEL: pod_uid,
-            },
+            "labels": labels,
             "ownerReferences": [watch.owner_reference()],
         },
         "spec": to_document(SandboxVerdictSpec(death_watch=watch.name)),

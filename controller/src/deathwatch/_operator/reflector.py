@@ -40,6 +40,7 @@ T_contra = TypeVar("T_contra", contravariant=True)
 PAGE = 500
 YIELD_EVERY = 256
 BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+ABSENT_RETRY = 10.0
 
 
 class Kind(Enum):
@@ -82,6 +83,9 @@ class Collection(Generic[T]):
     decode: Callable[[msgspec.Raw], tuple[T, str]]
     scope: str | None = None  # the namespace the path is in (None: all)
     label_selector: str | None = None
+    # another project's CRD, which may be installed after we start: a 404 from its list is
+    # not an error but "not installed (yet)", checked again every ABSENT_RETRY seconds
+    optional: bool = False
 
 
 class _Event(msgspec.Struct):
@@ -128,6 +132,10 @@ _bookmark = msgspec.json.Decoder(_Bookmark).decode
 _status = msgspec.json.Decoder(_Status).decode
 
 
+class Absent(Exception):
+    """An optional collection's resource is not served (its CRD is not installed)."""
+
+
 class Expired(Exception):
     """410 Gone: the version to resume from was compacted away: list again."""
 
@@ -143,8 +151,10 @@ class Reflector(Generic[T]):
     started: float = field(default_factory=time.monotonic)
     last_activity: float | None = None  # monotonic: anything delivered, bookmarks included
     listings: int = 0  # complete listings so far
+    absent: bool = False  # an optional collection found not installed, until it is
     _version: str = ""
     _listed: asyncio.Event = field(default_factory=asyncio.Event)
+    _settled: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def run(self) -> None:
         """List, then watch, for ever (supervised). Failures are counted, logged and retried
@@ -158,6 +168,15 @@ class Reflector(Generic[T]):
                 failures = 0  # the server ended it: resume at once
             except asyncio.CancelledError:
                 raise
+            except Absent:
+                if not self.absent:
+                    log.info("not installed: checking again periodically",
+                             resource=self.collection.resource, path=self.collection.path,
+                             every=ABSENT_RETRY)  # fmt: skip
+                self.absent = True
+                self._settled.set()
+                self._version = ""
+                await asyncio.sleep(ABSENT_RETRY)
             except Expired as exc:
                 self.metrics.relists.labels(self.collection.resource).inc()
                 log.warning("a watch could not resume (410 Gone): listing again",
@@ -177,6 +196,10 @@ class Reflector(Generic[T]):
     async def listed(self) -> None:
         """Wait for the first complete listing."""
         await self._listed.wait()
+
+    async def settled(self) -> None:
+        """Wait for the first complete listing, or (optional) for it to be found absent."""
+        await self._settled.wait()
 
     def age(self) -> float:
         """Seconds since the stream last delivered anything (since start, if never)."""
@@ -206,6 +229,8 @@ class Reflector(Generic[T]):
             except ApiError as exc:
                 if exc.status == 410:  # the continue token expired: the listing starts over
                     raise Expired(api_message(exc)) from None
+                if exc.status == 404 and c.optional:
+                    raise Absent(c.path) from None
                 raise
             self._seen()
             page = _page(data)
@@ -220,8 +245,12 @@ class Reflector(Generic[T]):
                 self._version = page.metadata.resource_version
                 break
         self.listings += 1
+        if self.absent:
+            log.info("installed: watching", resource=c.resource, path=c.path)
+            self.absent = False
         sink.listed(c.scope)
         self._listed.set()
+        self._settled.set()
         log.info("listed", resource=c.resource, scope=c.scope or "all", count=count,
                  resource_version=self._version)  # fmt: skip
 

@@ -25,6 +25,10 @@ SV_PLURAL: Final = "sandboxverdicts"
 MANAGED_BY: Final = "deathwatch.dev/controller"  # Events' reportingComponent
 WATCH_LABEL: Final = "deathwatch.dev/watch"  # on each SandboxVerdict: its DeathWatch
 POD_UID_LABEL: Final = "deathwatch.dev/pod-uid"  # on each SandboxVerdict: its pod's uid
+# on the SandboxVerdict of an agent-sandbox Sandbox's pod: the Sandbox's name, which a warm
+# pool's adoption by a claim keeps (`kubectl get sv -l deathwatch.dev/sandbox=NAME`)
+SANDBOX_LABEL: Final = "deathwatch.dev/sandbox"
+AGENT_SANDBOX: Final = "agent-sandbox"  # DeathWatch spec.sandboxes
 
 Time = Annotated[datetime, msgspec.Meta(tz=True)]
 LabelValue = Annotated[str, msgspec.Meta(max_length=63)]
@@ -106,6 +110,7 @@ class ExecProbeSettings(_Object, frozen=True):
 
 
 class DeathWatchSpec(_Object, frozen=True):
+    sandboxes: Literal["agent-sandbox"] | None = None
     pod_selector: LabelSelector | None = None
     policy: Annotated[str, msgspec.Meta(max_length=63, pattern=POLICY_PATTERN)] = "auto"
     exec_probe: ExecProbeSettings | None = None
@@ -166,6 +171,18 @@ class SandboxVerdictSpec(_Object, frozen=True):
     death_watch: Annotated[str, msgspec.Meta(max_length=253)] | None = None
 
 
+ObjectName = Annotated[str, msgspec.Meta(max_length=253)]
+
+
+class SandboxRef(_Object, frozen=True):
+    """The agent-sandbox objects a sandbox pod belongs to (agent_sandboxes.py reads them)."""
+
+    name: ObjectName
+    claim: ObjectName | None = None
+    template: ObjectName | None = None
+    warm_pool: ObjectName | None = None
+
+
 class SandboxVerdictStatus(_Object, frozen=True):
     """The verdict and everything the engine needs to carry on after a restart."""
 
@@ -188,6 +205,7 @@ class SandboxVerdictStatus(_Object, frozen=True):
     deadline: Time | None = None
     declared_at: Time | None = None
     pod_deleted_at: Time | None = None
+    sandbox: SandboxRef | None = None
     term: int | None = None  # stamped by the writer (writer.py): the term that wrote it
     conditions: list[Condition] = msgspec.field(default_factory=list)
 

@@ -36,6 +36,7 @@ class Sandbox:
     deleted_at: datetime | None = None  # when we learned the pod is gone (retention clock)
     persisted: bool = False  # a SandboxVerdict exists (or is being created) for it
     counted: Facts | None = None  # what its DeathWatch's status counts for it (summary.py)
+    agent_sandbox: str | None = None  # the agent-sandbox Sandbox that owns its pod
 
 
 class Sandboxes:
@@ -46,6 +47,9 @@ class Sandboxes:
         self._deleted: dict[str, float] = {}  # uid -> monotonic time a DELETED was seen
         self._listings = 0  # listings begun, every scope together: each has its own number
         self._current: dict[str | None, int] = {}  # scope -> its latest listing's number
+        # (namespace, agent-sandbox Sandbox) -> its pods' uids: one live, and the ended ones
+        # waiting out their retention (a resumed Sandbox has a new pod, with its own verdict)
+        self._of_agent_sandbox: dict[tuple[str, str], set[str]] = {}
 
     def __len__(self) -> int:
         return len(self._by_uid)
@@ -91,8 +95,22 @@ class Sandboxes:
             return None
         return sandbox, self._update(sandbox, pod, listed, deleted_at)
 
+    def link(self, sandbox: Sandbox, agent_sandbox: str | None) -> None:
+        """Its pod belongs to this agent-sandbox Sandbox (a pod's owner never changes)."""
+        if agent_sandbox is None or sandbox.agent_sandbox == agent_sandbox:
+            return
+        sandbox.agent_sandbox = agent_sandbox
+        self._of_agent_sandbox.setdefault((sandbox.namespace, agent_sandbox), set()).add(
+            sandbox.uid
+        )
+
+    def of_agent_sandbox(self, namespace: str, name: str) -> list[Sandbox]:
+        uids = self._of_agent_sandbox.get((namespace, name), ())
+        return [self._by_uid[uid] for uid in uids if uid in self._by_uid]
+
     def _update(self, sandbox: Sandbox, pod: PodView, listed: bool,
                 deleted_at: datetime | None) -> bool:  # fmt: skip
+        self.link(sandbox, pod.sandbox)
         before = (sandbox.node, sandbox.ips, sandbox.deleted_at)
         sandbox.node = pod.node_name or sandbox.node
         sandbox.ips = pod.pod_ips or sandbox.ips
@@ -107,6 +125,13 @@ class Sandboxes:
         if sandbox is not None and self._by_name.get((sandbox.namespace, sandbox.name)) == uid:
             del self._by_name[(sandbox.namespace, sandbox.name)]
         self._ended.discard(uid)
+        if sandbox is not None and sandbox.agent_sandbox is not None:
+            key = (sandbox.namespace, sandbox.agent_sandbox)
+            uids = self._of_agent_sandbox.get(key)
+            if uids is not None:
+                uids.discard(uid)
+                if not uids:
+                    del self._of_agent_sandbox[key]
         return sandbox
 
     def of_watch(self, key: Key) -> list[Sandbox]:

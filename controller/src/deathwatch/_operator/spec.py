@@ -15,9 +15,11 @@ from typing import Any
 
 import msgspec
 
+from deathwatch._engine.podview import PodView
 from deathwatch._engine.raw import validation_field
 from deathwatch._engine.selector import Requirement, Selector, SelectorError, check_key, check_value
 from deathwatch._engine.timeutil import UTC, parse_time
+from deathwatch._operator.agent_sandboxes import TRACKING_LABEL
 from deathwatch._operator.resources import API_VERSION, DeathWatchSpec, LabelSelector
 from deathwatch._policies import PolicyRegistry, PolicySettings, UnknownPolicy
 
@@ -74,6 +76,7 @@ class Watch:
     generation: int | None
     created: datetime | None
     selector: Selector
+    sandboxes: str | None  # "agent-sandbox": only the pods of agent-sandbox Sandboxes
     policy: str
     settings: PolicySettings
     retention: timedelta
@@ -85,6 +88,11 @@ class Watch:
     @property
     def version(self) -> tuple[str, int | None]:
         return (self.uid, self.generation)
+
+    def selects(self, pod: PodView) -> bool:
+        if self.sandboxes is not None and (pod.sandbox is None or TRACKING_LABEL not in pod.labels):
+            return False  # agent-sandbox's own pods only: its ownerReference and its label
+        return self.selector.matches(pod.labels)
 
     def owner_reference(self) -> dict[str, Any]:
         """What each of its SandboxVerdicts names as owner: they go with it."""
@@ -177,6 +185,7 @@ def _read(body: Mapping[str, Any], registry: PolicyRegistry) -> Watch:
         generation=meta.get("generation"),
         created=parse_time(meta.get("creationTimestamp")),
         selector=selector,
+        sandboxes=spec.sandboxes,
         policy=spec.policy,
         settings=PolicySettings(
             exec_window_multiplier=multiplier, agent_ports=frozenset(spec.agent_ports)

@@ -1,9 +1,10 @@
-"""The two collections the controller reads through its own reflector (reflector.py), and
-how each of their objects is decoded, once, from its bytes:
+"""The collections the controller reads through its own reflector (reflector.py), and how
+each of their objects is decoded, once, from its bytes:
 
 - pods, straight into the engine's `PodView` (msgspec, only the fields a verdict needs);
 - SandboxVerdicts, into `Verdict` (name, version, owner, status): listed at start they rebuild
-  the engine's memory, watched they keep a standby level with the leader.
+  the engine's memory, watched they keep a standby level with the leader;
+- agent-sandbox's Sandboxes, into `SandboxObject` (agent_sandboxes.py), when installed.
 
 DeathWatches, a handful of objects that change when people edit them, stay kopf's
 (app.py): its handler semantics are worth more there than a stream of our own.
@@ -16,6 +17,8 @@ from typing import Any
 import msgspec
 
 from deathwatch._engine.podview import MalformedPod, PodView, decode_pod
+from deathwatch._operator import agent_sandboxes
+from deathwatch._operator.agent_sandboxes import SandboxObject
 from deathwatch._operator.controller import Verdict
 from deathwatch._operator.kube import objects
 from deathwatch._operator.reflector import Collection, Undecodable
@@ -81,3 +84,19 @@ def pods(namespace: str | None, label_selector: str | None = None) -> Collection
 
 def verdicts(namespace: str | None) -> Collection[Verdict]:
     return Collection(SV_PLURAL, objects(SV_PLURAL, namespace), _decode_verdict, namespace)
+
+
+def _decode_sandbox(raw: msgspec.Raw) -> tuple[SandboxObject, str]:
+    try:
+        return agent_sandboxes.read(raw)
+    except ValueError as exc:
+        raise Undecodable(_who(raw), str(exc)) from None
+
+
+def sandboxes(namespace: str | None) -> Collection[SandboxObject]:
+    """agent-sandbox's Sandboxes: optional (its CRDs may come later, or never)."""
+    base = f"/apis/{agent_sandboxes.GROUP}/{agent_sandboxes.VERSION}"
+    path = f"{base}/namespaces/{namespace}/{agent_sandboxes.PLURAL}" if namespace else (
+        f"{base}/{agent_sandboxes.PLURAL}"
+    )  # fmt: skip
+    return Collection(agent_sandboxes.PLURAL, path, _decode_sandbox, namespace, optional=True)
