@@ -25,6 +25,10 @@ treated as dropped.
 Dead and Gone are final for a pod: a Dead verdict is never taken back (the CRD refuses it),
 and a Gone pod cannot die. `wait_for` raises `Unreachable` as soon as the verdict is final
 and not one of the states asked for, and `TimeoutError` at the deadline.
+
+An agent-sandbox Sandbox outlives its pods (suspended, its pod is deleted; resumed, a new pod
+has a verdict of its own): `of_sandbox` and `wait_for_sandbox` follow the verdict of its
+current pod, found by the `deathwatch.dev/sandbox` label.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
@@ -44,6 +48,7 @@ from deathwatch._engine.verdict import Cause, State
 from deathwatch._operator import kube
 from deathwatch._operator.resources import (
     GROUP,
+    SANDBOX_LABEL,
     SV_PLURAL,
     VERSION,
     Condition,
@@ -62,6 +67,7 @@ __all__ = [
     "State",
     "Unreachable",
     "Verdict",
+    "current",
     "get_verdict",
     "wait_for_verdict",
 ]
@@ -359,6 +365,55 @@ class Client:
             raise AssertionError("a watch does not end")  # pragma: no cover
 
         return await asyncio.wait_for(reached(), timeout)
+
+    async def of_sandbox(self, namespace: str, sandbox: str) -> Verdict | None:
+        """The verdict of an agent-sandbox Sandbox's current pod, or None if it has none."""
+        verdicts, _ = await self.verdicts(namespace, f"{SANDBOX_LABEL}={sandbox}")
+        return current(verdicts)
+
+    async def wait_for_sandbox(
+        self,
+        namespace: str,
+        sandbox: str,
+        states: Collection[State],
+        timeout: float,  # noqa: ASYNC109 - the deadline of the whole wait, the caller's word
+    ) -> Verdict:
+        """The verdict of the Sandbox's current pod once its state is one of `states`.
+        Raises `Unreachable` when no pod of it can ever be in them: a pod that is Dead (its
+        Sandbox leaves a failed pod in place) or Gone because the Sandbox expired; a
+        suspended or re-created Sandbox's next pod is waited for."""
+        wanted = frozenset(states)
+
+        async def reached() -> Verdict:
+            latest: dict[str, Verdict] = {}
+            async for change in self.watch(namespace, label_selector=f"{SANDBOX_LABEL}={sandbox}"):
+                v = change.verdict
+                if change.deleted:
+                    latest.pop(v.pod, None)
+                    continue
+                latest[v.pod] = v
+                now = current(latest.values())
+                if now is None or now.pod != v.pod:
+                    continue  # an older pod's verdict changed: not the Sandbox's current one
+                if v.state in wanted:
+                    return v
+                if v.state is State.DEAD or (v.state is State.GONE and v.cause in _SANDBOX_ENDS):
+                    raise Unreachable(v, wanted)
+            raise AssertionError("a watch does not end")  # pragma: no cover
+
+        return await asyncio.wait_for(reached(), timeout)
+
+
+def current(verdicts: Iterable[Verdict]) -> Verdict | None:
+    """Of a Sandbox's verdicts (one per pod it had), its current pod's: a live one, else the
+    latest declared."""
+    ordered = sorted(verdicts, key=lambda v: (not v.final, v.declared_at or datetime.min.replace(
+        tzinfo=UTC)))  # fmt: skip
+    return ordered[-1] if ordered else None
+
+
+# the causes after which a Sandbox never has a pod again: waiting on is pointless
+_SANDBOX_ENDS = frozenset({Cause.EXPIRED})
 
 
 def _watch_error(raw: msgspec.Raw) -> Exception:

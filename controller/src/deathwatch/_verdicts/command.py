@@ -46,10 +46,14 @@ def duration(text: str) -> float:
 
 
 def _target(args: argparse.Namespace) -> tuple[str, str]:
-    """NS/POD, or POD with -n NS; the names checked so a typo is one line, not a 404."""
-    namespace, _, pod = args.target.rpartition("/")
+    """NS/POD, or POD with -n NS, or --sandbox NAME with -n NS; the names checked so a typo
+    is one line, not a 404."""
+    if (args.target is None) == (args.sandbox is None):
+        raise ValueError("name one pod (NS/POD) or one agent-sandbox Sandbox (--sandbox NAME)")
+    namespace, _, pod = (args.target or args.sandbox).rpartition("/")
     namespace = namespace or args.namespace
-    for what, value in (("namespace", namespace), ("pod", pod)):
+    what_pod = "sandbox" if args.sandbox else "pod"
+    for what, value in (("namespace", namespace), (what_pod, pod)):
         if not _NAME.match(value) or len(value) > 253:
             raise ValueError(f"{what} {value!r} is not a Kubernetes name (NS/POD or -n NS POD)")
     return namespace, pod
@@ -57,7 +61,10 @@ def _target(args: argparse.Namespace) -> tuple[str, str]:
 
 def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("target", metavar="NS/POD", help="the sandbox pod (or POD with -n)")
+    common.add_argument("target", metavar="NS/POD", nargs="?",
+                        help="the sandbox pod (or POD with -n)")  # fmt: skip
+    common.add_argument("--sandbox", metavar="NAME", default=None,
+                        help="an agent-sandbox Sandbox: its current pod's verdict")  # fmt: skip
     common.add_argument("-n", "--namespace", default="default", help="when not in NS/POD")
     common.add_argument("--kubeconfig", default=None, help="else in-cluster, $KUBECONFIG, ~/.kube")
     w = subparsers.add_parser(
@@ -140,6 +147,8 @@ def run_wait(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | 
                 await client.get(namespace, pod)
             except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
                 raise _CannotAsk(exc) from exc
+            if args.sandbox:
+                return await client.wait_for_sandbox(namespace, pod, wanted, args.timeout)
             return await client.wait_for(namespace, pod, wanted, args.timeout)
 
     try:
@@ -155,7 +164,7 @@ def run_wait(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | 
     except (ApiError, aiohttp.ClientError, OSError) as exc:
         return _api_failure("wait", exc, err)
     cause = f" ({verdict.cause.value})" if verdict.cause else ""
-    out.write(f"{namespace}/{pod} {verdict.state.value}{cause}\n")
+    out.write(f"{namespace}/{verdict.pod} {verdict.state.value}{cause}\n")
     return EXIT_OK
 
 
@@ -170,8 +179,11 @@ def run_explain(
 
     async def read() -> tuple[Verdict | None, list[dict[str, Any]]]:
         async with client:
-            verdict = await client.get(namespace, pod)
-            events = await client.events(namespace, pod) if verdict else []
+            if args.sandbox:
+                verdict = await client.of_sandbox(namespace, pod)
+            else:
+                verdict = await client.get(namespace, pod)
+            events = await client.events(namespace, verdict.pod) if verdict else []
             return verdict, events
 
     try:
@@ -179,9 +191,8 @@ def run_explain(
     except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
         return _api_failure("explain", exc, err)
     if verdict is None:
-        err.write(
-            f"deathwatch explain: {namespace}/{pod} has no verdict (no DeathWatch selects it)\n"
-        )
+        what = f"Sandbox {namespace}/{pod}" if args.sandbox else f"{namespace}/{pod}"
+        err.write(f"deathwatch explain: {what} has no verdict (no DeathWatch selects it)\n")
         return EXIT_NOT_REACHED
     doc = explain.document(verdict, events)
     out.write((json.dumps(doc, indent=2) if args.output == "json" else explain.text(doc)) + "\n")

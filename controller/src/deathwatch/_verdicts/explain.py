@@ -7,6 +7,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+import msgspec
+
 from deathwatch.client import Verdict
 
 _TIMELINE = (
@@ -43,6 +45,7 @@ def document(verdict: Verdict, events: Iterable[Mapping[str, Any]]) -> dict[str,
         "state": verdict.state.value,
         "cause": verdict.cause.value if verdict.cause else None,
         "policy": s.policy if s else None,
+        "sandbox": msgspec.to_builtins(s.sandbox) if s and s.sandbox else None,
         "why": alive.get("message"),
         "evidence": {
             "container": s.container if s else None,
@@ -84,6 +87,12 @@ def text(doc: Mapping[str, Any]) -> str:
     lines = [f"{doc['namespace']}/{doc['pod']}: {doc['state']}"
              + (f" ({doc['cause']})" if doc["cause"] else "")]  # fmt: skip
     lines.append(f"  policy:    {doc['policy'] or '-'}   deathwatch: {doc['deathWatch'] or '-'}")
+    if doc["sandbox"]:
+        sb = doc["sandbox"]
+        named = (("name", "Sandbox"), ("claim", "claim"), ("template", "template"),
+                 ("warmPool", "warm pool"))  # fmt: skip
+        lines.append("  sandbox:   " + "   ".join(f"{label} {sb[k]}" for k, label in named
+                                                  if sb.get(k)))  # fmt: skip
     if doc["why"]:
         lines.append(f"  why:       {doc['why']}")
     ev = doc["evidence"]
