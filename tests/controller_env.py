@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client, watch
+from kubernetes import client, config, watch
 
 from hack.localcluster import controlplane
 from hack.localcluster.controller_process import ControllerProcess, service_account_kubeconfig
@@ -20,6 +20,30 @@ from tests.kube import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 GROUP, VERSION = "deathwatch.dev", "v1alpha1"
+
+
+def prepare(cp: controlplane.ControlPlane) -> None:
+    """A module's own control plane made ready for the controller: the CRDs and the
+    controller's ServiceAccount and ClusterRole, exactly as manifests/ ship them."""
+    cp.kubectl_run("apply", "--server-side", "-f", str(ROOT / "manifests" / "base" / "crds"))
+    cp.kubectl_run("wait", "--for=condition=Established", "--timeout=60s",
+                   "crd/deathwatches.deathwatch.dev", "crd/sandboxverdicts.deathwatch.dev")  # fmt: skip
+    cp.kubectl_run("create", "namespace", "deathwatch-system")
+    cp.kubectl_run("apply", "-f", str(ROOT / "manifests" / "base" / "rbac" / "controller.yaml"))
+
+
+def admin_api(cp: controlplane.ControlPlane) -> client.ApiClient:
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=str(cp.kubeconfig), client_configuration=configuration)
+    return client.ApiClient(configuration)
+
+
+def fresh_namespace(api: client.ApiClient, name: str) -> None:
+    """A namespace whose default ServiceAccount exists (pods can be created at once)."""
+    core = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": name}}, _request_timeout=30)
+    wait_for(lambda: core.read_namespaced_service_account("default", name, _request_timeout=10),
+             what=f"ServiceAccount {name}/default", ignore=(client.ApiException,))  # fmt: skip
 
 
 def ready_status(script: SandboxScript) -> dict[str, Any]:

@@ -11,13 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client, config
 
 from deathwatch._operator.agent_sandboxes import TRACKING_LABEL
 from hack.localcluster import agentsandbox, controlplane
 from hack.localcluster.sandbox_script import pod_manifest
 from tests.conftest import _binaries_or_skip
-from tests.controller_env import Env, ready_status
+from tests.controller_env import Env, admin_api, fresh_namespace, prepare, ready_status
 from tests.kube import wait_for
 
 pytestmark = pytest.mark.apiserver
@@ -32,23 +31,14 @@ def cp() -> Iterator[controlplane.ControlPlane]:
     if reason:
         pytest.skip(reason)
     with controlplane.running() as c:
-        c.kubectl_run("apply", "--server-side", "-f", str(ROOT / "manifests" / "base" / "crds"))
-        c.kubectl_run("wait", "--for=condition=Established", "--timeout=60s",
-                      "crd/deathwatches.deathwatch.dev", "crd/sandboxverdicts.deathwatch.dev")  # fmt: skip
-        c.kubectl_run("create", "namespace", "deathwatch-system")
-        c.kubectl_run("apply", "-f", str(ROOT / "manifests" / "base" / "rbac" / "controller.yaml"))
+        prepare(c)
         yield c
 
 
 @pytest.fixture
 def aenv(cp: controlplane.ControlPlane, tmp_path: Path) -> Iterator[Env]:
-    configuration = client.Configuration()
-    config.load_kube_config(config_file=str(cp.kubeconfig), client_configuration=configuration)
-    api = client.ApiClient(configuration)
-    core = client.CoreV1Api(api)
-    core.create_namespace({"metadata": {"name": "team-a"}}, _request_timeout=30)
-    wait_for(lambda: core.read_namespaced_service_account("default", "team-a", _request_timeout=10),
-             what="default ServiceAccount", ignore=(client.ApiException,))  # fmt: skip
+    api = admin_api(cp)
+    fresh_namespace(api, "team-a")
     e = Env(cp, api, "team-a", tmp_path)
     e.bind_controller()
     yield e

@@ -29,14 +29,24 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client, config
+from kubernetes import client
 
 from hack.localcluster import controlplane
 from hack.localcluster.chaosproxy import ChaosProxy
 from hack.localcluster.controller_process import ControllerProcess
 from hack.localcluster.sandbox_script import SandboxScript
 from tests.conftest import _binaries_or_skip
-from tests.controller_env import GROUP, VERSION, Env, VerdictRecorder, fate_status, ready_status
+from tests.controller_env import (
+    GROUP,
+    VERSION,
+    Env,
+    VerdictRecorder,
+    admin_api,
+    fate_status,
+    fresh_namespace,
+    prepare,
+    ready_status,
+)
 from tests.kube import wait_for
 
 pytestmark = pytest.mark.chaos
@@ -50,11 +60,7 @@ def cp() -> Iterator[controlplane.ControlPlane]:
     """Its own control plane: these tests restart the apiserver and compact etcd."""
     _binaries_or_skip()
     with controlplane.running() as c:
-        c.kubectl_run("apply", "--server-side", "-f", str(CRDS))
-        c.kubectl_run("wait", "--for=condition=Established", "--timeout=60s",
-                      "crd/deathwatches.deathwatch.dev", "crd/sandboxverdicts.deathwatch.dev")  # fmt: skip
-        c.kubectl_run("create", "namespace", "deathwatch-system")
-        c.kubectl_run("apply", "-f", str(ROOT / "manifests" / "base" / "rbac" / "controller.yaml"))
+        prepare(c)
         yield c
     print("\nchaos lane measurements:", json.dumps(RESULTS, indent=1))
 
@@ -134,14 +140,10 @@ class Chaos:
 
 @pytest.fixture
 def chaos(cp: controlplane.ControlPlane, tmp_path: Path) -> Iterator[Chaos]:
-    configuration = client.Configuration()
-    config.load_kube_config(config_file=str(cp.kubeconfig), client_configuration=configuration)
-    api = client.ApiClient(configuration)
+    api = admin_api(cp)
     core = client.CoreV1Api(api)
     ns = f"chaos-{time.monotonic_ns() % 10**8}"
-    core.create_namespace({"metadata": {"name": ns}}, _request_timeout=30)
-    wait_for(lambda: core.read_namespaced_service_account("default", ns, _request_timeout=10),
-             what="default ServiceAccount", ignore=(client.ApiException,))  # fmt: skip
+    fresh_namespace(api, ns)
     proxy = ChaosProxy(cp.apiserver_port).start()
     env = Env(cp, api, ns, tmp_path)
     env.server = f"https://127.0.0.1:{proxy.port}"

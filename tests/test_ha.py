@@ -29,7 +29,7 @@ from hack.localcluster import controlplane
 from hack.localcluster.replicas import AuditLog, Replica, Replicas, Write
 from hack.localcluster.sandbox_script import SandboxScript
 from tests.conftest import _binaries_or_skip
-from tests.controller_env import Env, VerdictRecorder, fate_status
+from tests.controller_env import Env, VerdictRecorder, fate_status, prepare
 from tests.kube import wait_for
 
 pytestmark = pytest.mark.chaos
@@ -44,11 +44,7 @@ def cp() -> Iterator[controlplane.ControlPlane]:
     c = controlplane.ControlPlane(workdir, audit=True)
     c.start()
     try:
-        c.kubectl_run("apply", "--server-side", "-f", str(ROOT / "manifests" / "base" / "crds"))
-        c.kubectl_run("wait", "--for=condition=Established", "--timeout=60s",
-                      "crd/deathwatches.deathwatch.dev", "crd/sandboxverdicts.deathwatch.dev")  # fmt: skip
-        c.kubectl_run("create", "namespace", "deathwatch-system")
-        c.kubectl_run("apply", "-f", str(ROOT / "manifests" / "base" / "rbac" / "controller.yaml"))
+        prepare(c)
         yield c
     finally:
         c.destroy()
