@@ -58,12 +58,10 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from bench.controller_bench import rss_mib
 from bench.stats import summary
 from deathwatch._engine.timeutil import format_time
-from hack.localcluster import controlplane
+from hack.localcluster import agentsandbox, controlplane
 from hack.localcluster.controlplane import ControlPlane, free_port, kubeconfig
 from hack.localcluster.sandbox_script import Fate, SandboxScript, pod_manifest, timeline
 
@@ -72,6 +70,7 @@ NS = "bench"
 TOOLS_NS = "bench-tools"
 TOOLS = ("deathwatch", "agent-sandbox", "kopf-naive", "kopf-noop", "kube-state-metrics")
 SANDBOX_API = "/apis/agents.x-k8s.io/v1beta1"
+SANDBOX_CRD = "sandboxes.agents.x-k8s.io"
 SV_API = "/apis/deathwatch.dev/v1alpha1"
 ANNOTATION = "bench.deathwatch.dev/ready"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -437,17 +436,11 @@ class Run:
     def setup(self) -> None:
         crds = ROOT / "manifests" / "base" / "crds"
         self.kubectl("apply", "--server-side", "-f", str(crds))
-        if "agent-sandbox" in self.tools:
-            src = peer_bin(
-                "sigs.k8s.io/agent-sandbox", versions()["AGENT_SANDBOX_VERSION"], "x"
-            ).parent.parent
-            crd = yaml.safe_load(
-                (src / "src" / "k8s" / "crds" / "agents.x-k8s.io_sandboxes.yaml").read_text()
-            )
-            crd["spec"].pop("conversion", None)  # no webhook here; only v1beta1 is used
+        if "agent-sandbox" in self.tools:  # its release CRD, as tests/test_agent_sandbox.py
+            (crd,) = (c for c in agentsandbox.crds() if c["metadata"]["name"] == SANDBOX_CRD)
             self.kubectl("apply", "--server-side", "-f", "-", stdin=json.dumps(crd))
         crd_names = ["crd/deathwatches.deathwatch.dev", "crd/sandboxverdicts.deathwatch.dev"]
-        crd_names += ["crd/sandboxes.agents.x-k8s.io"] * ("agent-sandbox" in self.tools)
+        crd_names += [f"crd/{SANDBOX_CRD}"] * ("agent-sandbox" in self.tools)
         self.kubectl("wait", "--for=condition=Established", *crd_names)
         for ns in (NS, TOOLS_NS, "deathwatch-system"):
             self.api.ok("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
