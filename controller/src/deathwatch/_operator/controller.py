@@ -14,9 +14,10 @@ each entered once (docs/adr/0014 has the diagram):
 The other inputs take the same road from `_settle` on: a Suspect window closing on the clock
 (`expire`), a pod no complete listing shows (`listed`), a node's coverage changing
 (`reshield`). An agent-sandbox Sandbox (`on_agent_sandbox`) changes only what its pods'
-verdicts name, and what a pod's deletion means (read in `_judge`, handed to the engine). Verdicts the API holds come back on their own watch (`on_verdict`): listed
-at start they rebuild the engine's memory (`restore`), watched they keep a standby level with
-the leader. All calls run on the event loop; nothing here blocks or does I/O.
+verdicts name, and what a pod's deletion means (read in `_judge`, handed to the engine).
+Verdicts the API holds come back on their own watch (`on_verdict`): listed at start they
+rebuild the engine's memory (`restore`), watched they keep a standby level with the leader.
+All calls run on the event loop; nothing here blocks or does I/O.
 """
 
 from __future__ import annotations
