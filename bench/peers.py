@@ -97,9 +97,7 @@ def versions() -> dict[str, str]:
 
 
 def peer_bin(module: str, version: str, name: str) -> Path:
-    return (
-        controlplane.cache_dir() / "peers" / f"{module.replace('/', '_')}@{version}" / "bin" / name
-    )
+    return controlplane.peer_home(module, version) / "bin" / name
 
 
 def cpu_seconds(pid: int) -> float:

@@ -21,7 +21,7 @@ import yaml
 from kubernetes import client
 
 from hack.localcluster.controller_process import service_account_kubeconfig
-from hack.localcluster.controlplane import ControlPlane, cache_dir, free_port, versions
+from hack.localcluster.controlplane import ControlPlane, free_port, peer_home, versions
 
 NAMESPACE = "agent-sandbox-system"
 SERVICE_ACCOUNT = "agent-sandbox-controller"
@@ -36,8 +36,7 @@ CRDS = (
 
 def home() -> Path:
     """Where hack/build-peers.sh put the pinned release: bin/ and its module's src/."""
-    version = versions()["AGENT_SANDBOX_VERSION"]
-    return cache_dir() / "peers" / f"sigs.k8s.io_agent-sandbox@{version}"
+    return peer_home("sigs.k8s.io/agent-sandbox", versions()["AGENT_SANDBOX_VERSION"])
 
 
 def binary() -> Path:

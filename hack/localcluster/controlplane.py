@@ -49,6 +49,11 @@ def cache_dir() -> Path:
     return Path(os.environ.get("DEATHWATCH_CACHE", Path.home() / ".cache" / "deathwatch"))
 
 
+def peer_home(module: str, version: str) -> Path:
+    """Where hack/build-peers.sh puts a peer built from its Go module: bin/ and src/."""
+    return cache_dir() / "peers" / f"{module.replace('/', '_')}@{version}"
+
+
 def bin_dir() -> Path:
     return cache_dir() / "k8s" / versions()["K8S_VERSION"] / "bin"
 
