@@ -107,8 +107,12 @@ def pod(
     labels: dict[str, str] | None = None,
     created: float = 0,
     node: str | None = None,
+    disruption: tuple[str, str, float] | None = None,
+    disruption_status: str = "True",
+    message: str | None = None,
 ) -> dict[str, Any]:
-    """A Pod; `deletion_at` is when deletion was requested (the API stores it + grace)."""
+    """A Pod; `deletion_at` is when deletion was requested (the API stores it + grace);
+    `disruption` is a DisruptionTarget condition (reason, message, when it was set)."""
     spec_container: dict[str, Any] = {
         "name": "agent",
         "image": "agent:1",
@@ -132,6 +136,8 @@ def pod(
     status: dict[str, Any] = {"phase": phase}
     if reason:
         status["reason"] = reason
+    if message:
+        status["message"] = message
     if ready is not None:
         status["conditions"] = [
             {"type": "PodScheduled", "status": "True", "lastTransitionTime": ts(created)},
@@ -141,6 +147,17 @@ def pod(
                 "lastTransitionTime": ts(ready_at),
             },
         ]
+    if disruption is not None:
+        why, said, since = disruption
+        status.setdefault("conditions", []).append(
+            {
+                "type": "DisruptionTarget",
+                "status": disruption_status,
+                "reason": why,
+                "message": said,
+                "lastTransitionTime": ts(since),
+            }
+        )
     status["containerStatuses"] = containers if containers is not None else [running()]
     return {
         "apiVersion": "v1",

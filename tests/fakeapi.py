@@ -87,6 +87,28 @@ class FakeApi:
         self.objects[key]["status"] = copy.deepcopy(status)
         return self._bump(key)
 
+    async def patch_labels(
+        self, plural: str, namespace: str, name: str, labels: dict[str, str], version: str
+    ) -> str:
+        """A merge patch of metadata.labels, at `version` or a 409."""
+        key = (plural, namespace, name)
+        await self._call("patch_labels", key)
+        if key not in self.objects:
+            raise ApiException(status=404, reason="NotFound")
+        if version != self.version(*key):
+            raise ApiException(status=409, reason="Conflict")
+        meta = self.objects[key].setdefault("metadata", {})
+        if all(meta.get("labels", {}).get(k) == v for k, v in labels.items()):
+            return version
+        meta.setdefault("labels", {}).update(labels)
+        return self._bump(key)
+
+    def labels(self, plural: str, namespace: str, name: str) -> dict[str, str]:
+        labels: dict[str, str] = (
+            self.objects[(plural, namespace, name)].get("metadata", {}).get("labels") or {}
+        )
+        return labels
+
     async def delete(self, plural: str, namespace: str, name: str, version: str) -> None:
         key = (plural, namespace, name)
         await self._call("delete", key)
@@ -98,12 +120,13 @@ class FakeApi:
 
     async def read_status(
         self, plural: str, namespace: str, name: str
-    ) -> tuple[dict[str, Any], str] | None:
+    ) -> tuple[dict[str, Any], str, dict[str, str]] | None:
         key = (plural, namespace, name)
         await self._call("read_status", key)
         if key not in self.objects:
             return None
-        return copy.deepcopy(self.objects[key].get("status") or {}), self.version(*key)
+        status = copy.deepcopy(self.objects[key].get("status") or {})
+        return status, self.version(*key), dict(self.labels(*key))
 
     async def create_event(self, namespace: str, body: dict[str, Any]) -> None:
         key = ("events", namespace, body["metadata"]["name"])

@@ -65,3 +65,24 @@ def test_explain_orders_the_timeline_and_events_and_says_the_same_in_text() -> N
     text = explain.text(doc)
     assert text.splitlines()[0] == "ns/s: Dead (OOMKilled)"
     assert "exitCode 137" in text and "True RuleInForce: both rules" in text
+
+
+def test_explain_names_a_disruption_and_whose_doing_it_was() -> None:
+    v = verdict("s", "Dead", cause="Drained", origin="Infrastructure",
+                disruption={"reason": "EvictionByEvictionAPI", "message": "Eviction API: evicting",
+                            "since": "2026-12-01T10:05:00Z"},
+                lastReadyAt="2026-12-01T10:00:00Z", readyDropAt="2026-12-01T10:05:00Z",
+                declaredAt="2026-12-01T10:05:00.1Z")  # fmt: skip
+    assert v.origin is not None and v.origin.value == "Infrastructure"
+    assert v.disruption is not None and v.disruption.reason == "EvictionByEvictionAPI"
+    doc = explain.document(v, [])
+    assert (doc["cause"], doc["origin"]) == ("Drained", "Infrastructure")
+    assert doc["disruption"] == {"reason": "EvictionByEvictionAPI",
+                                 "message": "Eviction API: evicting",
+                                 "since": "2026-12-01T10:05:00Z"}  # fmt: skip
+    assert [t["what"] for t in doc["timeline"]] == [
+        "Ready", "Ready dropped", "DisruptionTarget EvictionByEvictionAPI", "declared",
+    ]  # fmt: skip
+    text = explain.text(doc)
+    assert text.splitlines()[0] == "ns/s: Dead (Drained), by Infrastructure"
+    assert "disrupted: EvictionByEvictionAPI: Eviction API: evicting" in text

@@ -123,7 +123,7 @@ async def test_a_sandbox_lifecycle_ending_in_death() -> None:
         # the node's death counters exist at 0 before any death: increase() skips a series'
         # first sample, so a series born with the deaths would never fire an alert
         deaths = h.controller.metrics.registry.get_sample_value
-        labels = {"node": "node-1", "cause": "ContainerExited"}
+        labels = {"node": "node-1", "cause": "ContainerExited", "origin": "Workload"}
         assert deaths("deathwatch_sandbox_deaths_total", labels) == 0
         h.pod(pod(ready=False, ready_at=50, phase="Failed", containers=[terminated(code=7)],
                   node="node-1"), 50)  # fmt: skip
@@ -146,7 +146,12 @@ async def test_a_sandbox_lifecycle_ending_in_death() -> None:
     # the Event went out with the verdict that announces it: one round trip
     ops = [op for op, k in h.api.calls if k[2] in ("sbx-1", "sbx-1.uid-1.sandboxdead")]
     assert ops[:2] == ["create", "replace_status"]
-    assert sorted(ops[2:]) == ["create_event", "replace_status"]
+    # and its origin, as a label, once the status is written: `kubectl get sv -l
+    # deathwatch.dev/origin=Workload`
+    assert sorted(ops[2:]) == ["create_event", "patch_labels", "replace_status"]
+    assert ops.index("patch_labels") > ops.index("replace_status", 2)
+    assert h.api.labels(SV_PLURAL, NS, "sbx-1")["deathwatch.dev/origin"] == "Workload"
+    assert (dead["origin"], dw["deaths"]["workload"]) == ("Workload", 1)
     # and the writer taking over (a restart, a new leader) says it again: a 409, not a second
     (lost,) = h.controller.unannounced_deaths()
     assert lost.name == "sbx-1.uid-1.sandboxdead"

@@ -44,7 +44,7 @@ import aiohttp
 import msgspec
 import structlog
 
-from deathwatch._engine.verdict import Cause, State
+from deathwatch._engine.verdict import Cause, Origin, State
 from deathwatch._operator import kube
 from deathwatch._operator.resources import (
     GROUP,
@@ -53,6 +53,7 @@ from deathwatch._operator.resources import (
     VERSION,
     Condition,
     ConditionType,
+    DisruptionStatus,
     SandboxVerdictStatus,
 )
 from deathwatch._operator.rest import ApiError, Rest
@@ -64,6 +65,8 @@ __all__ = [
     "Change",
     "Client",
     "Condition",
+    "DisruptionStatus",
+    "Origin",
     "State",
     "Unreachable",
     "Verdict",
@@ -106,6 +109,18 @@ class Verdict:
     @property
     def cause(self) -> Cause | None:
         return self.status.cause if self.status else None
+
+    @property
+    def origin(self) -> Origin | None:
+        """On Dead and Gone: whose doing the end was (Workload, Infrastructure, Platform,
+        Unknown). A platform bills Workload deaths and may restart Infrastructure ones."""
+        return self.status.origin if self.status else None
+
+    @property
+    def disruption(self) -> DisruptionStatus | None:
+        """The DisruptionTarget condition behind the verdict: the component's reason and
+        message (a drain, a preemption, a taint eviction, pod GC, the kubelet)."""
+        return self.status.disruption if self.status else None
 
     @property
     def pod_uid(self) -> str | None:

@@ -147,6 +147,21 @@ groups:
           description: >-
             {{`{{ $value | printf "%.0f" }}`}} sandboxes were declared Dead in 5 minutes.
           runbook_url: {{ $runbook }}#deathwatchdeathburst
+      - alert: DeathwatchInfrastructureDeathBurst
+        expr: >-
+          max by (cause) (sum by (instance, cause)
+          (increase(deathwatch_sandbox_deaths_total{origin="Infrastructure"}[10m])))
+          > {{ $r.deathBurst.infrastructure }}
+        for: {{ $for.deathBurst }}
+        labels: {severity: warning}
+        annotations:
+          summary: The cluster is taking sandboxes away
+          description: >-
+            {{`{{ $value | printf "%.0f" }}`}} sandboxes were declared Dead ({{`{{ $labels.cause }}`}})
+            by the infrastructure's doing in 10 minutes: drains, preemptions, taint
+            evictions, nodes lost, deleted, shut down or under pressure. Their users did
+            nothing wrong.
+          runbook_url: {{ $runbook }}#deathwatchinfrastructuredeathburst
       - alert: DeathwatchUncoveredNode
         expr: max by (node) (deathwatch_node_sandboxes{shielded="False"}) > 0
         for: {{ $for.uncoveredNodes }}

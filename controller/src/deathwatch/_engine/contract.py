@@ -4,10 +4,18 @@ The bottom of the import graph with the rest of `_engine`: policies (`_policies`
 through `deathwatch.policy`) import it, it imports nothing above it.
 
 A policy is consulted only for a pod that has been Ready at least once and is not yet Dead
-or Gone; deletion, completion and eviction are decided by the engine before any policy is
-asked, so no policy can turn a deletion into a death. A Suspect decision carries its own
-deadline: that is the policy's window, and the only place it is stated (`window()`, which
-nothing ever called, left the contract; a plugin that still defines it loads as before).
+or Gone; a plain deletion, completion and eviction are decided by the engine before any
+policy is asked, so no policy can turn the platform's deletion into a death. A disruption
+of the cluster's (the pod's DisruptionTarget condition) is shown to the policy
+(`Situation.disruption`); once it can no longer be undone the policy says whether it was a
+death (`by_disruption`, which every built-in uses), and the engine holds any policy to two
+rules: a disruption still pending is never a death without a dead container to prove it, and
+one that is final and not called a death is Gone with its cause. A Suspect decision carries
+its own deadline: that is the policy's window, and the only place it is stated.
+
+A policy may declare what the engine may infer for it (`ready_means_running`, an optional
+class attribute, False unless set): Ready means "the containers run", as with no readiness
+probe, so a pod first seen stopped, with no record of it, was Ready and died.
 """
 
 from __future__ import annotations
@@ -45,6 +53,60 @@ class ContainerDeath:
         return Cause.OOM_KILLED if self.reason == "OOMKilled" else Cause.CONTAINER_EXITED
 
 
+# What each component of the cluster writes as the DisruptionTarget condition's reason
+# (Kubernetes 1.35: pkg/registry/core/pod/storage/eviction.go, pkg/scheduler/framework/
+# preemption, pkg/controller/tainteviction, pkg/controller/podgc, pkg/kubelet/eviction,
+# pkg/kubelet/nodeshutdown, pkg/kubelet/preemption), and the cause it gives a death.
+EVICTION_API = "EvictionByEvictionAPI"
+PREEMPTION_BY_SCHEDULER = "PreemptionByScheduler"
+TAINT_MANAGER = "DeletionByTaintManager"
+DEVICE_TAINT_MANAGER = "DeletionByDeviceTaintManager"
+POD_GC = "DeletionByPodGC"
+KUBELET = "TerminationByKubelet"
+_BY_REASON = {
+    EVICTION_API: Cause.DRAINED,
+    PREEMPTION_BY_SCHEDULER: Cause.PREEMPTED,
+    TAINT_MANAGER: Cause.TAINT_EVICTED,
+    DEVICE_TAINT_MANAGER: Cause.TAINT_EVICTED,
+    POD_GC: Cause.NODE_DELETED,
+}
+# TerminationByKubelet is said for three things; the pod's own reason tells them apart
+_BY_KUBELET_REASON = {
+    "Evicted": Cause.EVICTED,  # node-pressure eviction
+    "Terminated": Cause.NODE_SHUTDOWN,  # graceful node shutdown
+    "Preempting": Cause.PREEMPTED,  # the kubelet admitting a critical pod
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterDisruption:
+    """A pod's DisruptionTarget condition, read: which component is taking it, and whether
+    that can still be undone (a pending one may be cleared, and the pod lives on)."""
+
+    cause: Cause  # what it makes a death: Drained, Preempted, TaintEvicted, ...
+    reason: str  # the condition's reason, as the component wrote it
+    message: str | None  # the component's own sentence
+    since: datetime | None  # when the condition was set
+    final: bool  # the pod's deletion is requested, or its phase is Failed
+
+
+def disruption_of(pod: PodView) -> ClusterDisruption | None:
+    """The disruption the pod's DisruptionTarget=True condition announces, if any."""
+    d = pod.disruption
+    if d is None:
+        return None
+    if d.reason == KUBELET:
+        cause = _BY_KUBELET_REASON.get(pod.reason or "", Cause.DISRUPTED)
+    elif d.reason == TAINT_MANAGER and pod.node_lost:
+        # the node controller had taken Ready away (its kubelet silent): the taint is
+        # node.kubernetes.io/unreachable or not-ready, not one a person put there
+        cause = Cause.NODE_UNREACHABLE
+    else:
+        cause = _BY_REASON.get(d.reason, Cause.DISRUPTED)
+    final = pod.deletion_requested_at is not None or pod.phase == "Failed"
+    return ClusterDisruption(cause, d.reason, d.message, d.since, final)
+
+
 @dataclass(frozen=True, slots=True)
 class Situation:
     pod: PodView
@@ -53,6 +115,8 @@ class Situation:
     ready_drop_at: datetime | None
     container_death: ContainerDeath | None
     settings: PolicySettings
+    # The cluster is taking (or took) the pod: its DisruptionTarget condition, read.
+    disruption: ClusterDisruption | None = None
 
     @property
     def node_lost(self) -> bool:
@@ -94,6 +158,25 @@ class Policies(Protocol):
     def get(self, name: str) -> Policy: ...
 
     def select(self, pod: PodView, configured: str, settings: PolicySettings) -> Policy: ...
+
+
+def by_disruption(s: Situation) -> Decision | None:
+    """A disruption that can no longer be undone is the sandbox's death, named for it, unless
+    a container had already died before it began (then that is the death). None when there
+    is no final disruption: the policy judges as it would anyway. Every built-in policy
+    starts with this; a plugin may too."""
+    d = s.disruption
+    if d is None or not d.final:
+        return None
+    death = s.container_death
+    if (
+        death is not None
+        and death.finished_at is not None
+        and d.since is not None
+        and death.finished_at < d.since
+    ):
+        return Decision(State.DEAD, death.cause)
+    return Decision(State.DEAD, d.cause)
 
 
 def by_containers(s: Situation) -> Decision:

@@ -4,19 +4,29 @@ Pure and deterministic: `step` takes the previous `Track`, the latest `PodView` 
 and returns the next `Track` and what happened. No clock, no I/O; the operator and replay
 feed it and act on the signals.
 
-Order of judgement for each observation (the first that applies wins):
+Order of judgement for each observation (the first that applies wins; docs/adr/0018):
 1. Dead is sticky. A Dead pod seen Ready again stays Dead; it is a false positive (once).
 2. Gone is terminal.
-3. Eviction by the kubelet (phase Failed, reason Evicted): Dead (Evicted).
-4. Deletion requested: Gone (Deleted), unless the pod had already died before the request.
-5. phase Succeeded: Gone (Completed). phase Failed: Dead (from the container evidence).
-6. Never Ready yet: Pending. No death is counted for a pod that was never Ready.
-7. Otherwise the pod's policy decides Alive, Suspect (with a deadline) or Dead.
+3. A disruption that can no longer be undone (DisruptionTarget=True, and the pod's deletion
+   requested or its phase Failed): the policy says whether it was a death (the built-ins:
+   always, named for the disruption: Drained, Preempted, TaintEvicted, NodeUnreachable,
+   NodeDeleted, NodeShutdown, Evicted; `contract.by_disruption`); one it does not call a
+   death is Gone with that cause. Before the first Ready: Gone with that cause.
+4. Eviction by the kubelet with no DisruptionTarget (kubelets before 1.26): Dead (Evicted).
+5. Deletion requested: Gone (Deleted, or what its owner says), unless the pod had already
+   died before the request.
+6. phase Succeeded: Gone (Completed). phase Failed: Dead (from the container evidence).
+7. Never Ready yet: Pending. No death is counted for a pod that was never Ready.
+8. Otherwise the pod's policy decides Alive, Suspect (with a deadline) or Dead. While a
+   disruption is pending (DisruptionTarget=True, not yet final) the pod is at most Suspect
+   (`Disrupting`): Dead only on a dead container's proof, because the control plane clears
+   a disruption that does not go ahead, and Dead is never taken back.
 
 A policy may be third-party code. If its `judge()` raises or returns anything but a sound
 Decision (a Suspect deadline must lie ahead, within MAX_SUSPECT), that pod alone is judged by
 container-state until the policy works again (Dead only on proof: a terminated or restarted
-container), and the track carries the error (`policy_error`, signal POLICY_FAILED).
+container, or a final disruption), and the track carries the error (`policy_error`, signal
+POLICY_FAILED).
 """
 
 from __future__ import annotations
@@ -30,14 +40,17 @@ from typing import Any
 import msgspec
 
 from deathwatch._engine.contract import (
+    ClusterDisruption,
     ContainerDeath,
     Decision,
     Policy,
     PolicySettings,
     Situation,
     by_containers,
+    by_disruption,
+    disruption_of,
 )
-from deathwatch._engine.podview import ContainerView, PodView, blocked_probes
+from deathwatch._engine.podview import ContainerView, Disruption, PodView, blocked_probes
 from deathwatch._engine.verdict import Cause, Evidence, State
 
 
@@ -84,6 +97,8 @@ class Track(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     evidence: Evidence | None = None
     changed_at: datetime | None = None  # when `state` was entered
     policy_error: str | None = None  # the policy failed the last time it was asked: why
+    # the DisruptionTarget behind a Suspect (Disrupting) or a verdict it ended, as written
+    disruption: Disruption | None = None
 
 
 def replace(track: Track, **changes: Any) -> Track:
@@ -108,6 +123,12 @@ def new_track(pod: PodView, policy: Policy, settings: PolicySettings) -> Track:
         restart_baseline=pod.restart_counts(),
         probe_blocked=bool(blocked_probes(pod, settings.agent_ports)),
     )
+
+
+def _restarted(pod: PodView, track: Track) -> bool:
+    """A container of the pod restarted since the pod was first Ready."""
+    baseline = track.restart_baseline
+    return any(c.restart_count > baseline.get(c.name, c.restart_count) for c in pod.containers)
 
 
 def _container_death(pod: PodView, baseline: Mapping[str, int]) -> ContainerDeath | None:
@@ -159,7 +180,10 @@ def _kill(
     now: datetime,
     cause: Cause,
     death: ContainerDeath | None,
+    disruption: ClusterDisruption | None = None,
 ) -> Track:
+    if disruption is not None:
+        return _disrupted(track, pod, now, cause, death, disruption)
     evidence = Evidence(
         state=State.DEAD,
         cause=cause,
@@ -186,7 +210,53 @@ def _kill(
     )
 
 
-def _bury(track: Track, now: datetime, cause: Cause, pod: PodView | None) -> Track:
+def _disrupted(
+    track: Track,
+    pod: PodView,
+    now: datetime,
+    cause: Cause,
+    death: ContainerDeath | None,
+    disruption: ClusterDisruption,
+) -> Track:
+    """Dead by a disruption of the cluster's: the condition's reason and message are the
+    evidence, beside a container's exit where there is one (an exit 137 under a node
+    shutdown is the kill, not an OOM: only the kubelet's word OOMKilled makes that)."""
+    evidence = Evidence(
+        state=State.DEAD,
+        cause=cause,
+        policy=track.policy,
+        pod_uid=track.uid,
+        namespace=track.namespace,
+        name=track.name,
+        container=death.container if death else None,
+        exit_code=death.exit_code if death else None,
+        reason=(death.reason if death else None) or pod.reason,
+        restart_count=death.restart_count if death else None,
+        last_ready_at=track.last_ready_at,
+        ready_drop_at=track.ready_drop_at or disruption.since or now,
+        declared_at=now,
+        disruption=disruption.reason,
+        message=disruption.message,
+    )
+    return replace(
+        track,
+        state=State.DEAD,
+        cause=cause,
+        deadline=None,
+        evidence=evidence,
+        ready_drop_at=evidence.ready_drop_at,
+        changed_at=now,
+        disruption=pod.disruption,
+    )
+
+
+def _bury(
+    track: Track,
+    now: datetime,
+    cause: Cause,
+    pod: PodView | None,
+    disruption: ClusterDisruption | None = None,
+) -> Track:
     evidence = Evidence(
         state=State.GONE,
         cause=cause,
@@ -201,9 +271,17 @@ def _bury(track: Track, now: datetime, cause: Cause, pod: PodView | None) -> Tra
         last_ready_at=track.last_ready_at,
         ready_drop_at=track.ready_drop_at,
         declared_at=now,
+        disruption=disruption.reason if disruption else None,
+        message=disruption.message if disruption else None,
     )
     return replace(
-        track, state=State.GONE, cause=cause, deadline=None, evidence=evidence, changed_at=now
+        track,
+        state=State.GONE,
+        cause=cause,
+        deadline=None,
+        evidence=evidence,
+        changed_at=now,
+        disruption=pod.disruption if disruption is not None and pod is not None else None,
     )
 
 
@@ -228,9 +306,13 @@ def step(
     never tells why it was deleted."""
     before = track.state
 
-    # 1-2. Terminal states are final; only the false-positive fact can still be learned.
+    # 1-2. Terminal states are final; only the false-positive fact can still be learned. A
+    # pod Ready again after its containers restarted in place (restartPolicy, a container
+    # restart rule, a restart of the whole pod) is a new life of the pod, not a sign that the
+    # death was not one: the container did exit. Only a Ready with no restart is a false
+    # positive.
     if before is State.DEAD:
-        if pod.ready and not track.false_positive:
+        if pod.ready and not track.false_positive and not _restarted(pod, track):
             fp = replace(track, false_positive=True, ready=True)
             return Step(fp, (Signal(SignalKind.FALSE_POSITIVE),))
         return Step(track if track.ready == pod.ready else replace(track, ready=pod.ready))
@@ -263,7 +345,7 @@ def step(
         signals.append(Signal(SignalKind.READY_DROPPED))
         ready_drop_at = drop_at
         changes.update(ready=False, ready_drop_at=drop_at, ready_drops=track.ready_drops + 1)
-    elif not ever_ready and first and policy.name == "no-probe":
+    elif not ever_ready and first and getattr(policy, "ready_means_running", False) is True:
         # First sight of a pod with no record: did it run and stop while nobody watched?
         inferred = _ran_and_stopped(pod)
         if inferred is not None:
@@ -292,25 +374,39 @@ def step(
     track = replace(track, **changes)
 
     death = _container_death(pod, baseline) if ever_ready else None
-    after = _judge_lifecycle(track, pod, now, death, deletion)
+    disruption = disruption_of(pod) if pod.disruption is not None else None
+    after = _judge_lifecycle(track, pod, now, death, deletion, disruption)
     if after is None:
         # The policy judges; for a pod whose deletion was requested after its Ready drop, it
         # judges the pod as of the request: only a death complete by then stands.
+        final = disruption is not None and disruption.final
         deleting = pod.deletion_requested_at
         situation = Situation(
             pod=pod,
-            now=deleting if deleting is not None and deleting < now else now,
+            now=deleting if deleting is not None and deleting < now and not final else now,
             ready_drop_at=ready_drop_at,
             container_death=death,
             settings=settings,
+            disruption=disruption,
         )
         decision, error = _judge(policy, situation)
         if error is not None:
             signals.append(Signal(SignalKind.POLICY_FAILED))
         if error != track.policy_error:
             track = replace(track, policy_error=error)
-        if deleting is not None and decision.state is not State.DEAD:
+        if disruption is not None and disruption.final:
+            # 3: the policy called it a death or not; either way it was the cluster's doing
+            if decision.state is State.DEAD:
+                cause = decision.cause or disruption.cause
+                after = _kill(track, pod, now, cause, death, disruption)
+            else:
+                after = _bury(track, now, disruption.cause, pod, disruption)
+        elif deleting is not None and decision.state is not State.DEAD:
             after = _bury(track, now, deletion, pod)
+        elif disruption is not None and (
+            decision.state is State.ALIVE or (decision.state is State.DEAD and death is None)
+        ):
+            after = _disrupting(track, pod)  # 8: pending: at most Suspect
         else:
             after = _apply(track, pod, now, decision, death)
 
@@ -321,16 +417,37 @@ def step(
     return Step(after, tuple(signals))
 
 
+def _fallback(s: Situation) -> Decision:
+    """container-state's judgement: what a pod whose policy failed is judged by."""
+    return by_disruption(s) or by_containers(s)
+
+
 def _judge(policy: Policy, s: Situation) -> tuple[Decision, str | None]:
     """The policy's decision, or container-state's and the reason the policy's was refused."""
     try:
         decision = policy.judge(s)
     except Exception as exc:  # third-party code: its failure is data, never ours to raise
-        return by_containers(s), f"{type(exc).__name__}: {exc}"[:300]
+        return _fallback(s), f"{type(exc).__name__}: {exc}"[:300]
     problem = _unsound(decision, s.now)
     if problem is not None:
-        return by_containers(s), f"returned {problem}"[:300]
+        return _fallback(s), f"returned {problem}"[:300]
     return decision, None
+
+
+def _disrupting(track: Track, pod: PodView) -> Track:
+    """A disruption announced and not final: Suspect until the pod is deleted (Dead) or the
+    condition is cleared (judged again as ever). No deadline: only the API ends it."""
+    if track.state is State.SUSPECT and track.cause is Cause.DISRUPTING:
+        return track if track.disruption == pod.disruption else replace(
+            track, disruption=pod.disruption
+        )  # fmt: skip
+    return replace(
+        track,
+        state=State.SUSPECT,
+        cause=Cause.DISRUPTING,
+        deadline=None,
+        disruption=pod.disruption,
+    )
 
 
 def _unsound(decision: object, now: datetime) -> str | None:
@@ -348,9 +465,18 @@ def _unsound(decision: object, now: datetime) -> str | None:
 
 
 def _judge_lifecycle(
-    track: Track, pod: PodView, now: datetime, death: ContainerDeath | None, deletion: Cause
+    track: Track,
+    pod: PodView,
+    now: datetime,
+    death: ContainerDeath | None,
+    deletion: Cause,
+    disruption: ClusterDisruption | None,
 ) -> Track | None:
-    """Steps 3-6: the facts no policy may reinterpret. None: the policy decides."""
+    """Steps 3-7: the facts no policy may reinterpret. None: the policy decides."""
+    if disruption is not None and disruption.final:
+        if track.ever_ready:
+            return None  # step 3: the policy says whether it was a death
+        return _bury(track, now, disruption.cause, pod, disruption)
     evicted = pod.phase == "Failed" and pod.reason == "Evicted"
     if pod.deletion_requested_at is not None and not evicted:
         died_at = track.ready_drop_at or (death.finished_at if death else None)
@@ -386,12 +512,23 @@ def _apply(
             State.SUSPECT,
             decision.cause,
             decision.deadline,
-        ):
+        ) and track.disruption == pod.disruption:
             return track
-        return replace(track, state=State.SUSPECT, cause=decision.cause, deadline=decision.deadline)
-    if track.state is State.ALIVE and track.cause is None and track.deadline is None:
+        return replace(
+            track,
+            state=State.SUSPECT,
+            cause=decision.cause,
+            deadline=decision.deadline,
+            disruption=pod.disruption,
+        )
+    if (
+        track.state is State.ALIVE
+        and track.cause is None
+        and track.deadline is None
+        and track.disruption is None
+    ):
         return track
-    return replace(track, state=State.ALIVE, cause=None, deadline=None)
+    return replace(track, state=State.ALIVE, cause=None, deadline=None, disruption=None)
 
 
 def expire(

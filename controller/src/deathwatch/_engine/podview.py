@@ -86,6 +86,18 @@ class ProbeView(msgspec.Struct, frozen=True, gc=False):
         )
 
 
+class Disruption(msgspec.Struct, frozen=True, gc=False):
+    """The pod's DisruptionTarget condition while it is True: a component of the cluster
+    (the Eviction API, kube-scheduler, the taint-eviction controller, pod GC, the kubelet)
+    is about to take the pod, or took it. As written: `reason` is the component's word
+    (`EvictionByEvictionAPI`, `PreemptionByScheduler`, `DeletionByTaintManager`,
+    `DeletionByPodGC`, `TerminationByKubelet`, ...), `message` its sentence."""
+
+    reason: str
+    message: str | None
+    since: datetime | None  # lastTransitionTime: when it was set
+
+
 # gc=False: it holds no reference back to itself, so the cyclic collector need not scan it
 class PodView(msgspec.Struct, frozen=True, gc=False):
     uid: str
@@ -109,6 +121,10 @@ class PodView(msgspec.Struct, frozen=True, gc=False):
     latest_time: datetime | None
     # The agent-sandbox Sandbox that controls it (its controller ownerReference), if any.
     sandbox: str | None = None
+    # Its DisruptionTarget condition while True (None: absent, or cleared to False).
+    disruption: Disruption | None = None
+    # status.message: the component's sentence beside `reason` ("The node was low on ...").
+    message: str | None = None
 
     @property
     def ready(self) -> bool:
@@ -231,11 +247,16 @@ def view_of(pod: raw.Pod) -> PodView:
 
     ready_status = None
     ready_changed_at = None
+    disruption = None
     for cond in status.conditions or ():
         latest = _later(latest, cond.last_transition_time)
         if cond.type == "Ready":
             ready_status = cond.status
             ready_changed_at = cond.last_transition_time
+        elif cond.type == "DisruptionTarget" and cond.status == "True":
+            disruption = Disruption(
+                cond.reason or "", cond.message or None, cond.last_transition_time
+            )
 
     containers = []
     for i, cs in enumerate(status.container_statuses or ()):
@@ -290,6 +311,8 @@ def view_of(pod: raw.Pod) -> PodView:
         container_ports=ports,
         latest_time=latest,
         sandbox=_controlling_sandbox(meta),
+        disruption=disruption,
+        message=status.message,
     )
 
 

@@ -68,6 +68,8 @@ class PodSpec(msgspec.Struct, rename="camel", frozen=True, gc=False):
 class Condition(msgspec.Struct, rename="camel", frozen=True, gc=False):
     type: str | None = None
     status: str | None = None
+    reason: str | None = None
+    message: str | None = None
     last_transition_time: Time | None = None
 
 
@@ -102,6 +104,7 @@ class PodIP(msgspec.Struct, frozen=True, gc=False):
 class PodStatus(msgspec.Struct, rename="camel", frozen=True, gc=False):
     phase: str | None = None
     reason: str | None = None
+    message: str | None = None
     pod_ip: str | None = msgspec.field(name="podIP", default=None)
     pod_ips: list[PodIP] | None = msgspec.field(name="podIPs", default=None)
     conditions: list[Condition] | None = None

@@ -26,12 +26,20 @@ _TERMINAL = frozenset({State.DEAD, State.GONE})
 
 
 class Cause(StrEnum):
-    # causes of Dead
+    # causes of Dead the workload brought on itself
     CONTAINER_EXITED = "ContainerExited"
     OOM_KILLED = "OOMKilled"
-    EVICTED = "Evicted"
     UNRESPONSIVE = "Unresponsive"
-    NODE_LOST = "NodeLost"
+    # causes of Dead the cluster inflicted (a DisruptionTarget condition, or the node lost)
+    EVICTED = "Evicted"  # node-pressure eviction by the kubelet
+    NODE_LOST = "NodeLost"  # the node controller took Ready away: its kubelet went silent
+    DRAINED = "Drained"  # evicted through the Eviction API (kubectl drain, autoscalers)
+    PREEMPTED = "Preempted"  # by kube-scheduler, or by the kubelet for a critical pod
+    TAINT_EVICTED = "TaintEvicted"  # a NoExecute taint it did not tolerate (long enough)
+    NODE_UNREACHABLE = "NodeUnreachable"  # the same, after its node stopped reporting
+    NODE_DELETED = "NodeDeleted"  # its Node object deleted; pod GC failed and deleted it
+    NODE_SHUTDOWN = "NodeShutdown"  # the kubelet's graceful node shutdown
+    DISRUPTED = "Disrupted"  # a DisruptionTarget reason this version does not know yet
     UNKNOWN = "Unknown"
     # causes of Gone
     DELETED = "Deleted"
@@ -41,14 +49,47 @@ class Cause(StrEnum):
     COMPLETED = "Completed"
     FAILED_BEFORE_READY = "FailedBeforeReady"
     UNOBSERVED = "Unobserved"  # found gone with nobody watching: whether it died is unknown
-    # cause of Suspect
+    # causes of Suspect
     NOT_READY = "NotReady"
+    DISRUPTING = "Disrupting"  # a DisruptionTarget condition, its pod not deleted (yet)
 
 
+# The causes a disruption of the cluster's can give a death (DisruptionTarget, node lost).
+DISRUPTION_CAUSES = (
+    Cause.EVICTED, Cause.NODE_LOST, Cause.DRAINED, Cause.PREEMPTED, Cause.TAINT_EVICTED,
+    Cause.NODE_UNREACHABLE, Cause.NODE_DELETED, Cause.NODE_SHUTDOWN, Cause.DISRUPTED,
+)  # fmt: skip
 DEAD_CAUSES = (
-    Cause.CONTAINER_EXITED, Cause.OOM_KILLED, Cause.EVICTED, Cause.UNRESPONSIVE, Cause.NODE_LOST,
+    Cause.CONTAINER_EXITED, Cause.OOM_KILLED, Cause.UNRESPONSIVE, *DISRUPTION_CAUSES,
     Cause.UNKNOWN,
 )  # fmt: skip
+
+
+class Origin(StrEnum):
+    """Whose doing a terminal verdict was: what a platform bills, retries or alerts on."""
+
+    WORKLOAD = "Workload"  # the sandbox itself: exited, OOM-killed, unresponsive, restarted
+    INFRASTRUCTURE = "Infrastructure"  # the cluster: a disruption, its node lost or pressed
+    PLATFORM = "Platform"  # on purpose: deleted, completed, suspended, expired
+    UNKNOWN = "Unknown"  # nobody saw how it ended, or nothing said why
+
+
+_ORIGINS = {
+    Cause.CONTAINER_EXITED: Origin.WORKLOAD,
+    Cause.OOM_KILLED: Origin.WORKLOAD,
+    Cause.UNRESPONSIVE: Origin.WORKLOAD,
+    Cause.FAILED_BEFORE_READY: Origin.WORKLOAD,
+    **dict.fromkeys(DISRUPTION_CAUSES, Origin.INFRASTRUCTURE),
+    Cause.DELETED: Origin.PLATFORM,
+    Cause.COMPLETED: Origin.PLATFORM,
+    Cause.SUSPENDED: Origin.PLATFORM,
+    Cause.EXPIRED: Origin.PLATFORM,
+}
+
+
+def origin_of(cause: Cause | None) -> Origin:
+    """Whose doing a verdict with this cause was (Unknown, Unobserved, none: Unknown)."""
+    return _ORIGINS.get(cause, Origin.UNKNOWN) if cause is not None else Origin.UNKNOWN
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +109,13 @@ class Evidence:
     last_ready_at: datetime | None
     ready_drop_at: datetime | None
     declared_at: datetime
+    # the DisruptionTarget condition that ended it, as its component wrote it
+    disruption: str | None = None  # its reason: EvictionByEvictionAPI, DeletionByPodGC, ...
+    message: str | None = None  # its message: "Eviction API: evicting", ...
+
+    @property
+    def origin(self) -> Origin:
+        return origin_of(self.cause)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON-ready form (RFC 3339 UTC times), as replay and logs print it."""
@@ -78,6 +126,7 @@ class Evidence:
             "state": str(self.state),
             "policy": self.policy,
             "cause": str(self.cause),
+            "origin": str(self.origin),
             "container": self.container,
             "exit_code": self.exit_code,
             "reason": self.reason,
@@ -85,4 +134,6 @@ class Evidence:
             "last_ready_at": format_time(self.last_ready_at),
             "ready_drop_at": format_time(self.ready_drop_at),
             "declared_at": format_time(self.declared_at),
+            "disruption": self.disruption,
+            "message": self.message,
         }

@@ -34,7 +34,7 @@ from deathwatch._engine.engine import SignalKind, Step, Track
 from deathwatch._engine.fleet import Fleet
 from deathwatch._engine.podview import PodView
 from deathwatch._engine.timeutil import UTC, parse_time
-from deathwatch._engine.verdict import Cause, State
+from deathwatch._engine.verdict import Cause, State, origin_of
 from deathwatch._operator import decisions, documents
 from deathwatch._operator.agent_sandboxes import AgentSandboxes, SandboxObject
 from deathwatch._operator.deathwatches import Change, DeathWatches
@@ -220,7 +220,7 @@ class Controller:
         dead = track.state is State.DEAD
         owner = sandbox.agent_sandbox
         ref = self.agent_sandboxes.ref(track.namespace, owner) if owner is not None else None
-        status, obj, events = documents.verdict(
+        status, obj, labels, events = documents.verdict(
             track, watch, sandbox.node, sandbox.deleted_at, sandbox.shield, sandbox.shield_since,
             announce, ref,
         )  # fmt: skip
@@ -228,6 +228,7 @@ class Controller:
             SV_PLURAL, track.namespace, track.name,
             status=status,
             create=obj,
+            labels=labels,
             events=events,
             priority=URGENT if dead else NORMAL,
             received=received if dead else None,
@@ -245,12 +246,15 @@ class Controller:
                 cause = str(track.cause) if track.cause else None
                 log.info("verdict", namespace=track.namespace, pod=track.name, uid=track.uid,
                          **{"from": str(signal.previous), "to": str(track.state)},
-                         policy=track.policy, cause=cause)  # fmt: skip
+                         policy=track.policy, cause=cause,
+                         origin=str(origin_of(track.cause)) if track.state.terminal else None,
+                         disruption=track.disruption.reason if track.disruption else None,
+                         )  # fmt: skip
                 self.metrics.verdicts.labels(
                     str(track.state), track.policy, str(track.cause or "")
                 ).inc()
                 if track.state is State.DEAD:
-                    self.metrics.death(node or "", str(track.cause or ""))
+                    self.metrics.death(node or "", track.cause or Cause.UNKNOWN)
                 if track.cause is Cause.UNOBSERVED:
                     log.warning("lost track: the pod is gone and nobody saw how it ended",
                                 namespace=track.namespace, pod=track.name, uid=track.uid,
@@ -387,7 +391,8 @@ class Controller:
         """A verdict listed at start, before any pod: the engine's memory rebuilt from it
         (nothing it needs lives only in memory). False if it cannot be used."""
         status = verdict.status or {}
-        self.writer.knows(SV_PLURAL, verdict.namespace, verdict.name, status, verdict.version)
+        self.writer.knows(SV_PLURAL, verdict.namespace, verdict.name, status, verdict.version,
+                          verdict.labels)  # fmt: skip
         track = documents.track_from_status(verdict.namespace, verdict.name, status)
         if track is None:
             return False
@@ -422,7 +427,7 @@ class Controller:
         another term's, seen by a leader)."""
         status = None if kind is Kind.DELETED else verdict.status
         key = (SV_PLURAL, verdict.namespace, verdict.name)
-        contested = self.writer.observed(*key, status, verdict.version)
+        contested = self.writer.observed(*key, status, verdict.version, verdict.labels)
         if contested:
             self.republish([key])
         elif (

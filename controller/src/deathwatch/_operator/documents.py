@@ -18,11 +18,13 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from deathwatch._engine.engine import Track
+from deathwatch._engine.podview import Disruption
 from deathwatch._engine.timeutil import format_time
-from deathwatch._engine.verdict import Cause, Evidence, State
+from deathwatch._engine.verdict import Cause, Evidence, Origin, State, origin_of
 from deathwatch._operator.resources import (
     API_VERSION,
     MANAGED_BY,
+    ORIGIN_LABEL,
     POD_UID_LABEL,
     SANDBOX_LABEL,
     WATCH_LABEL,
@@ -30,9 +32,11 @@ from deathwatch._operator.resources import (
     ConditionStatus,
     ConditionType,
     DeathWatchStatus,
+    DisruptionStatus,
     EventReason,
     FirewallCoverage,
     LastDeath,
+    OriginCounts,
     Reason,
     SandboxRef,
     SandboxVerdictSpec,
@@ -74,17 +78,36 @@ def condition(
 # --- SandboxVerdict ------------------------------------------------------------------------
 
 
+_BY_WHOM = {
+    Origin.WORKLOAD: "the workload's own doing",
+    Origin.INFRASTRUCTURE: "the infrastructure's doing",
+    Origin.PLATFORM: "the platform's doing, on purpose",
+    Origin.UNKNOWN: "whose doing is unknown",
+}
+
+
 def verdict_message(track: Track) -> str:
     e = track.evidence
     if track.state is State.DEAD and e is not None:
-        return f"declared dead ({evidence_summary(e)}) by policy {track.policy}"
+        return (
+            f"declared dead ({evidence_summary(e)}) by policy {track.policy}: {_BY_WHOM[e.origin]}"
+        )
+    if track.state is State.SUSPECT and track.cause is Cause.DISRUPTING:
+        d = track.disruption
+        said = f"{d.reason}: {d.message}" if d is not None and d.message else (
+            d.reason if d is not None else "DisruptionTarget"
+        )  # fmt: skip
+        return (
+            f"the cluster is taking it ({said}); Dead once its deletion is requested, "
+            "Alive again if the condition is cleared"
+        )
     if track.state is State.SUSPECT:
         return (
             f"not Ready since {format_time(track.ready_drop_at)}; "
             f"dead at {format_time(track.deadline)} unless it recovers"
         )
     if track.state is State.GONE:
-        return f"gone ({track.cause}) without dying"
+        return f"gone ({track.cause}) without dying: {_BY_WHOM[origin_of(track.cause)]}"
     if track.state is State.PENDING:
         return "not Ready yet"
     return f"Ready since {format_time(track.last_ready_at)}"
@@ -99,6 +122,8 @@ def evidence_details(e: Evidence | None) -> list[str]:
     if e is None:
         return []
     parts = []
+    if e.disruption:
+        parts.append(f"DisruptionTarget {e.disruption}" + (f": {e.message}" if e.message else ""))
     if e.container:
         parts.append(f"container {e.container}")
     if e.exit_code is not None:
@@ -106,6 +131,12 @@ def evidence_details(e: Evidence | None) -> list[str]:
     if e.reason:
         parts.append(f"reason {e.reason}")
     return parts
+
+
+def disruption_status(d: Disruption | None) -> DisruptionStatus | None:
+    if d is None:
+        return None
+    return DisruptionStatus(reason=d.reason, message=d.message, since=d.since)
 
 
 _ALIVE = {
@@ -165,6 +196,8 @@ def verdict_status(
         state=track.state,
         policy=track.policy,
         cause=track.cause,
+        origin=origin_of(track.cause) if track.state.terminal else None,
+        disruption=disruption_status(track.disruption),
         container=e.container if e else None,
         exit_code=e.exit_code if e else None,
         reason=e.reason if e else None,
@@ -178,6 +211,7 @@ def verdict_status(
         declared_at=e.declared_at if e else None,
         pod_deleted_at=deleted_at,
         sandbox=sandbox,
+        policy_error=track.policy_error,
         ready_drops=track.ready_drops,
         flaps=track.flaps,
         false_positive=track.false_positive,
@@ -195,12 +229,22 @@ def verdict(
     shield_since: datetime | None,
     announce: Iterable[Announcement] = (),
     sandbox: SandboxRef | None = None,
-) -> tuple[dict[str, Any], dict[str, Any], list[PodEvent]]:
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, str], list[PodEvent]]:
     """A sandbox's SandboxVerdict: its status document, the object to create if it does not
-    exist yet, and the Events that announce what `decide` chose to."""
+    exist yet, the labels it must carry as it changes (its origin, once it has ended), and
+    the Events that announce what `decide` chose to."""
     status = verdict_status(track, node, deleted_at, shield, shield_since, sandbox)
-    obj = verdict_object(track.namespace, track.name, watch, track.uid, sandbox)
-    return to_document(status), obj, events(track, announce)
+    labels = verdict_labels(track)
+    obj = verdict_object(track.namespace, track.name, watch, track.uid, sandbox, labels)
+    return to_document(status), obj, labels, events(track, announce)
+
+
+def verdict_labels(track: Track) -> dict[str, str]:
+    """The labels a verdict gains as it changes: `deathwatch.dev/origin` once it has ended
+    (a terminal verdict never changes again, so neither does the label)."""
+    if not track.state.terminal:
+        return {}
+    return {ORIGIN_LABEL: str(origin_of(track.cause))}
 
 
 def events(track: Track, announcements: Iterable[Announcement]) -> list[PodEvent]:
@@ -224,7 +268,12 @@ _LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 
 
 def verdict_object(
-    namespace: str, name: str, watch: Watch, pod_uid: str, sandbox: SandboxRef | None = None
+    namespace: str,
+    name: str,
+    watch: Watch,
+    pod_uid: str,
+    sandbox: SandboxRef | None = None,
+    more: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """A new SandboxVerdict (status comes with the next write: it is a subresource), owned by
     its DeathWatch, so it is garbage-collected with it; labelled with its DeathWatch, its
@@ -237,6 +286,7 @@ def verdict_object(
     }
     if sandbox is not None and _LABEL_VALUE.fullmatch(sandbox.name):
         labels[SANDBOX_LABEL] = sandbox.name  # a longer name (up to 253) is in status only
+    labels.update(more or {})
     return {
         "apiVersion": API_VERSION,
         "kind": "SandboxVerdict",
@@ -261,9 +311,10 @@ def track_from_status(namespace: str, name: str, status: Mapping[str, Any]) -> T
     changed_at = next(
         (c.last_transition_time for c in sv.conditions if c.type == ConditionType.ALIVE), None
     )
-    policy_error = next(
-        (_policy_error(c.message) for c in sv.conditions if c.type == ConditionType.POLICY_ERROR),
-        None,
+    disruption = (
+        Disruption(sv.disruption.reason, sv.disruption.message, sv.disruption.since)
+        if sv.disruption is not None
+        else None
     )
     evidence = None
     if sv.state.terminal and sv.declared_at is not None:
@@ -281,6 +332,8 @@ def track_from_status(namespace: str, name: str, status: Mapping[str, Any]) -> T
             last_ready_at=sv.last_ready_at,
             ready_drop_at=sv.ready_drop_at,
             declared_at=sv.declared_at,
+            disruption=disruption.reason if disruption else None,
+            message=disruption.message if disruption else None,
         )
     return Track(
         uid=sv.pod_uid,
@@ -301,14 +354,9 @@ def track_from_status(namespace: str, name: str, status: Mapping[str, Any]) -> T
         probe_blocked=sv.probe_blocked_by_firewall,
         evidence=evidence,
         changed_at=changed_at,
-        policy_error=policy_error,
+        policy_error=sv.policy_error,
+        disruption=disruption,
     )
-
-
-def _policy_error(message: str) -> str:
-    """The error inside a PolicyError condition's message (see verdict_status)."""
-    inside = message.split(" failed (", 1)[-1]
-    return inside.rsplit("); judged by ", 1)[0]
 
 
 # --- DeathWatch ----------------------------------------------------------------------------
@@ -411,6 +459,12 @@ def deathwatch_status(
         gone=counts[State.GONE],
         flaps=summary.flaps,
         false_positives=summary.false_positives,
+        deaths=OriginCounts(
+            workload=summary.deaths[Origin.WORKLOAD],
+            infrastructure=summary.deaths[Origin.INFRASTRUCTURE],
+            platform=summary.deaths[Origin.PLATFORM],
+            unknown=summary.deaths[Origin.UNKNOWN],
+        ),
         observed_generation=generation,
         leader=leader,
         firewall=firewall,
@@ -421,6 +475,7 @@ def deathwatch_status(
                 pod_uid=e.pod_uid,
                 policy=e.policy,
                 cause=e.cause,
+                origin=e.origin,
                 container=e.container,
                 exit_code=e.exit_code,
                 ready_drop_at=e.ready_drop_at,
@@ -485,13 +540,15 @@ def _event(track: Track, reason: EventReason, message: str) -> PodEvent:
 
 
 def dead_event(track: Track) -> PodEvent:
+    """One per pod: its death, whose doing it was, and its evidence; for a disruption of the
+    cluster's, the condition's reason and the component's own message."""
     details = evidence_details(track.evidence)
     detail = f" ({', '.join(details)})" if details else ""
     return _event(
         track,
         EventReason.SANDBOX_DEAD,
-        f"Sandbox dead: {track.cause}{detail}; Ready dropped at "
-        f"{format_time(track.ready_drop_at)}, policy {track.policy}",
+        f"Sandbox dead: {track.cause}, {_BY_WHOM[origin_of(track.cause)]}{detail}; "
+        f"Ready dropped at {format_time(track.ready_drop_at)}, policy {track.policy}",
     )
 
 

@@ -1,4 +1,4 @@
-"""The operator's calls on the Kubernetes API, over `rest.Rest`: the writer's five, the Lease's
+"""The operator's calls on the Kubernetes API, over `rest.Rest`: the writer's six, the Lease's
 four, and the names failures are counted and logged by.
 
 Every call has a deadline (rest.API_TIMEOUT, 30 s: a silently dropped TCP connection fails
@@ -45,6 +45,7 @@ class Fenced(Exception):
 
 class _Meta(msgspec.Struct, rename="camel"):
     resource_version: str = ""
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class _Versioned(msgspec.Struct):
@@ -107,6 +108,19 @@ class ApiWrites:
         )
         return _versioned(data).metadata.resource_version
 
+    async def patch_labels(
+        self, plural: str, namespace: str, name: str, labels: dict[str, str], version: str
+    ) -> str:
+        """A merge patch of these labels alone (others, a person's too, are left as they
+        are), with the resourceVersion as its precondition: 409 if the object moved."""
+        body = {"metadata": {"resourceVersion": version, "labels": labels}}
+        self._guard()
+        data = await self.rest.request(
+            "PATCH", f"{objects(plural, namespace)}/{name}", params=self.manager, body=body,
+            content_type="application/merge-patch+json",
+        )  # fmt: skip
+        return _versioned(data).metadata.resource_version
+
     async def delete(self, plural: str, namespace: str, name: str, version: str) -> None:
         body = {
             "apiVersion": "v1",
@@ -118,7 +132,7 @@ class ApiWrites:
 
     async def read_status(
         self, plural: str, namespace: str, name: str
-    ) -> tuple[dict[str, Any], str] | None:
+    ) -> tuple[dict[str, Any], str, dict[str, str]] | None:
         try:
             data = await self.rest.request("GET", f"{objects(plural, namespace)}/{name}/status")
         except ApiError as exc:
@@ -126,7 +140,7 @@ class ApiWrites:
                 return None
             raise
         read = _with_status(data)
-        return read.status or {}, read.metadata.resource_version
+        return read.status or {}, read.metadata.resource_version, read.metadata.labels
 
     async def create_event(self, namespace: str, body: dict[str, Any]) -> None:
         self._guard()

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from deathwatch._engine.verdict import DEAD_CAUSES
+from deathwatch._engine.verdict import DEAD_CAUSES, Cause, origin_of
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -53,8 +53,10 @@ class Metrics:
         )
         self.deaths = Counter(
             "deathwatch_sandbox_deaths",
-            "Sandboxes declared Dead, by node and cause (a node or a runtime dying shows here)",
-            ["node", "cause"],
+            "Sandboxes declared Dead, by node, cause and origin (Workload: its own doing; "
+            "Infrastructure: a drain, preemption, taint eviction, node lost, deleted, shut down "
+            "or pressed)",
+            ["node", "cause", "origin"],
             registry=r,
         )
         self._death_nodes: set[str] = set()
@@ -179,9 +181,9 @@ class Metrics:
             registry=r,
         )
 
-    def death(self, node: str, cause: str) -> None:
+    def death(self, node: str, cause: Cause) -> None:
         self.node_seen(node)
-        self.deaths.labels(node, cause).inc()
+        self.deaths.labels(node, str(cause), str(origin_of(cause))).inc()
 
     def node_seen(self, node: str) -> None:
         """Start a node's death counters at 0 the first time a sandbox is seen on it: increase()
@@ -190,7 +192,7 @@ class Metrics:
         if node not in self._death_nodes:
             self._death_nodes.add(node)
             for cause in DEAD_CAUSES:
-                self.deaths.labels(node, str(cause))
+                self.deaths.labels(node, str(cause), str(origin_of(cause)))
 
     def policies_known(self, names: Iterable[str]) -> None:
         """Start every policy's counters at 0: a policy's first error must show in increase()."""

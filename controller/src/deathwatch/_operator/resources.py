@@ -15,7 +15,7 @@ from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
-from deathwatch._engine.verdict import Cause, State
+from deathwatch._engine.verdict import Cause, Origin, State
 
 GROUP: Final = "deathwatch.dev"
 VERSION: Final = "v1alpha1"
@@ -28,6 +28,9 @@ POD_UID_LABEL: Final = "deathwatch.dev/pod-uid"  # on each SandboxVerdict: its p
 # on the SandboxVerdict of an agent-sandbox Sandbox's pod: the Sandbox's name, which a warm
 # pool's adoption by a claim keeps (`kubectl get sv -l deathwatch.dev/sandbox=NAME`)
 SANDBOX_LABEL: Final = "deathwatch.dev/sandbox"
+# on a terminal SandboxVerdict: whose doing its end was (Workload, Infrastructure, Platform,
+# Unknown): `kubectl get sv -l deathwatch.dev/origin=Infrastructure`
+ORIGIN_LABEL: Final = "deathwatch.dev/origin"
 AGENT_SANDBOX: Final = "agent-sandbox"  # DeathWatch spec.sandboxes
 
 Time = Annotated[datetime, msgspec.Meta(tz=True)]
@@ -134,10 +137,20 @@ class LastDeath(_Object, frozen=True):
     pod_uid: str = msgspec.field(name="podUID")
     policy: str
     cause: Cause
+    origin: Origin | None = None
     container: str | None = None
     exit_code: int | None = None
     ready_drop_at: Time | None = None
     declared_at: Time | None = None
+
+
+class OriginCounts(_Object, frozen=True):
+    """Ended sandboxes (Dead or Gone) by whose doing their end was: always written, 0s too."""
+
+    workload: int
+    infrastructure: int
+    platform: int
+    unknown: int
 
 
 class DeathWatchStatus(_Object, frozen=True):
@@ -150,6 +163,8 @@ class DeathWatchStatus(_Object, frozen=True):
     gone: int
     flaps: int
     false_positives: int
+    # Dead by whose doing (Workload: its own; Infrastructure: the cluster's disruptions)
+    deaths: OriginCounts
     observed_generation: int | None = None
     leader: str | None = None  # the controller replica that holds the Lease and writes
     term: int | None = None  # stamped by the writer (writer.py): the term that wrote it
@@ -183,6 +198,14 @@ class SandboxRef(_Object, frozen=True):
     warm_pool: ObjectName | None = None
 
 
+class DisruptionStatus(_Object, frozen=True):
+    """The pod's DisruptionTarget condition behind the verdict, as its component wrote it."""
+
+    reason: str  # EvictionByEvictionAPI, PreemptionByScheduler, DeletionByTaintManager, ...
+    message: str | None = None  # "Eviction API: evicting", ...
+    since: Time | None = None  # when it was set
+
+
 class SandboxVerdictStatus(_Object, frozen=True):
     """The verdict and everything the engine needs to carry on after a restart."""
 
@@ -195,6 +218,8 @@ class SandboxVerdictStatus(_Object, frozen=True):
     false_positive: bool
     probe_blocked_by_firewall: bool
     cause: Cause | None = None
+    origin: Origin | None = None  # on Dead and Gone: whose doing the end was
+    disruption: DisruptionStatus | None = None  # the cluster is taking it, or took it
     container: str | None = None
     exit_code: int | None = None
     reason: str | None = None
@@ -206,6 +231,8 @@ class SandboxVerdictStatus(_Object, frozen=True):
     declared_at: Time | None = None
     pod_deleted_at: Time | None = None
     sandbox: SandboxRef | None = None
+    # while the pod's policy fails: why (it is judged by container-state meanwhile)
+    policy_error: str | None = None
     term: int | None = None  # stamped by the writer (writer.py): the term that wrote it
     conditions: list[Condition] = msgspec.field(default_factory=list)
 

@@ -8,9 +8,11 @@ new leader does not rewrite a verdict only to put its own times on it; a time th
 or disappears still counts). It is computed once per desired status, when the desire is
 made, and once per status a watch shows: nothing else hashes or dumps a status.
 
-What the API holds is kept as `Held(gist, version)`: no status document per object (10,000
-sandboxes must not cost 10,000 status dicts), just enough to tell "already written" and to
-send the next write with its precondition.
+What the API holds is kept as `Held(gist, version, labels)`: no status document per object
+(10,000 sandboxes must not cost 10,000 status dicts), just enough to tell "already written"
+and to send the next write with its precondition. The few labels the writer keeps up to date
+after an object is created (`WRITTEN_LABELS`: a verdict's origin, once it has ended) are
+compared the same way, by one hash of their values.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from typing import Any, Final
 import msgspec
 
 TERM: Final = "term"  # the status field the writer stamps: which term wrote it (ADR 0011)
+# the labels the writer maintains on an object it created (documents.verdict_labels)
+WRITTEN_LABELS: Final = ("deathwatch.dev/origin",)
 # When each replica noticed something: masked by value, kept by presence.
 VOLATILE: Final = frozenset({"declaredAt", "podDeletedAt", "lastTransitionTime", "observedAt"})
 _encode = msgspec.json.Encoder(order="sorted").encode
@@ -42,15 +46,26 @@ def gist(status: Mapping[str, Any] | None) -> int:
 EMPTY: Final = gist({})  # a SandboxVerdict just created: its status is yet to be written
 
 
+def label_gist(labels: Mapping[str, str] | None) -> int:
+    """The one hash of the written labels' values (absent ones included, as absent)."""
+    labels = labels or {}
+    return hash(tuple(labels.get(k) for k in WRITTEN_LABELS))
+
+
+NO_LABELS: Final = label_gist(None)
+
+
 class Held:
-    """What the API holds for one object, as last written or seen: the gist of its status
-    and its resourceVersion, the precondition of the next write."""
+    """What the API holds for one object, as last written or seen: the gist of its status,
+    its resourceVersion (the precondition of the next write) and the gist of its written
+    labels."""
 
-    __slots__ = ("gist", "version")
+    __slots__ = ("gist", "labels", "version")
 
-    def __init__(self, gist: int, version: str) -> None:
+    def __init__(self, gist: int, version: str, labels: int = NO_LABELS) -> None:
         self.gist = gist
         self.version = version
+        self.labels = labels
 
     def __repr__(self) -> str:
-        return f"Held({self.gist}, {self.version!r})"
+        return f"Held({self.gist}, {self.version!r}, {self.labels})"

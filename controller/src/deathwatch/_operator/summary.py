@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from deathwatch._engine.verdict import Evidence, State
+from deathwatch._engine.verdict import Evidence, Origin, State
 from deathwatch._operator.decisions import Facts
 from deathwatch._operator.resources import ConditionStatus
 
@@ -29,6 +29,7 @@ class Summary:
     counts: Counter[State] = field(default_factory=Counter)
     flaps: int = 0
     false_positives: int = 0
+    deaths: Counter[Origin] = field(default_factory=Counter)  # Dead verdicts by whose doing
     exposed: Counter[str] = field(default_factory=Counter)  # node -> live exposed sandboxes
     # every Dead verdict, oldest first: (declared at, pod name, uid) and its evidence
     _deaths: list[tuple[datetime, str, str]] = field(default_factory=list)
@@ -43,6 +44,7 @@ class Summary:
             if self.exposed[f.exposed_on] <= 0:
                 del self.exposed[f.exposed_on]
         if f.death is not None:
+            self.deaths[f.death.origin] += sign
             entry = (f.death.declared_at, f.death.name, f.death.pod_uid)
             if sign > 0:
                 bisect.insort(self._deaths, entry)

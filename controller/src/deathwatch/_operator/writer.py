@@ -56,7 +56,7 @@ from deathwatch._operator.documents import PodEvent
 from deathwatch._operator.kube import Fenced, api_message, retryable, status_code
 from deathwatch._operator.metrics import Metrics
 from deathwatch._operator.resources import DW_PLURAL, SV_PLURAL
-from deathwatch._operator.status_writes import EMPTY, TERM, Held, gist
+from deathwatch._operator.status_writes import EMPTY, NO_LABELS, TERM, Held, gist, label_gist
 
 log = structlog.get_logger("deathwatch.writer")
 
@@ -66,9 +66,10 @@ Key = tuple[str, str, str]  # (plural, namespace, name)
 
 
 class WriteApi(Protocol):
-    """The writer's calls; each raises the client's ApiException on refusal. `create` and
-    `replace_status` return the object's new resourceVersion; `replace_status` and `delete`
-    fail (409) if the object is no longer at `version`."""
+    """The writer's calls; each raises the client's ApiException on refusal. `create`,
+    `replace_status` and `patch_labels` return the object's new resourceVersion;
+    `replace_status`, `patch_labels` and `delete` fail (409) if the object is no longer at
+    `version`. `read_status` returns the status, the version and the labels."""
 
     async def create(self, plural: str, namespace: str, body: dict[str, Any]) -> str: ...
 
@@ -76,11 +77,15 @@ class WriteApi(Protocol):
         self, plural: str, namespace: str, name: str, status: dict[str, Any], version: str
     ) -> str: ...
 
+    async def patch_labels(
+        self, plural: str, namespace: str, name: str, labels: dict[str, str], version: str
+    ) -> str: ...
+
     async def delete(self, plural: str, namespace: str, name: str, version: str) -> None: ...
 
     async def read_status(
         self, plural: str, namespace: str, name: str
-    ) -> tuple[dict[str, Any], str] | None: ...
+    ) -> tuple[dict[str, Any], str, dict[str, str]] | None: ...
 
     async def create_event(self, namespace: str, body: dict[str, Any]) -> None: ...
 
@@ -96,6 +101,8 @@ class Desired:
     name: str
     status: dict[str, Any] | None = None
     create: dict[str, Any] | None = None  # SandboxVerdicts: the object, if it must be created
+    # the written labels it must carry (status_writes.WRITTEN_LABELS; None: no requirement)
+    labels: dict[str, str] | None = None
     delete: str | None = None  # delete the SandboxVerdict if it still is this pod uid's
     events: list[PodEvent] = field(default_factory=list)
     priority: int = NORMAL
@@ -103,13 +110,24 @@ class Desired:
     ready_drop_at: datetime | None = None  # for the verdict latency metric (Dead only)
     attempt: int = 0
     gist: int = field(init=False)
+    label_gist: int | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.gist = gist(self.status) if self.status is not None else 0
+        self.label_gist = label_gist(self.labels) if self.labels is not None else None
 
     @property
     def key(self) -> Key:
         return (self.plural, self.namespace, self.name)
+
+    def held_by(self, held: Held | None) -> bool:
+        """The API holds the status (and the written labels) this desire asks for."""
+        return (
+            held is not None
+            and self.status is not None
+            and held.gist == self.gist
+            and (self.label_gist is None or held.labels == self.label_gist)
+        )
 
     @property
     def says(self) -> bool:
@@ -121,6 +139,7 @@ class Desired:
         of Events only (reconcile) leaves this one's status or deletion standing."""
         if not newer.says:
             newer.status, newer.create, newer.delete = self.status, self.create, self.delete
+            newer.labels, newer.label_gist = self.labels, self.label_gist
             newer.gist = self.gist
         newer.events = self.events + [e for e in newer.events if e not in self.events]
         newer.priority = min(self.priority, newer.priority)
@@ -136,9 +155,20 @@ class Debt:
     and the Events it would post. The document is built again only if it takes over."""
 
     gist: int
+    labels: int | None
     delete: str | None
     priority: int
     events: list[PodEvent]
+
+    def settled_by(self, held: Held | None) -> bool:
+        """The API holds what this debt was for (the leader wrote it)."""
+        if self.delete is not None:
+            return held is None
+        return (
+            held is not None
+            and held.gist == self.gist
+            and (self.labels is None or held.labels == self.labels)
+        )
 
 
 Spawn = Callable[[str, Callable[[], Any]], None]
@@ -188,9 +218,9 @@ class Writer:
     # --- what the controller asks for ---------------------------------------------------
 
     def knows(self, plural: str, namespace: str, name: str, status: Mapping[str, Any] | None,
-              version: str) -> None:  # fmt: skip
+              version: str, labels: Mapping[str, str] | None = None) -> None:  # fmt: skip
         """Record an object as the API holds it (listed at start, read, or watched)."""
-        self.held[(plural, namespace, name)] = Held(gist(status), version)
+        self.held[(plural, namespace, name)] = Held(gist(status), version, label_gist(labels))
 
     def forget(self, plural: str, namespace: str, name: str) -> None:
         """The object went with its owner: nothing is known or owed about it any more."""
@@ -212,7 +242,7 @@ class Writer:
                 e for e in d.events if e not in debt.events
             ]  # fmt: skip
             priority = d.priority if debt is None else min(debt.priority, d.priority)
-            self._owed[key] = Debt(d.gist, d.delete, priority, events)
+            self._owed[key] = Debt(d.gist, d.label_gist, d.delete, priority, events)
             return
         previous = self._pending.get(key)
         self._pending[key] = previous.merged_into(d) if previous else d
@@ -225,7 +255,7 @@ class Writer:
         held = self.held.get(d.key)
         if d.delete is not None:
             return held is None
-        return held is not None and d.status is not None and held.gist == d.gist
+        return d.held_by(held)
 
     def reconcile(self, events: Iterable[PodEvent]) -> None:
         """Events that may have been lost between a verdict and its Event (a crash, a leader
@@ -245,8 +275,7 @@ class Writer:
         self._leading.set()
         owed: list[Key] = []
         for key, debt in list(self._owed.items()):
-            held = self.held.get(key)
-            settled = held is None if debt.delete else held is not None and held.gist == debt.gist
+            settled = debt.settled_by(self.held.get(key))
             if settled and not debt.events:
                 continue
             owed.append(key)
@@ -265,7 +294,8 @@ class Writer:
         self._update_idle()
 
     def observed(self, plural: str, namespace: str, name: str,
-                 status: Mapping[str, Any] | None, version: str) -> bool:  # fmt: skip
+                 status: Mapping[str, Any] | None, version: str,
+                 labels: Mapping[str, str] | None = None) -> bool:  # fmt: skip
         """What a watch shows the API holds (None: deleted). Standing by, that is the
         leader's work: it becomes what is known and settles our debt for it. Leading, a
         status of our own term is our own write coming back (its version is already known);
@@ -279,17 +309,15 @@ class Writer:
             log.warning("a write that is not this leader's landed", resource=plural,
                         namespace=namespace, name=name, term=status[TERM], own_term=self.term,
                         resource_version=version)  # fmt: skip
-            self.held[key] = Held(gist(status), version)
+            self.held[key] = Held(gist(status), version, label_gist(labels))
             return True
         if status is None:
             self.held.pop(key, None)
         else:
-            self.held[key] = Held(gist(status), version)
+            self.held[key] = Held(gist(status), version, label_gist(labels))
         debt = self._owed.get(key)
-        if debt is not None:
-            held = self.held.get(key)
-            if (held is None) if debt.delete else (held is not None and held.gist == debt.gist):
-                del self._owed[key]  # the leader wrote what we would have (its Events with it)
+        if debt is not None and debt.settled_by(self.held.get(key)):
+            del self._owed[key]  # the leader wrote what we would have (its Events with it)
         return False
 
     @property
@@ -401,7 +429,7 @@ class Writer:
 
     async def _write(self, d: Desired) -> None:
         held = self.held.get(d.key)
-        says = d.says and not (held is not None and d.status is not None and held.gist == d.gist)
+        says = d.says and not d.held_by(held)
         if d.delete is not None:
             await self._post_all(d)
             await self._delete(d, d.delete)
@@ -443,14 +471,16 @@ class Writer:
         if current is None:
             self.held.pop(d.key, None)
             return None
-        status, version = current
-        held = self.held[d.key] = Held(gist(status), version)
+        status, version, labels = current
+        held = self.held[d.key] = Held(gist(status), version, label_gist(labels))
         return held, status
 
     async def _write_status(self, d: Desired) -> None:
+        """The status, then the written labels (a verdict's origin): two writes, each with
+        the version it was computed against; the status first, because it is the verdict."""
         assert d.status is not None  # noqa: S101 - called only for a status
         key, noun = d.key, KINDS[d.plural]
-        for attempt in range(3):  # created, conflicted or vanished meanwhile: try again, bounded
+        for attempt in range(4):  # created, conflicted or vanished meanwhile: try again, bounded
             held = self.held.get(key)
             if held is None and attempt == 0 and d.create is None:
                 read = await self._read(d)  # never seen: its version first, never a blind write
@@ -468,28 +498,47 @@ class Writer:
                         raise
                     await self._read(d)  # exists after all: write on what it holds
                     continue
-                held = self.held[key] = Held(EMPTY, version)
-            if held.gist == d.gist:
-                return  # it holds this already
-            self._check()
-            try:
-                version = await self._call(
-                    f"replace_{noun}_status", self.api.replace_status, d.plural, d.namespace,
-                    d.name, {**d.status, TERM: self.term}, held.version,
-                )  # fmt: skip
-            except Exception as exc:
-                code = status_code(exc)
-                if code == "409":  # written meanwhile (another term): re-read, re-compare
-                    await self._read(d)
-                    continue
-                if code == "404":  # deleted behind our back: create it again, or drop it
-                    self.held.pop(key, None)
-                    continue
-                raise
-            self.held[key] = Held(d.gist, version)
-            self._written(d)
+                created = label_gist(d.create.get("metadata", {}).get("labels"))
+                held = self.held[key] = Held(EMPTY, version, created)
+            if held.gist != d.gist:
+                self._check()
+                try:
+                    version = await self._call(
+                        f"replace_{noun}_status", self.api.replace_status, d.plural,
+                        d.namespace, d.name, {**d.status, TERM: self.term}, held.version,
+                    )  # fmt: skip
+                except Exception as exc:
+                    if await self._conflicted(d, exc):
+                        continue
+                    raise
+                held = self.held[key] = Held(d.gist, version, held.labels)
+                self._written(d)
+            if d.labels is not None and held.labels != d.label_gist:
+                self._check()
+                try:
+                    version = await self._call(
+                        f"label_{noun}", self.api.patch_labels, d.plural, d.namespace, d.name,
+                        d.labels, held.version,
+                    )  # fmt: skip
+                except Exception as exc:
+                    if await self._conflicted(d, exc):
+                        continue
+                    raise
+                wanted = d.label_gist if d.label_gist is not None else NO_LABELS
+                self.held[key] = Held(held.gist, version, wanted)
             return
         raise RuntimeError(f"{d.plural} {d.namespace}/{d.name}: changed under every try")
+
+    async def _conflicted(self, d: Desired, exc: Exception) -> bool:
+        """A write refused because the object moved: True when it is worth another try."""
+        code = status_code(exc)
+        if code == "409":  # written meanwhile (another term): re-read, re-compare
+            await self._read(d)
+            return True
+        if code == "404":  # deleted behind our back: create it again, or drop it
+            self.held.pop(d.key, None)
+            return True
+        return False
 
     def _written(self, d: Desired) -> None:
         if d.ready_drop_at is not None and d.status is not None and d.status.get("state") == "Dead":

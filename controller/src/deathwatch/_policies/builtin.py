@@ -8,6 +8,10 @@ exec-probe      exec readiness probes can flap (slow command, loaded container):
 container-state Ready means nothing (e.g. a tcpSocket/httpGet/grpc probe that the node firewall
                 refuses, since kubelet probes from the host): only a terminated or restarted
                 container is death.
+
+All three first ask `by_disruption`: a disruption of the cluster's that can no longer be
+undone (drain, preemption, taint eviction, node deleted, node shutdown, node pressure) is the
+sandbox's death, named for it.
 """
 
 from __future__ import annotations
@@ -15,7 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from deathwatch._engine.contract import Decision, PolicySettings, Situation, by_containers
+from deathwatch._engine.contract import (
+    Decision,
+    PolicySettings,
+    Situation,
+    by_containers,
+    by_disruption,
+)
 from deathwatch._engine.podview import PodView, ProbeView
 from deathwatch._engine.verdict import Cause, State
 
@@ -36,11 +46,16 @@ def exec_window(pod: PodView, multiplier: float) -> timedelta:
 @dataclass(frozen=True, slots=True)
 class NoProbe:
     name: str = "no-probe"
+    # Ready means "the containers run": a pod first seen stopped was Ready and died
+    ready_means_running: bool = True
 
     def applies(self, pod: PodView, settings: PolicySettings) -> bool:
         return not pod.readiness_probes
 
     def judge(self, s: Situation) -> Decision:
+        disrupted = by_disruption(s)
+        if disrupted is not None:
+            return disrupted
         if s.container_death is not None:
             return Decision(State.DEAD, s.container_death.cause)
         if s.ready_drop_at is not None:
@@ -56,6 +71,9 @@ class ExecProbe:
         return bool(pod.readiness_probes) and all(p.kind == "exec" for p in pod.readiness_probes)
 
     def judge(self, s: Situation) -> Decision:
+        disrupted = by_disruption(s)
+        if disrupted is not None:
+            return disrupted
         if s.container_death is not None:
             return Decision(State.DEAD, s.container_death.cause)
         if s.ready_drop_at is None:
@@ -76,7 +94,7 @@ class ContainerState:
         return True
 
     def judge(self, s: Situation) -> Decision:
-        return by_containers(s)
+        return by_disruption(s) or by_containers(s)
 
 
 NO_PROBE = NoProbe()

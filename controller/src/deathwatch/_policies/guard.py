@@ -37,6 +37,11 @@ class Guarded:
         return self.policy.name
 
     @property
+    def ready_means_running(self) -> bool:
+        """What the plugin declares the engine may infer for it (contract.py)."""
+        return getattr(self.policy, "ready_means_running", False) is True
+
+    @property
     def busy(self) -> bool:
         """An abandoned call is still running."""
         return self._stuck is not None and not self._stuck.done()

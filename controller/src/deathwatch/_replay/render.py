@@ -90,6 +90,8 @@ def render_table(report: Report, source: str) -> str:
         out.append(f"{never} pod(s) never became Ready (Pending; no verdict is possible for them)")
     causes = ", ".join(f"{c} {n}" for c, n in sorted(report.causes.items(), key=lambda x: -x[1]))
     out.append(f"Death causes: {causes or 'none'}")
+    origins = ", ".join(f"{o} {n}" for o, n in report.origins.items())
+    out.append(f"Deaths by origin: {origins or 'none'}")
     d = report.detection_delays
     out.append(
         "Detection delay (Ready drop -> Dead): "
@@ -110,6 +112,7 @@ def render_table(report: Report, source: str) -> str:
                     "NAME",
                     "POLICY",
                     "CAUSE",
+                    "ORIGIN",
                     "CONTAINER",
                     "EXIT",
                     "READY-DROP",
@@ -121,6 +124,7 @@ def render_table(report: Report, source: str) -> str:
                         e.name,
                         e.policy,
                         e.cause,
+                        e.origin,
                         e.container,
                         e.exit_code,
                         format_time(e.ready_drop_at),

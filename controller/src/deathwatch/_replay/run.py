@@ -55,6 +55,7 @@ class Report:
     skipped: SkipLog
     per_policy: dict[str, dict[str, int]]
     causes: dict[str, int]
+    origins: dict[str, int]  # Dead verdicts by whose doing: Workload, Infrastructure, ...
     detection_delays: list[float]  # seconds from Ready drop to Dead verdict
 
     def as_json(self) -> dict[str, Any]:
@@ -76,13 +77,16 @@ class Report:
                         "uid",
                         "policy",
                         "cause",
+                        "origin",
                         "exit_code",
+                        "disruption",
                         "ready_drop_at",
                         "declared_at",
                     )
                 }
                 for e in self.dead
             ],
+            "deaths_by_origin": self.origins,
             "probe_blocked_by_firewall": self.probe_blocked,
             "events": self.events,
             "skipped": {
@@ -171,6 +175,7 @@ class Replay:
             skipped=replace(self.skipped),
             per_policy={p: dict(c) for p, c in sorted(per_policy.items())},
             causes=dict(Counter(str(e.cause) for e in dead)),
+            origins={str(o): n for o, n in Counter(e.origin for e in dead).most_common()},
             detection_delays=sorted(
                 (e.declared_at - e.ready_drop_at).total_seconds()
                 for e in dead

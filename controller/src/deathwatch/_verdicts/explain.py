@@ -31,10 +31,11 @@ def document(verdict: Verdict, events: Iterable[Mapping[str, Any]]) -> dict[str,
                  "since": _time(c.last_transition_time)}
         for c in (s.conditions if s else [])
     }  # fmt: skip
-    moments = sorted(
-        ((getattr(s, attr), what) for what, attr in _TIMELINE if s and getattr(s, attr)),
-        key=lambda m: m[0],
-    )  # by time, not by text: "10:05:00.2Z" sorts before "10:05:00Z" as a string
+    marks = [(getattr(s, attr), what) for what, attr in _TIMELINE if s and getattr(s, attr)]
+    if s and s.disruption and s.disruption.since:
+        marks.append((s.disruption.since, f"DisruptionTarget {s.disruption.reason}"))
+    # by time, not by text: "10:05:00.2Z" sorts before "10:05:00Z" as a string
+    moments = sorted(marks, key=lambda m: m[0])
     timeline = [{"at": _time(at), "what": what} for at, what in moments]
     alive = conditions.get("Alive", {})
     return {
@@ -44,6 +45,8 @@ def document(verdict: Verdict, events: Iterable[Mapping[str, Any]]) -> dict[str,
         "deathWatch": verdict.deathwatch,
         "state": verdict.state.value,
         "cause": verdict.cause.value if verdict.cause else None,
+        "origin": verdict.origin.value if verdict.origin else None,
+        "disruption": msgspec.to_builtins(s.disruption) if s and s.disruption else None,
         "policy": s.policy if s else None,
         "sandbox": msgspec.to_builtins(s.sandbox) if s and s.sandbox else None,
         "why": alive.get("message"),
@@ -85,7 +88,8 @@ def _event(e: Mapping[str, Any]) -> dict[str, Any]:
 def text(doc: Mapping[str, Any]) -> str:
     """The document for a person: the verdict first, then why, when, the shield, Events."""
     lines = [f"{doc['namespace']}/{doc['pod']}: {doc['state']}"
-             + (f" ({doc['cause']})" if doc["cause"] else "")]  # fmt: skip
+             + (f" ({doc['cause']})" if doc["cause"] else "")
+             + (f", by {doc['origin']}" if doc["origin"] else "")]  # fmt: skip
     lines.append(f"  policy:    {doc['policy'] or '-'}   deathwatch: {doc['deathWatch'] or '-'}")
     if doc["sandbox"]:
         sb = doc["sandbox"]
@@ -95,6 +99,10 @@ def text(doc: Mapping[str, Any]) -> str:
                                                   if sb.get(k)))  # fmt: skip
     if doc["why"]:
         lines.append(f"  why:       {doc['why']}")
+    if doc["disruption"]:
+        d = doc["disruption"]
+        said = f"{d['reason']}: {d['message']}" if d.get("message") else d["reason"]
+        lines.append(f"  disrupted: {said}" + (f" (since {d['since']})" if d.get("since") else ""))
     ev = doc["evidence"]
     details = [
         f"{k} {ev[k]}" for k in ("container", "exitCode", "reason", "node") if ev[k] is not None
