@@ -5,6 +5,9 @@ control-plane lane (test_controller.py) and the node lane (test_node.py)."""
 from __future__ import annotations
 
 import itertools
+import os
+import shutil
+import subprocess
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
@@ -257,3 +260,31 @@ class VerdictRecorder:
                 if state == "Dead" and later_uid == uid and later_state != "Dead":
                     out.append(f"{name}: {history}")
         return out
+
+
+class Recording:
+    """The pod watch of a namespace as `kubectl get pods --watch --output-watch-events -o json`
+    writes it (what a user hands `deathwatch replay`), into `path`. With DEATHWATCH_RECORD_DIR
+    set, `keep(name)` copies it there: how tests/data's recordings of real components are
+    made."""
+
+    def __init__(self, cp: controlplane.ControlPlane, namespace: str, path: Path) -> None:
+        self.path = path
+        self._out = path.open("wb")
+        self._proc = subprocess.Popen(
+            [str(cp.kubectl), f"--kubeconfig={cp.kubeconfig}", "get", "pods", "-n", namespace,
+             "--watch", "--output-watch-events", "-o", "json"],
+            stdout=self._out, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    def stop(self) -> Path:
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            self._proc.wait(10)
+        self._out.close()
+        return self.path
+
+    def keep(self, name: str) -> None:
+        target = os.environ.get("DEATHWATCH_RECORD_DIR")
+        if target:
+            shutil.copyfile(self.stop(), Path(target) / name)

@@ -295,6 +295,33 @@ async def test_a_pod_deleted_while_it_was_being_listed_is_not_adopted() -> None:
         assert c.adopt(change.key, change.watch.version, [listed]) == 0
 
 
+async def test_an_older_event_behind_a_newer_listing_is_not_judged() -> None:
+    """The pods existed before their DeathWatch: its listing shows them Ready (version 12),
+    while the watch stream still holds their creation (version 10, no status) and their
+    Ready (11). Judged in that order, the stale creation was a Ready drop: Dead (seen in CI
+    under load). Each pod's newest state judged is kept; an older one comes to nothing."""
+    async with harness() as h:
+        c = h.controller
+        change = c.on_deathwatch(None, deathwatch_body())
+        assert change is not None and change.watch is not None
+        listed = read_pod(pod())
+        assert c.adopt(change.key, change.watch.version, [listed], {"uid-1": "12"}) == 1
+        created = pod(ready=None, phase="Pending", containers=[])
+        c.on_pod(Kind.ADDED, read_pod(created), None, "10")
+        c.on_pod(Kind.MODIFIED, read_pod(pod()), None, "11")
+        await h.settle()
+        assert (h.sv() or {}).get("state") == "Alive"
+        c.on_pod(Kind.MODIFIED, read_pod(pod()), None, "12")  # the same state: changes nothing
+        h.clock.now = at(50)
+        dies = pod(ready=False, ready_at=50, phase="Failed", containers=[terminated(code=3)])
+        c.on_pod(Kind.MODIFIED, read_pod(dies), None, "13")
+        await h.settle()
+        assert ((h.sv() or {}).get("state"), (h.sv() or {}).get("cause")) == (
+            "Dead",
+            "ContainerExited",
+        )
+
+
 # --- one pass per event, and only when something changed ---------------------------------------
 
 

@@ -8,6 +8,7 @@ controller, pod GC, the kubelet's node-pressure eviction and graceful node shutd
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -373,3 +374,66 @@ def termination_of(code: int, finished: float) -> dict[str, Any]:
     from tests.builders import termination
 
     return termination(code=code, finished=finished)
+
+
+# --- what the real components wrote (tests/data/disruptions.json, from tests/test_disruptions)
+
+
+DATA = Path(__file__).parent / "data"
+
+
+def _replayed(
+    name: str, selector: str = "app=sandbox", policy: str = "auto"
+) -> dict[str, tuple[str, str | None, str | None]]:
+    """Every pod of the recording the selector picks: its final verdict, as replay says."""
+    from deathwatch._engine.selector import parse_selector
+    from deathwatch._policies import default_registry
+    from deathwatch._replay.events import DECODER, view_events
+    from deathwatch._replay.run import Replay
+    from deathwatch._replay.stream import read_values
+
+    replay = Replay(default_registry(), policy, PolicySettings(), parse_selector(selector))
+    with (DATA / name).open("rb") as f:
+        for event in view_events(read_values(f, decode=DECODER.decode)):
+            replay.feed(event)
+    replay.finish()
+    return {
+        t.name: (str(t.state), str(t.cause) if t.cause else None,
+                 t.evidence.disruption if t.evidence else None)
+        for t in replay.fleet
+    }  # fmt: skip
+
+
+def test_the_recorded_components_give_every_verdict_of_the_lane() -> None:
+    """kubectl drain, kube-scheduler, the taint-eviction controller, pod GC and the node
+    lifecycle controller of Kubernetes 1.35, as the pod watch showed them."""
+    assert _replayed("disruptions.json") == {
+        "stale": ("Alive", None, None),  # its DisruptionTarget cleared by the disruption controller
+        "drained-0": ("Dead", "Drained", "EvictionByEvictionAPI"),
+        "drained-1": ("Dead", "Drained", "EvictionByEvictionAPI"),
+        "drained-exec": ("Dead", "Drained", "EvictionByEvictionAPI"),
+        "guarded": ("Alive", None, None),  # its drain blocked by a PodDisruptionBudget
+        "preempted": ("Dead", "Preempted", "PreemptionByScheduler"),
+        "tainted": ("Dead", "TaintEvicted", "DeletionByTaintManager"),
+        "tolerates-3s": ("Dead", "TaintEvicted", "DeletionByTaintManager"),
+        "tolerates": ("Alive", None, None),
+        "orphaned": ("Dead", "NodeDeleted", "DeletionByPodGC"),
+        "silent": ("Dead", "NodeLost", None),
+        "deleted": ("Gone", "Deleted", None),
+        "oom": ("Dead", "OOMKilled", None),
+    }
+    assert _replayed("disruptions.json", "app=patient", "container-state") == {
+        "silent-patient": ("Dead", "NodeUnreachable", "DeletionByTaintManager"),
+    }
+
+
+def test_the_recorded_kubelet_gives_evicted_and_a_restart_without_a_false_positive() -> None:
+    """The real kubelet of the node lane (tests/test_node.py): a node-pressure eviction (PID
+    pressure), and a container restarted in place by its restart rule on exit 42."""
+    assert _replayed("node-pressure.json") == {
+        "forker": ("Dead", "Evicted", "TerminationByKubelet")
+    }
+    assert _replayed("restart-rule.json") == {
+        "ruled": ("Dead", "ContainerExited", None),
+        "marker": ("Alive", None, None),
+    }

@@ -21,7 +21,7 @@ from kubernetes import watch
 from hack.localcluster import agentpods, controlplane
 from hack.localcluster.netns_tool import connect_once
 from hack.localcluster.node import NODE_NAME, POD_SUBNET, Node, node_available
-from tests.controller_env import Env
+from tests.controller_env import Env, Recording
 from tests.kube import wait_for
 
 pytestmark = pytest.mark.node
@@ -326,3 +326,90 @@ def test_firewall_on_the_node_refuses_kubelets_tcp_probe_but_not_an_exec_probe(
             check=False,
         )
     assert _connect(ip, 49983) == "connected"
+
+
+# --- Kubernetes 1.35: a container restart rule, on the real kubelet ------------------------
+
+
+def test_a_container_restart_rule_restarts_it_in_place_dead_and_no_false_positive(
+    nenv: Env,
+) -> None:
+    """ContainerRestartRules (beta, on by default in 1.35): the pod's restartPolicy is Never,
+    its container's rule restarts it on exit 42. The sandbox's processes ended: Dead,
+    ContainerExited 42, the workload's doing; the restarted container Ready again is the
+    pod's new life, not a false positive."""
+    e = nenv
+    recording = Recording(e.cp, e.ns, e.tmp / "recording.json")
+    e.start_controller()
+    e.deathwatch()
+    name = "ruled"
+    body = agentpods.agent_pod(name, ctl(e, name), node=NODE_NAME)
+    body["spec"]["containers"][0]["restartPolicy"] = "Never"
+    body["spec"]["containers"][0]["restartPolicyRules"] = [
+        {"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}
+    ]
+    e.core.create_namespaced_pod(e.ns, body, _request_timeout=30)
+    e.wait_state(name, "Alive", timeout=60)
+    (ctl(e, name) / "exit-once").write_text("42")
+    dead = e.wait_state(name, "Dead", timeout=30)["status"]
+    assert (dead["cause"], dead["exitCode"], dead["origin"]) == ("ContainerExited", 42, "Workload")
+
+    def restarted_and_ready() -> bool:
+        pod = e.core.read_namespaced_pod(name, e.ns, _request_timeout=10)
+        statuses = pod.status.container_statuses or []
+        return pod_ready(e, name) and bool(statuses) and statuses[0].restart_count >= 1
+
+    wait_for(restarted_and_ready, timeout=60, what="the container restarted in place, Ready")
+    # a pod made after the Ready again: its verdict comes later on the same ordered pod
+    # stream, so once it is Alive the controller has judged the Ready again
+    e.wait_state(agent_pod(e, "marker"), "Alive", timeout=60)
+    sv = e.sv(name)["status"]  # type: ignore[index]
+    assert (sv["state"], sv["falsePositive"]) == ("Dead", False)
+    assert e.events(name, "SandboxFalsePositive") == []
+    assert len(e.events(name, "SandboxDead")) == 1
+    recording.keep("restart-rule.json")
+
+
+# --- node-pressure eviction by the real kubelet (runs last: it restarts the kubelet) -------------
+
+
+def _tasks() -> int:
+    """What the kubelet's pid.available signal counts: every task of the kernel
+    (/proc/loadavg's total, pkg/kubelet/stats/pidlimit)."""
+    return int(Path("/proc/loadavg").read_text().split()[3].split("/")[1])
+
+
+def test_zz_node_pressure_eviction_by_the_kubelet_is_evicted_by_the_infrastructure(
+    nenv: Env, node: Node
+) -> None:
+    """The kubelet's own eviction manager under PID pressure (a hard threshold a few hundred
+    tasks above what runs now; the sandbox starts 1,500 processes): it evicts the pod with
+    the most processes, writing phase Failed, reason Evicted, and DisruptionTarget
+    TerminationByKubelet with its message. Dead Evicted, the infrastructure's doing."""
+    e = nenv
+    pid_max = min(int(Path("/proc/sys/kernel/pid_max").read_text()),
+                  int(Path("/proc/sys/kernel/threads-max").read_text()))  # fmt: skip
+    margin = 600
+    threshold = pid_max - (_tasks() + margin)
+    node.reconfigure({"pid.available": str(threshold)})
+    recording = Recording(e.cp, e.ns, e.tmp / "recording.json")
+    try:
+        e.start_controller()
+        e.deathwatch()
+        name = agent_pod(e, "forker", memory="1Gi")  # 1,500 processes, not an OOM kill
+        e.wait_state(name, "Alive", timeout=60)
+        forked = time.monotonic()
+        (ctl(e, name) / "fork").write_text("1500")
+        dead = e.wait_state(name, "Dead", timeout=90)["status"]
+        RESULTS["pid_pressure_eviction_after_s"] = round(time.monotonic() - forked, 1)
+        assert (dead["cause"], dead["origin"]) == ("Evicted", "Infrastructure"), dead
+        assert dead["disruption"]["reason"] == "TerminationByKubelet"
+        assert "low on resource: pids" in dead["disruption"]["message"], dead["disruption"]
+        pod = e.core.read_namespaced_pod(name, e.ns, _request_timeout=10)
+        assert (pod.status.phase, pod.status.reason) == ("Failed", "Evicted")
+        (event,) = e.events(name, "SandboxDead")
+        assert "Evicted" in event.message and "TerminationByKubelet" in event.message
+        recording.keep("node-pressure.json")
+    finally:
+        recording.stop()
+        node.reconfigure({})

@@ -31,6 +31,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -205,8 +206,10 @@ class ControlPlane:
     binaries: Path = field(default_factory=bin_dir)
     with_controller_manager: bool = True
     with_scheduler: bool = False  # pods name their node unless a scheduler runs (cluster.py)
-    # a real kubelet reports (cluster.py): the node controllers may run, untainting it when Ready
+    # a real kubelet reports (cluster.py), or nodes are kept alive (fakenodes.py): the node
+    # controllers may run (node lifecycle, taint eviction, pod GC)
     with_node_controllers: bool = False
+    controller_manager_args: list[str] = field(default_factory=list)  # e.g. monitor periods
     # where kube-apiserver listens and what it advertises (the `kubernetes` Service's endpoint):
     # loopback, or an address pods can reach, the node's bridge (cluster.py); never outside
     bind_address: str = "127.0.0.1"
@@ -379,6 +382,7 @@ class ControlPlane:
                 "--use-service-account-credentials=true",
                 "--leader-elect=false",
                 "--v=1",
+                *self.controller_manager_args,
             ],
         ).start()
 
@@ -480,9 +484,11 @@ class ControlPlane:
 
 
 @contextlib.contextmanager
-def running(timeout: float = 60) -> Iterator[ControlPlane]:
+def running(timeout: float = 60, **options: Any) -> Iterator[ControlPlane]:
+    """A control plane for the length of the block; `options` are ControlPlane's fields
+    (with_scheduler, with_node_controllers, controller_manager_args, audit, ...)."""
     workdir = Path(tempfile.mkdtemp(prefix="deathwatch-cp-"))
-    cp = ControlPlane(workdir)
+    cp = ControlPlane(workdir, **options)
     try:
         cp.start(timeout)
         yield cp

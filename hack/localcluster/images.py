@@ -6,6 +6,9 @@ rootfs, for `ctr -n k8s.io images import`.
             hostPath the test writes from the host, so no kubectl exec is needed):
               listens on the agent port (49983) and another port (8080), echoing;
               /ctl/exit holding N      -> the container exits with code N
+              /ctl/exit-once holding N -> it exits with code N, once (the file goes with it:
+                                          a container restarted in place lives on)
+              /ctl/fork holding N      -> it starts N sleeping processes (PID pressure)
               /ctl/oom                 -> it allocates past its memory limit (OOMKilled)
               /ctl/unready             -> its readiness command (/bin/ready) fails
             with TARGET=ip:port in its environment it is a client instead: every 0.2 s it
@@ -57,6 +60,11 @@ nc -ll -p 49983 -e /bin/cat &
 nc -ll -p 8080 -e /bin/cat &
 while true; do
   if [ -f /ctl/exit ]; then exit "$(cat /ctl/exit)"; fi
+  if [ -f /ctl/exit-once ]; then c=$(cat /ctl/exit-once); rm -f /ctl/exit-once; exit "$c"; fi
+  if [ -f /ctl/fork ]; then
+    n=$(cat /ctl/fork); rm -f /ctl/fork; i=0
+    while [ "$i" -lt "$n" ]; do sleep 3600 & i=$((i + 1)); done
+  fi
   # exec: the main process itself must be the one the OOM killer ends
   if [ -f /ctl/oom ]; then exec dd if=/dev/zero of=/dev/null bs=512M count=1; fi
   sleep 0.1

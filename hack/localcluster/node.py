@@ -94,6 +94,8 @@ class Node:
     # the host's own by default, the bridge's in a whole cluster (reachable by the API
     # server, never from outside this machine; cluster.py)
     node_ip: str = field(default_factory=_host_ip)
+    # the kubelet's hard eviction thresholds, besides its defaults here (`reconfigure`)
+    eviction_hard: dict[str, str] = field(default_factory=dict)
     # what existed before up(): down() removes only what appeared after (kubelet creates
     # iptables-nft tables with its canary and KUBE-FIREWALL chains; containerd /run/containerd)
     tables_before: set[str] | None = None
@@ -242,8 +244,12 @@ conntrack: {{maxPerCore: 0}}
                 raise RuntimeError(f"kube-proxy did not program nftables:\n{proc.tail(40)}")
             time.sleep(0.2)
 
-    def _kubelet(self) -> None:
+    def _kubelet(self, fresh: bool = True) -> None:
         pki = self.workdir / "pki"
+        if not fresh:  # its certificates and kubeconfig are made once
+            self._write_kubelet_config()
+            self._start_kubelet()
+            return
         pki.mkdir()
         ca = self.cp.certs
         (pki / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
@@ -279,6 +285,11 @@ conntrack: {{maxPerCore: 0}}
                 user=f"system:node:{NODE_NAME}",
             )
         )
+        self._write_kubelet_config()
+        self._start_kubelet()
+
+    def _write_kubelet_config(self) -> None:
+        pki, ca = self.workdir / "pki", self.cp.certs
         config = self.workdir / "kubelet-config.yaml"
         config.write_text(
             f"""apiVersion: kubelet.config.k8s.io/v1beta1
@@ -302,17 +313,20 @@ podLogsDir: {self.workdir / "pod-logs"}
 # images cannot be pulled here: never garbage-collect the imported ones
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
-evictionHard: {{memory.available: "50Mi", nodefs.available: "2%", imagefs.available: "2%"}}
+evictionHard: {{{self._eviction_hard()}}}
+evictionPressureTransitionPeriod: 5s
 registerNode: true
 resolvConf: ""
 """
         )
+
+    def _start_kubelet(self) -> None:
         proc = Process(
             "kubelet",
             [
                 str(bin_dir() / "kubelet"),
-                f"--config={config}",
-                f"--kubeconfig={kc}",
+                f"--config={self.workdir / 'kubelet-config.yaml'}",
+                f"--kubeconfig={self.workdir / 'kubelet.kubeconfig'}",
                 f"--root-dir={self.workdir / 'kubelet'}",
                 f"--cert-dir={self.workdir / 'kubelet-certs'}",
                 f"--hostname-override={NODE_NAME}",
@@ -323,6 +337,20 @@ resolvConf: ""
         )
         self.processes["kubelet"] = proc
         proc.start()
+
+    def _eviction_hard(self) -> str:
+        thresholds = {"memory.available": "50Mi", "nodefs.available": "2%",
+                      "imagefs.available": "2%", **self.eviction_hard}  # fmt: skip
+        return ", ".join(f'{k}: "{v}"' for k, v in thresholds.items())
+
+    def reconfigure(self, eviction_hard: dict[str, str], timeout: float = 90) -> None:
+        """Restart the kubelet with these hard eviction thresholds (its pods run on, as
+        through any kubelet restart); `{}` puts the defaults back."""
+        self.eviction_hard = dict(eviction_hard)
+        kubelet = self.processes.pop("kubelet")
+        kubelet.stop(timeout=20)
+        self._kubelet(fresh=False)
+        self._wait_ready(timeout)
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

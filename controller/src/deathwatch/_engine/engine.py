@@ -306,13 +306,20 @@ def step(
     never tells why it was deleted."""
     before = track.state
 
-    # 1-2. Terminal states are final; only the false-positive fact can still be learned. A
-    # pod Ready again after its containers restarted in place (restartPolicy, a container
-    # restart rule, a restart of the whole pod) is a new life of the pod, not a sign that the
-    # death was not one: the container did exit. Only a Ready with no restart is a false
-    # positive.
+    # 1-2. Terminal states are final; only the false-positive fact can still be learned: the
+    # pod Ready again, from not Ready, and still running (a pod GC marks an orphan Failed
+    # and leaves its Ready as it was). A pod Ready again after its containers restarted in
+    # place (restartPolicy, a container restart rule, a restart of the whole pod) is a new
+    # life of the pod, not a sign that the death was not one: the container did exit.
     if before is State.DEAD:
-        if pod.ready and not track.false_positive and not _restarted(pod, track):
+        if (
+            pod.ready
+            and not track.ready
+            and not track.false_positive
+            and pod.phase not in ("Failed", "Succeeded")
+            and pod.deletion_requested_at is None
+            and not _restarted(pod, track)
+        ):
             fp = replace(track, false_positive=True, ready=True)
             return Step(fp, (Signal(SignalKind.FALSE_POSITIVE),))
         return Step(track if track.ready == pod.ready else replace(track, ready=pod.ready))

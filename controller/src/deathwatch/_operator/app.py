@@ -297,7 +297,9 @@ class App:
                     if self.config.pod_label_selector:
                         params["labelSelector"] = self.config.pod_label_selector
                     items, more = page(await self.watches.request("GET", path, params=params))
-                    adopted += self.controller.adopt(watch.key, watch.version, _views(items))
+                    versions: dict[str, str] = {}
+                    views = _views(items, versions)
+                    adopted += self.controller.adopt(watch.key, watch.version, views, versions)
                     token = more or ""
                     current = self.controller.deathwatches.current(watch.key, watch.version)
                     if not token or current is None:
@@ -487,9 +489,9 @@ class _Pods:
     def listing(self, scope: str | None) -> None:
         self.controller.listing(scope)
 
-    def event(self, kind: Kind, pod: PodView, received: float) -> None:
+    def event(self, kind: Kind, pod: PodView, received: float, version: str) -> None:
         with self.app.reported("pod_event", pod):
-            self.controller.on_pod(kind, pod, received)
+            self.controller.on_pod(kind, pod, received, version)
 
     def listed(self, scope: str | None) -> None:
         with self.app.reported("pod_listing", {}):
@@ -514,7 +516,7 @@ class _Verdicts:
     def listing(self, scope: str | None) -> None:
         self.seen = set()
 
-    def event(self, kind: Kind, verdict: Verdict, received: float) -> None:
+    def event(self, kind: Kind, verdict: Verdict, received: float, version: str) -> None:
         with self.app.reported("verdict_event", verdict):
             if self.restoring:
                 self.restored += self.controller.restore(verdict)
@@ -550,7 +552,7 @@ class _AgentSandboxes:
     def listing(self, scope: str | None) -> None:
         self.seen = set()
 
-    def event(self, kind: Kind, sandbox: SandboxObject, received: float) -> None:
+    def event(self, kind: Kind, sandbox: SandboxObject, received: float, version: str) -> None:
         with self.app.reported("sandbox_event", sandbox):
             if kind is Kind.LISTED:
                 self.seen.add((sandbox.namespace, sandbox.name))
@@ -564,13 +566,16 @@ class _AgentSandboxes:
         self.controller.undecodable(error)
 
 
-def _views(items: Iterable[msgspec.Raw]) -> Iterator[PodView]:
-    """The pods of a listed page, each decoded once from its bytes."""
+def _views(items: Iterable[msgspec.Raw], versions: dict[str, str]) -> Iterator[PodView]:
+    """The pods of a listed page, each decoded once from its bytes; their resourceVersions
+    noted in `versions` by uid."""
     for item in items:
         try:
-            yield decode_pod(item)[0]
+            view, version = decode_pod(item)
         except MalformedPod:
             continue  # its own watch event reports it
+        versions[view.uid] = version
+        yield view
 
 
 def configure_kopf(settings: kopf.OperatorSettings, config: Config) -> None:

@@ -113,10 +113,15 @@ class Controller:
 
     # --- pods ---------------------------------------------------------------------------
 
-    def on_pod(self, kind: Kind, pod: PodView, received: float | None = None) -> None:
-        """A pod event or a listed pod: one pass, from the engine to the writer."""
+    def on_pod(self, kind: Kind, pod: PodView, received: float | None = None,
+               version: str = "") -> None:  # fmt: skip
+        """A pod event or a listed pod: one pass, from the engine to the writer. `version`:
+        its resourceVersion; a state older than one already judged is not judged again (a
+        watch event still in the stream behind a newer listing, a DeathWatch's adoption)."""
         listed = kind is Kind.LISTED
         deleted_at = self.clock() if kind is Kind.DELETED else None
+        if not self.sandboxes.newer(pod.uid, version):
+            return
         seen = self.sandboxes.observe(pod, listed, deleted_at)
         if seen is None:
             if kind is Kind.DELETED:
@@ -126,6 +131,7 @@ class Controller:
             if owner is None:
                 return  # not a sandbox (or its DeathWatch is gone or invalid)
             sandbox, changed, watch = self._track(pod, owner, listed, deleted_at), True, owner
+            self.sandboxes.newer(pod.uid, version)  # noted: its older states come to nothing
         else:
             sandbox, changed = seen
             found = self.deathwatches.get(sandbox.watch)
@@ -338,10 +344,13 @@ class Controller:
         return change if change.watch is not None and change.select else None
 
     def adopt(self, key: tuple[str, str], version: tuple[str, int | None],
-              pods: Iterable[PodView]) -> int:  # fmt: skip
+              pods: Iterable[PodView], versions: Mapping[str, str] | None = None
+              ) -> int:  # fmt: skip
         """Pods of a page just listed for the DeathWatch `key` at `version`: each one it
         selects that no event has brought yet. Returns how many; 0 when the DeathWatch has
-        changed or gone meanwhile (the newer version's own listing adopts them)."""
+        changed or gone meanwhile (the newer version's own listing adopts them). `versions`:
+        each pod's resourceVersion by uid, so that an older event of it still in the watch
+        stream is not judged after this newer state."""
         watch = self.deathwatches.current(key, version)
         if watch is None:
             return 0
@@ -353,6 +362,7 @@ class Controller:
             if owner is None or owner.key != key:
                 continue
             sandbox = self._track(pod, watch, listed=False)
+            self.sandboxes.newer(pod.uid, (versions or {}).get(pod.uid, ""))
             self._judge(Kind.LISTED, pod, sandbox, watch, True, None)
             adopted += 1
         return adopted

@@ -63,8 +63,9 @@ class Sink(Protocol[T_contra]):
     def listing(self, scope: str | None) -> None:
         """A (re)listing of `scope` (a namespace, None: all) begins."""
 
-    def event(self, kind: Kind, obj: T_contra, received: float) -> None:
-        """One object, decoded; `received` is when its bytes arrived (monotonic)."""
+    def event(self, kind: Kind, obj: T_contra, received: float, version: str) -> None:
+        """One object, decoded; `received` is when its bytes arrived (monotonic), `version`
+        its resourceVersion (comparable for one object's states, KEP-5504)."""
 
     def listed(self, scope: str | None) -> None:
         """The listing of `scope` is complete and the watch follows it."""
@@ -291,4 +292,4 @@ class Reflector(Generic[T]):
         if kind is not Kind.LISTED:
             self._version = version or self._version
         self.metrics.last_event.labels(self.collection.resource).set(time.time())
-        self.sink.event(kind, obj, received)
+        self.sink.event(kind, obj, received, version)

@@ -37,6 +37,7 @@ class Sandbox:
     persisted: bool = False  # a SandboxVerdict exists (or is being created) for it
     counted: Facts | None = None  # what its DeathWatch's status counts for it (summary.py)
     agent_sandbox: str | None = None  # the agent-sandbox Sandbox that owns its pod
+    version: int = 0  # the resourceVersion of the newest state of its pod judged (0: none)
 
 
 class Sandboxes:
@@ -94,6 +95,21 @@ class Sandboxes:
         if sandbox is None:
             return None
         return sandbox, self._update(sandbox, pod, listed, deleted_at)
+
+    def newer(self, uid: str, version: str) -> bool:
+        """Whether this state of the pod (its resourceVersion) is not older than every one
+        judged so far; it is noted. The same state again (a relisting shows it) passes: a
+        listing must still count it, and judging it twice changes nothing. Versions of one
+        object are comparable integers (KEP-5504); one that is not a number (another
+        storage) is always taken."""
+        sandbox = self._by_uid.get(uid)
+        if sandbox is None or not version.isdigit():
+            return True
+        number = int(version)
+        if number < sandbox.version:
+            return False
+        sandbox.version = number
+        return True
 
     def link(self, sandbox: Sandbox, agent_sandbox: str | None) -> None:
         """Its pod belongs to this agent-sandbox Sandbox (a pod's owner never changes)."""

@@ -1,28 +1,20 @@
-"""`deathwatch wait` and `deathwatch explain` (also `kubectl deathwatch ...`).
+"""`deathwatch wait` and `deathwatch explain` (also `kubectl deathwatch ...`): their arguments.
 
 wait exits 0 when the verdict reaches one of the states asked for, 1 when it timed out or
 can no longer (a Gone pod can never be Dead), 2 on bad input, 3 when the API server could not
 be asked (unreachable, or it refused: the message names its code). Always one line on stderr,
-never a traceback.
+never a traceback. The work is act.py's, imported only when a command runs: the API client
+(aiohttp, the kubernetes configuration loader) costs half a second to import, and `deathwatch
+replay` and `--help` must not pay it.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import json
-import logging
 import re
-import sys
-from typing import Any, TextIO
+from typing import TextIO
 
-import aiohttp
-import structlog
-from kubernetes.config import ConfigException
-
-from deathwatch._verdicts import explain
-from deathwatch.client import ApiError, Client, State, Unreachable, Verdict
+from deathwatch._engine.verdict import State
 
 EXIT_OK, EXIT_NOT_REACHED, EXIT_BAD_INPUT, EXIT_API = 0, 1, 2, 3
 FOR: dict[str, frozenset[State]] = {
@@ -90,110 +82,15 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     e.set_defaults(run=run_explain)
 
 
-class _CannotAsk(Exception):
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-def _api_failure(command: str, exc: BaseException, err: TextIO) -> int:
-    if isinstance(exc, ApiError):
-        said = exc.reason or ""
-        with contextlib.suppress(ValueError):
-            said = json.loads(exc.body).get("message") or said
-        err.write(f"deathwatch {command}: the API server refused ({exc.status}): {said}\n")
-    else:
-        err.write(f"deathwatch {command}: cannot reach the API server: {exc!r}\n")
-    return EXIT_API
-
-
-def _prepare(args: argparse.Namespace, command: str, err: TextIO) -> tuple[str, str, Client] | int:
-    """The target and a client, or the exit code of bad input (said in one line)."""
-    try:
-        namespace, pod = _target(args)
-    except ValueError as exc:
-        err.write(f"deathwatch {command}: {exc}\n")
-        return EXIT_BAD_INPUT
-    client = _client(args, command, err)
-    return EXIT_BAD_INPUT if client is None else (namespace, pod, client)
-
-
-def _client(args: argparse.Namespace, command: str, err: TextIO) -> Client | None:
-    # a command's output is its answer: the client's retry logs only as warnings, on stderr
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-        logger_factory=structlog.PrintLoggerFactory(err),
-    )
-    try:
-        return Client.from_kubeconfig(args.kubeconfig)
-    except (ConfigException, OSError, TypeError, ValueError) as exc:
-        err.write(f"deathwatch {command}: no usable kubeconfig: {exc}\n")
-        return None
-
-
 def run_wait(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    out, err = out or sys.stdout, err or sys.stderr
-    ready = _prepare(args, "wait", err)
-    if isinstance(ready, int):
-        return ready
-    namespace, pod, client = ready
-    wanted = FOR[args.wanted]
+    from deathwatch._verdicts import act
 
-    async def wait() -> Verdict:
-        async with client:
-            # one plain read first: an API server that cannot be asked is exit 3 at once,
-            # not a wait that retries until its deadline
-            try:
-                await client.get(namespace, pod)
-            except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
-                raise _CannotAsk(exc) from exc
-            if args.sandbox:
-                return await client.wait_for_sandbox(namespace, pod, wanted, args.timeout)
-            return await client.wait_for(namespace, pod, wanted, args.timeout)
-
-    try:
-        verdict = asyncio.run(wait())
-    except _CannotAsk as exc:
-        return _api_failure("wait", exc.error, err)
-    except Unreachable as exc:
-        err.write(f"deathwatch wait: {exc}\n")
-        return EXIT_NOT_REACHED
-    except TimeoutError:
-        err.write(f"deathwatch wait: {namespace}/{pod} not {args.wanted} after {args.timeout:g}s\n")
-        return EXIT_NOT_REACHED
-    except (ApiError, aiohttp.ClientError, OSError) as exc:
-        return _api_failure("wait", exc, err)
-    cause = f" ({verdict.cause.value})" if verdict.cause else ""
-    out.write(f"{namespace}/{verdict.pod} {verdict.state.value}{cause}\n")
-    return EXIT_OK
+    return act.wait(args, out, err)
 
 
 def run_explain(
     args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
 ) -> int:
-    out, err = out or sys.stdout, err or sys.stderr
-    ready = _prepare(args, "explain", err)
-    if isinstance(ready, int):
-        return ready
-    namespace, pod, client = ready
+    from deathwatch._verdicts import act
 
-    async def read() -> tuple[Verdict | None, list[dict[str, Any]]]:
-        async with client:
-            if args.sandbox:
-                verdict = await client.of_sandbox(namespace, pod)
-            else:
-                verdict = await client.get(namespace, pod)
-            events = await client.events(namespace, verdict.pod) if verdict else []
-            return verdict, events
-
-    try:
-        verdict, events = asyncio.run(read())
-    except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
-        return _api_failure("explain", exc, err)
-    if verdict is None:
-        what = f"Sandbox {namespace}/{pod}" if args.sandbox else f"{namespace}/{pod}"
-        err.write(f"deathwatch explain: {what} has no verdict (no DeathWatch selects it)\n")
-        return EXIT_NOT_REACHED
-    doc = explain.document(verdict, events)
-    out.write((json.dumps(doc, indent=2) if args.output == "json" else explain.text(doc)) + "\n")
-    return EXIT_OK
+    return act.explain(args, out, err)
