@@ -2,6 +2,7 @@
 """Replay throughput and memory, each against a baseline run in the same invocation.
 
     python3 -m bench.replay_bench [--pods N] [--rounds R] [--json]
+    python3 -m bench.replay_bench --whole [--against REV ...] [--rounds R]
 
 Builds a recording of N sandboxes (every fate, no-probe and exec-probe) in kubectl's
 pretty-printed layout, then measures:
@@ -15,6 +16,13 @@ rich (padded with env, volumes, tolerations, owner references like a production 
 - memory: peak traced allocation of replay for N pods with few events each vs the same N pods
   with R times as many events (must stay flat: memory follows pods, not file size), and for
   2N pods (should about double).
+
+`--whole` measures what a user waits for instead: the whole `deathwatch replay FILE` process
+(interpreter start, imports, reading, judging, the report), best of R, on three recordings of
+about 52,000 events each (JSON Lines: one of every fate, one of exec-probe pods that flap
+eight times; and the first as kubectl writes it, pretty-printed), for this checkout and for each `--against` revision (a git worktree of it,
+run by the same interpreter), the rounds interleaved so that a noisy machine treats them
+alike. Issue #29 asked for replay faster than before the reshape (bb41d74).
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ import io
 import json
 import os
 import random
+import subprocess
+import sys
 import tempfile
 import time
 import tracemalloc
@@ -248,6 +258,78 @@ def measure(name: str, data: bytes, rounds: int, jobs: int, tmp: Path) -> dict[s
     }
 
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def jsonl(scripts: list[SandboxScript]) -> bytes:
+    """The recording as JSON Lines (`--output-watch-events -o json` piped through jq -c)."""
+    return b"".join(
+        json.dumps(e, separators=(",", ":")).encode() + b"\n" for e in recording(scripts)
+    )
+
+
+def checkout(rev: str, into: Path) -> Path:
+    """A worktree of `rev` (its controller sources), for the same interpreter to run."""
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(into), rev],
+                   check=True, capture_output=True, timeout=120)  # fmt: skip
+    return into / "controller" / "src"
+
+
+def whole(src: Path, path: Path) -> float:
+    """Seconds for `deathwatch replay PATH` as a process, with `src` as the package."""
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "deathwatch._cli", "replay", str(path)], env=env,
+                   check=True, stdout=subprocess.DEVNULL, timeout=600)  # fmt: skip
+    return time.perf_counter() - started
+
+
+def main_whole(against: list[str], rounds: int, as_json: bool) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        every = fleet(13900, 11)
+        recordings = {
+            "every fate": jsonl(every),
+            "flapping exec probes": jsonl(fleet(2700, 5, flaps=8)),
+            "every fate, kubectl's pretty layout": render_lean(every),
+        }
+        paths = {}
+        for i, (name, data) in enumerate(recordings.items()):
+            paths[name] = Path(tmp) / f"recording-{i}.jsonl"
+            paths[name].write_bytes(data)
+        sources = {"this checkout": ROOT / "controller" / "src"}
+        for rev in against:
+            sources[rev] = checkout(rev, Path(tmp) / f"rev-{rev}")
+        try:
+            results: dict[str, dict[str, Any]] = {}
+            for name, path in paths.items():
+                events = parse_only(recordings[name])
+                best = {label: float("inf") for label in sources}
+                for _ in range(rounds):
+                    for label, src in sources.items():
+                        best[label] = min(best[label], whole(src, path))
+                results[name] = {
+                    "events": events,
+                    "megabytes": round(len(recordings[name]) / 1e6, 1),
+                    **{f"{label} events/s": round(events / t) for label, t in best.items()},
+                    **{f"{label} seconds": round(t, 2) for label, t in best.items()},
+                }
+        finally:
+            for rev in against:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
+                                str(Path(tmp) / f"rev-{rev}")], check=False, timeout=60)  # fmt: skip
+    if as_json:
+        print(json.dumps(results, indent=2))
+        return
+    for name, r in results.items():
+        print(
+            f"{name}: {r['events']} events, {r['megabytes']} MB; whole process, best of {rounds}:"
+        )
+        for label in sources:
+            print(
+                f"  {label:<16} {r[f'{label} events/s']:>8,} events/s  ({r[f'{label} seconds']} s)"
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -256,7 +338,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--whole", action="store_true", help="whole `deathwatch replay` processes")
+    ap.add_argument("--against", action="append", default=[], metavar="REV",
+                    help="with --whole: also measure this git revision (repeatable)")  # fmt: skip
     args = ap.parse_args()
+    if args.whole:
+        main_whole(args.against, args.rounds, args.json)
+        return
 
     scripts = fleet(args.pods, 1)
     with tempfile.TemporaryDirectory() as tmp:

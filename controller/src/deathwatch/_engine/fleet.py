@@ -7,16 +7,19 @@ loop only.
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 from collections.abc import Callable, Iterator
 from datetime import datetime
+
+import msgspec
 
 from deathwatch._engine import engine
 from deathwatch._engine.contract import Policies, PolicySettings
 from deathwatch._engine.engine import Step, Track
 from deathwatch._engine.podview import PodView
 from deathwatch._engine.verdict import Cause, State
+
+_TERMINAL = frozenset({State.DEAD, State.GONE})  # State.terminal, without a property call
 
 
 class Fleet:
@@ -65,8 +68,9 @@ class Fleet:
             track = engine.new_track(pod, policy, settings)
         else:
             policy = self.registry.get(track.policy)
-        first = pod.uid not in self.seen and not track.state.terminal
-        self._settings[pod.uid] = settings
+        first = pod.uid not in self.seen and track.state not in _TERMINAL
+        if self._settings.get(pod.uid) is not settings:
+            self._settings[pod.uid] = settings
         step = engine.step(track, pod, now, policy, settings, first=first, deletion=deletion)
         return self._keep(step, pod)
 
@@ -133,15 +137,16 @@ class Fleet:
     def _keep(self, step: Step, pod: PodView | None) -> Step:
         track = step.track
         previous = self.tracks.get(track.uid)
-        if track is previous and step.changed:
-            step = dataclasses.replace(step, changed=False)
-        if track is not previous:
+        if track is previous:
+            if step.changed:
+                step = msgspec.structs.replace(step, changed=False)
+        else:
             self.tracks[track.uid] = track
             if track.deadline is not None and (
                 previous is None or previous.deadline != track.deadline
             ):
                 self._schedule(track)
-        if track.state.terminal:
+        if track.state in _TERMINAL:
             # a verdict's evidence is captured: nothing more to know about the pod
             self.seen.discard(track.uid)
         elif pod is not None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
+
+import msgspec
 
 from deathwatch._engine.timeutil import format_time
 
@@ -92,8 +93,7 @@ def origin_of(cause: Cause | None) -> Origin:
     return _ORIGINS.get(cause, Origin.UNKNOWN) if cause is not None else Origin.UNKNOWN
 
 
-@dataclass(frozen=True, slots=True)
-class Evidence:
+class Evidence(msgspec.Struct, frozen=True, gc=False):
     """Captured at the moment of a terminal verdict: the pod may be gone seconds later."""
 
     state: State

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import socket
 import sys
@@ -89,6 +88,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def run(args: argparse.Namespace) -> int:
+    import asyncio  # here, not at the top: `deathwatch replay` and `--help` never need it
+
     import kopf
 
     from deathwatch._operator import logs

@@ -29,6 +29,12 @@ from deathwatch._engine.contract import (
 from deathwatch._engine.podview import PodView, ProbeView
 from deathwatch._engine.verdict import Cause, State
 
+_DEFAULT_FAILING_FOR = ProbeView("", "exec", None, 3, 10, 1).failing_for
+# The window of each (probes, multiplier) met: a pod's probes are its spec's, the same in each
+# of its events, and a few shapes serve a fleet. Bounded: past the cap, computed each time.
+_WINDOWS: dict[tuple[tuple[ProbeView, ...], float], timedelta] = {}
+_WINDOWS_CAP = 1024
+
 
 def exec_window(pod: PodView, multiplier: float) -> timedelta:
     """W = multiplier x (failureThreshold x periodSeconds + timeoutSeconds) of the slowest probe.
@@ -36,11 +42,23 @@ def exec_window(pod: PodView, multiplier: float) -> timedelta:
     With Kubernetes defaults (3, 10 s, 1 s) and multiplier 2 this is 62 s: long enough for a
     probe that fails its threshold once to pass again, short enough to strand nobody long.
     """
-    slowest = max(
-        (p.failing_for for p in pod.readiness_probes),
-        default=ProbeView("", "exec", None, 3, 10, 1).failing_for,
-    )
-    return slowest * multiplier
+    key = (pod.readiness_probes, multiplier)
+    window = _WINDOWS.get(key)
+    if window is None:
+        slowest = max((p.failing_for for p in pod.readiness_probes), default=_DEFAULT_FAILING_FOR)
+        window = slowest * multiplier
+        if len(_WINDOWS) < _WINDOWS_CAP:
+            _WINDOWS[key] = window
+    return window
+
+
+# Decisions are values: the ones that carry no deadline are made once (replay's hot loop)
+ALIVE = Decision(State.ALIVE)
+_DEAD = {cause: Decision(State.DEAD, cause) for cause in Cause}
+
+
+def _dead(cause: Cause) -> Decision:
+    return _DEAD[cause]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,14 +71,13 @@ class NoProbe:
         return not pod.readiness_probes
 
     def judge(self, s: Situation) -> Decision:
-        disrupted = by_disruption(s)
-        if disrupted is not None:
+        if s.disruption is not None and (disrupted := by_disruption(s)) is not None:
             return disrupted
         if s.container_death is not None:
-            return Decision(State.DEAD, s.container_death.cause)
+            return _dead(s.container_death.cause)
         if s.ready_drop_at is not None:
-            return Decision(State.DEAD, Cause.NODE_LOST if s.node_lost else Cause.UNKNOWN)
-        return Decision(State.ALIVE)
+            return _dead(Cause.NODE_LOST if s.node_lost else Cause.UNKNOWN)
+        return ALIVE
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,16 +88,15 @@ class ExecProbe:
         return bool(pod.readiness_probes) and all(p.kind == "exec" for p in pod.readiness_probes)
 
     def judge(self, s: Situation) -> Decision:
-        disrupted = by_disruption(s)
-        if disrupted is not None:
+        if s.disruption is not None and (disrupted := by_disruption(s)) is not None:
             return disrupted
         if s.container_death is not None:
-            return Decision(State.DEAD, s.container_death.cause)
+            return _dead(s.container_death.cause)
         if s.ready_drop_at is None:
-            return Decision(State.ALIVE)
+            return ALIVE
         deadline = s.ready_drop_at + exec_window(s.pod, s.settings.exec_window_multiplier)
         if s.now >= deadline:
-            return Decision(State.DEAD, Cause.NODE_LOST if s.node_lost else Cause.UNRESPONSIVE)
+            return _dead(Cause.NODE_LOST if s.node_lost else Cause.UNRESPONSIVE)
         return Decision(State.SUSPECT, Cause.NOT_READY, deadline)
 
 

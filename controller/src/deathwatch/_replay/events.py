@@ -116,6 +116,16 @@ class SkippedEvent(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=2
 def view_events(values: Iterable[RawValue]) -> Iterator[ViewEvent | SkippedEvent]:
     """Recorded values to validated pod views; everything odd becomes a SkippedEvent."""
     for value in values:
+        typed = value.value
+        if type(typed) is raw.WatchValue and typed.object is not None and typed.type in _POD_EVENTS:
+            # the common case, straight through (a watch event of a Pod, typed)
+            try:
+                pod = view_of(typed.object)
+            except MalformedPod as exc:
+                yield SkippedEvent(value.index, str(exc))
+            else:
+                yield ViewEvent(value.index, typed.type, pod)
+            continue
         for item in interpret(value.index, value.value):
             if isinstance(item, Skipped):
                 yield SkippedEvent(item.index, item.reason)

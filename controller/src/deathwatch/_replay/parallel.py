@@ -46,15 +46,18 @@ _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(_Result)
 
 
-def decode_piece(piece: bytes) -> _Result:
-    """One piece of the recording to validated events (what a worker does)."""
+def decode_piece(piece: bytes, first: int = 1) -> _Result:
+    """One piece of the recording to validated events (what a worker does); `first` is the
+    index of its first value in the whole recording, as the parent counted it (events are
+    numbered as in the file); `values` is how many it held."""
     count = 0
+    shift = first - 1
 
     def counted() -> Iterator[RawValue]:
         nonlocal count
         for value in read_values(io.BytesIO(piece), decode=DECODER.decode):
             count = value.index
-            yield value
+            yield RawValue(value.index + shift, value.offset, value.value) if shift else value
 
     events: list[ViewEvent | SkippedEvent] = []
     try:
@@ -95,10 +98,10 @@ def regular_file(stream: BinaryIO) -> int | None:
     return fd if stat.S_ISREG(info.st_mode) and info.st_size > 0 else None
 
 
-def _worker(mapped: mmap.mmap, spans: list[tuple[int, int]], out: int) -> None:
-    for start, end in spans:
+def _worker(mapped: mmap.mmap, spans: list[tuple[int, int]], firsts: list[int], out: int) -> None:
+    for (start, end), first in zip(spans, firsts, strict=True):
         try:
-            result = decode_piece(mapped[start:end])
+            result = decode_piece(mapped[start:end], first)
         except Exception as exc:  # report, never hang the parent
             result = _Result(0, [], crash=f"{type(exc).__name__}: {exc}")
         data = _ENCODER.encode(result)
@@ -129,10 +132,20 @@ class ParallelEvents:
         self.jobs = max(1, jobs)
         self.piece_size = piece_size or PIECE_SIZE
         self.position = 0
+        self._firsts: list[int] = []
 
     def __iter__(self) -> Iterator[ViewEvent | SkippedEvent]:
         with mmap.mmap(self.fd, 0, access=mmap.ACCESS_READ) as mapped:
             spans = pieces(mapped, self.piece_size)
+            # each piece's first event number, counted where the pieces were cut: values meet
+            # at "}\n{" (the module docstring), so the workers number their events as in the
+            # file and the parent hands them on as they come; a piece whose count proves
+            # otherwise is renumbered here
+            firsts, counted = [], 1
+            for start, end in spans:
+                firsts.append(counted)
+                counted += mapped[start:end].count(b"}\n{") + 1
+            self._firsts = firsts
             workers: list[tuple[int, int]] = []  # (pid, read end)
             try:
                 for k in range(min(self.jobs, len(spans))):
@@ -142,7 +155,8 @@ class ParallelEvents:
                         code = 0
                         try:
                             os.close(read_end)
-                            _worker(mapped, spans[k :: self.jobs], write_end)
+                            mine = slice(k, None, self.jobs)
+                            _worker(mapped, spans[mine], firsts[mine], write_end)
                         except BaseException:
                             code = 1
                         finally:
@@ -167,11 +181,15 @@ class ParallelEvents:
             result = _DECODER.decode(_read_exact(read_end, size))
             if result.crash is not None:
                 raise RuntimeError(f"replay worker failed: {result.crash}")
-            for event in result.events:
-                if isinstance(event, ViewEvent):
-                    yield ViewEvent(event.index + values_before, event.type, event.pod)
-                else:
-                    yield SkippedEvent(event.index + values_before, event.reason)
+            shift = values_before + 1 - self._firsts[i]  # 0 unless a count was wrong
+            if shift == 0:
+                yield from result.events
+            else:
+                for event in result.events:
+                    if isinstance(event, ViewEvent):
+                        yield ViewEvent(event.index + shift, event.type, event.pod)
+                    else:
+                        yield SkippedEvent(event.index + shift, event.reason)
             if result.error is not None:
                 index, offset, message = result.error
                 raise StreamError(index + values_before, offset + start, message)

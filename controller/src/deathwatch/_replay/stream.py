@@ -16,15 +16,12 @@ incremental decoder, which is also what names the exact position of an error.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import BinaryIO
 
 import msgspec
 
 CHUNK_SIZE = 1 << 20
-_WHITESPACE = re.compile(rb"[ \t\r\n]*")
 _DECODER = json.JSONDecoder()
 _GENERIC = msgspec.json.Decoder()
 
@@ -42,8 +39,7 @@ class StreamError(ValueError):
         return (StreamError, (self.index, self.offset, self.message))
 
 
-@dataclass(frozen=True, slots=True)
-class RawValue:
+class RawValue(msgspec.Struct, frozen=True, gc=False):  # one per value: a C constructor
     index: int  # 1-based position of the value in the stream: "event #1" is the first
     offset: int  # byte offset of its first byte
     value: object
@@ -74,15 +70,22 @@ def _slow_decode(buf: bytes, pos: int, eof: bool, index: int, base: int) -> tupl
     return value, pos + len(text[:end].encode("utf-8"))
 
 
+_SPACE = frozenset(b" \t\n\r\x0b\x0c")  # what bytes.rstrip() strips
+_JSON_SPACE = frozenset(b" \t\n\r")  # what may stand between two JSON values
+_CLOSERS = frozenset(b"}]")
+
+
 def _candidate_end(buf: bytes, pos: int, eof: bool) -> int:
-    """Where the value starting at `pos` probably ends, or -1 if not in `buf` yet."""
+    """Where the value starting at `pos` probably ends, or -1 if not in `buf` yet. Looks at
+    bytes in place: copying each line to strip it was a third of reading a JSON Lines file."""
     newline = buf.find(b"\n", pos)
-    line_end = newline if newline >= 0 else len(buf)
-    first_line = buf[pos:line_end].rstrip()
-    if len(first_line) > 1 and first_line.endswith((b"}", b"]")):
+    last = (newline if newline >= 0 else len(buf)) - 1
+    while last > pos and buf[last] in _SPACE:
+        last -= 1
+    if last > pos and buf[last] in _CLOSERS:  # a whole value on its first line
         if newline < 0 and not eof:
             return -1  # the line may continue in the next chunk
-        return pos + len(first_line)
+        return last + 1
     close = buf.find(b"\n}", pos)
     if close < 0:
         return len(buf) if eof else -1
@@ -100,22 +103,24 @@ def read_values(
     its shape is yielded as plain Python data instead.
     """
     buf = b""
+    view = memoryview(buf)
     base = 0  # absolute offset of buf[0]
     pos = 0
     index = 1
     eof = False
     while True:
-        match = _WHITESPACE.match(buf, pos)
-        pos = match.end() if match else pos
-        if pos >= len(buf) and eof:
+        size = len(buf)
+        while pos < size and buf[pos] in _JSON_SPACE:  # the newline between values, mostly
+            pos += 1
+        if pos >= size and eof:
             return
-        end = -1 if pos >= len(buf) else _candidate_end(buf, pos, eof)
+        end = -1 if pos >= size else _candidate_end(buf, pos, eof)
         value: object = None
         if end >= 0:
-            piece = buf[pos:end]
+            piece = view[pos:end]  # no copy: the decoders read the buffer in place
             try:
                 try:
-                    value = decode(piece)
+                    value = decode(piece)  # type: ignore[arg-type]
                 except msgspec.ValidationError:
                     # an unexpected shape (or a syntax error after it): decode it plainly
                     value = _GENERIC.decode(piece)
@@ -131,7 +136,9 @@ def read_values(
             else:
                 chunk = stream.read(chunk_size)
                 base += pos
+                view.release()
                 buf = buf[pos:] + chunk
+                view = memoryview(buf)
                 pos = 0
                 eof = not chunk
                 continue
