@@ -68,6 +68,7 @@ LANE_RULES = [
     *(f"prometheusRule.for.{k}=5s" for k in FOR_KEYS),
     "prometheusRule.deathBurst.perNode=3",
     "prometheusRule.deathBurst.cluster=3",
+    "prometheusRule.deathBurst.infrastructure=2",
     "prometheusRule.watchStaleSeconds=75",
 ]
 WEBHOOK_DELAY = 4.0  # seconds an admission webhook holds each verdict status write
@@ -444,6 +445,24 @@ def test_a_burst_of_deaths_fires_the_death_rate_alert(lane: Lane) -> None:
     assert alert["labels"]["node"] == NODE_NAME
     lane.fires("DeathwatchDeathBurst", killed)  # the cluster-wide threshold, 3 in the lane
     assert all(lane.state(n) == "Dead" for n in names)
+
+
+def test_evictions_through_the_eviction_api_fire_the_infrastructure_alert(lane: Lane) -> None:
+    """What `kubectl drain` does to each pod, without cordoning the lane's one node: the
+    Eviction API writes DisruptionTarget and deletes; the real kubelet stops the pod. Dead
+    Drained, by the infrastructure, and the alert names the cause."""
+    names = [lane.sandbox(f"evicted-{i}") for i in range(3)]
+    for name in names:
+        wait_for(lambda name=name: lane.state(name) == "Alive", timeout=60, what=f"{name} Alive")  # type: ignore[misc]
+    evicted = time.monotonic()
+    for name in names:
+        lane.core.create_namespaced_pod_eviction(name, NS, {
+            "apiVersion": "policy/v1", "kind": "Eviction",
+            "metadata": {"name": name, "namespace": NS}}, _request_timeout=30)  # fmt: skip
+    alert = lane.fires("DeathwatchInfrastructureDeathBurst", evicted)
+    assert alert["labels"]["cause"] == "Drained"
+    for name in names:
+        wait_for(lambda name=name: lane.state(name) == "Dead", timeout=30, what=f"{name} Dead")  # type: ignore[misc]
 
 
 def test_a_policy_plugin_that_raises_fires_the_policy_error_alert(lane: Lane) -> None:
