@@ -3,7 +3,7 @@
 
     python3 -m bench.firewall_bench [--connects N] [--rounds R] [--json]
 
-Measures, on two nodes built like tests/test_firewall_netns.py (routed wiring; A runs the
+Measures, on two nodes built like tests/netns/test_firewall.py (routed wiring; A runs the
 table with its sandbox in the inbound set, B runs nothing):
 - refusal latency of each rule, N connects, p50/p95/p99 (each a connect() that gets a TCP
   reset; goal p95 <= 40 us): output (A's host -> A's sandbox agent port) and inbound (B's

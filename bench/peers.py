@@ -434,7 +434,7 @@ class Run:
     def setup(self) -> None:
         crds = ROOT / "manifests" / "base" / "crds"
         self.kubectl("apply", "--server-side", "-f", str(crds))
-        if "agent-sandbox" in self.tools:  # its release CRD, as tests/test_agent_sandbox.py
+        if "agent-sandbox" in self.tools:  # its release CRD, as tests/node/test_agent_sandbox.py
             (crd,) = (c for c in agentsandbox.crds() if c["metadata"]["name"] == SANDBOX_CRD)
             self.kubectl("apply", "--server-side", "-f", "-", stdin=json.dumps(crd))
         crd_names = ["crd/deathwatches.deathwatch.dev", "crd/sandboxverdicts.deathwatch.dev"]

@@ -13,4 +13,4 @@ for tool in docker kind kubectl; do
 done
 docker info >/dev/null 2>&1 || { echo "kind-e2e: no Docker engine reachable" >&2; exit 2; }
 cd "$root"
-DEATHWATCH_E2E=1 exec python3 -m pytest -m e2e -p no:cacheprovider tests/test_e2e_kind.py "$@"
+DEATHWATCH_E2E=1 exec python3 -m pytest -m e2e -p no:cacheprovider tests/e2e/test_kind.py "$@"

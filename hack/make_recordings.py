@@ -205,7 +205,7 @@ def record_nft_listing() -> None:
     """`nft -j list table inet deathwatch` as this machine's nft prints it, after applying
     NFT_CONFIG (with NFT_SANDBOXES and NFT_HOSTS) in a throwaway network namespace and being refused 3 times
     (v4) and 2 (v6) by the output rule.
-    Needs root; tests/test_firewall.py reduces the file and compares it with the model."""
+    Needs root; tests/unit/test_firewall.py reduces the file and compares it with the model."""
     import ipaddress
     import subprocess
 

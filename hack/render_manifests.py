@@ -6,7 +6,7 @@
 From charts/deathwatch, with real Helm (hack/build-helm.sh):
 - manifests/base/**: `helm template` with the default values, one file per template, and the
   CRDs (charts/deathwatch/crds). `kubectl kustomize manifests/overlays/cluster` is then the
-  chart's default render plus the Namespace (tests/test_chart.py compares them object by object);
+  chart's default render plus the Namespace (tests/helm/test_chart.py compares them object by object);
 - manifests/uninstall/cleanup-daemonset.yaml: the chart with `cleanup=true`;
 - monitoring/deathwatch.rules.yaml: the alerting rules of the PrometheusRule, as a plain rules
   file for a Prometheus without the Operator (promtool tests: monitoring/tests/).

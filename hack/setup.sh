@@ -28,11 +28,11 @@ fi
 
 # keyed by this checkout too: the editable installs point at one directory, and each CI run
 # is a fresh clone somewhere else
-stamp=${DEATHWATCH_CACHE:-$HOME/.cache/deathwatch}/pip-$( (cat "$root/requirements-dev.txt" "$root"/controller/pyproject.toml "$root"/firewall/pyproject.toml; echo "$root") | sha256sum | cut -c1-16)
+stamp=${DEATHWATCH_CACHE:-$HOME/.cache/deathwatch}/pip-$( (cat "$root/requirements-dev.txt" "$root"/kube/pyproject.toml "$root"/controller/pyproject.toml "$root"/firewall/pyproject.toml; echo "$root") | sha256sum | cut -c1-16)
 # the editable installs must point at this checkout (one site-packages serves every clone)
 installed_here() {
-  (cd / && python3 -c 'import sys, deathwatch.policy as p, deathwatch.firewall.cli as f
-sys.exit(not (p.__file__.startswith(sys.argv[1]) and f.__file__.startswith(sys.argv[1])))' "$root/") 2>/dev/null
+  (cd / && python3 -c 'import sys, deathwatch.policy as p, deathwatch.firewall.cli as f, deathwatch._kube.errors as k
+sys.exit(not all(m.__file__.startswith(sys.argv[1]) for m in (p, f, k)))' "$root/") 2>/dev/null
 }
 if [ ! -f "$stamp" ] || ! installed_here || ! command -v deathwatch >/dev/null \
     || ! command -v deathwatch-firewall >/dev/null; then

@@ -1,10 +1,14 @@
-"""Suite-wide rules. In CI (CI=true) a skipped test that needs a real component is a failure:
-a missing install step must not hide behind a skip."""
+"""Suite-wide rules. A test's folder is its lane: tests/unit/ needs nothing but the Python
+packages (the fast loop: `python3 -m pytest tests/unit`), every other folder is named for the
+marker its tests carry (tests/apiserver/: `apiserver`, ...), and a test where its marker does
+not say it is refused at collection. In CI (CI=true) a skipped test that needs a real
+component is a failure: a missing install step must not hide behind a skip."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Generator
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +22,33 @@ ENFORCED_IN_CI = (
     "prometheus",
     "monitoring",
 )
+# the folders of tests/ that are lanes, each named for its marker (tests/unit: no marker)
+LANES = ("apiserver", "netns", "node", "chaos", "deploy", "e2e", "helm", "prometheus")
+LANE_MARKERS = (*LANES, "monitoring")
+TESTS = Path(__file__).resolve().parent
 _skipped_real: list[str] = []
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The folder says the lane, and the markers agree: a unit test needs no real component,
+    a test in tests/<lane>/ is marked <lane> (so `-m` and the folder select the same tests)."""
+    wrong = []
+    for item in items:
+        try:
+            parts = Path(item.path).resolve().relative_to(TESTS).parts
+        except ValueError:
+            continue  # not one of ours (a path given outside tests/)
+        folder = parts[0] if len(parts) > 1 else ""
+        marks = {m for m in LANE_MARKERS if item.get_closest_marker(m)}
+        if folder == "unit":
+            if marks:
+                wrong.append(f"{item.nodeid}: a unit test marked {sorted(marks)}")
+        elif folder not in LANES:
+            wrong.append(f"{item.nodeid}: tests live in tests/unit or tests/<lane>, {LANES}")
+        elif folder not in marks:
+            wrong.append(f"{item.nodeid}: in tests/{folder}/ but not marked {folder}")
+    if wrong:
+        raise pytest.UsageError("tests in the wrong lane:\n  " + "\n  ".join(wrong))
 
 
 def in_ci() -> bool:

@@ -1,6 +1,6 @@
 """The controller under test: a namespace, the kubelet player, the API, and the controller
 process running under its ServiceAccount token with the RBAC from manifests/. Shared by the
-control-plane lane (test_controller.py) and the node lane (test_node.py)."""
+control-plane lanes (tests/apiserver/, tests/chaos/) and the node lane (tests/node/)."""
 
 from __future__ import annotations
 

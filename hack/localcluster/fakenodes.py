@@ -1,6 +1,6 @@
 """Nodes with no kubelet, for the control plane's own controllers to act on.
 
-The disruption lane (tests/test_disruptions.py) runs kube-scheduler and kube-controller-manager
+The disruption lane (tests/apiserver/test_disruptions.py) runs kube-scheduler and kube-controller-manager
 with every controller: node lifecycle, taint eviction, pod GC, disruption. They act on Node
 objects and the pods bound to them. No kubelet runs here, so this module plays the two parts of
 a kubelet those controllers depend on, and nothing else:

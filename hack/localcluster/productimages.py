@@ -40,6 +40,7 @@ BASES = {"python": COMMON, "python-nft": (*COMMON, "nftables")}
 IMAGES = {"controller": ("python", "deathwatch"), "firewall": ("python-nft", "deathwatch-firewall")}
 LOCAL_TAG = "dev"  # what manifests/overlays/local-node runs
 BUILD_TOOLS = ("setuptools>=68", "wheel")
+SOURCES = ("VERSION", ".dockerignore", "kube", "controller", "firewall")  # the build context
 
 
 @dataclass(frozen=True)
@@ -132,14 +133,15 @@ def base(name: str) -> str:
 
 def wheelhouse() -> Path:
     """Every third-party wheel the two distributions need, and the tools to build them."""
-    inputs = [ROOT / "controller" / "pyproject.toml", ROOT / "firewall" / "pyproject.toml"]
+    inputs = [ROOT / d / "pyproject.toml" for d in ("kube", "controller", "firewall")]
     key = _content_key(inputs, *BUILD_TOOLS, f"py{sys.version_info.major}{sys.version_info.minor}")
     path = images_dir() / f"wheelhouse-{key}"
     if path.exists():
         return path
     partial = Path(tempfile.mkdtemp(prefix="wheelhouse-", dir=images_dir()))
     _run(sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "-q",
-         "-w", str(partial), str(ROOT / "controller"), str(ROOT / "firewall"), *BUILD_TOOLS)  # fmt: skip
+         "-w", str(partial), str(ROOT / "kube"), str(ROOT / "controller"), str(ROOT / "firewall"),
+         *BUILD_TOOLS)  # fmt: skip
     for ours in (*partial.glob("deathwatch-*.whl"), *partial.glob("deathwatch_*.whl")):
         ours.unlink()  # built again inside the image, from the sources in the context
     partial.rename(path)
@@ -152,7 +154,7 @@ def wheelhouse() -> Path:
 def _context(dist: str, wheels: Path) -> Path:
     """The build context: what the Dockerfile may COPY (see .dockerignore), and the wheels."""
     ctx = Path(tempfile.mkdtemp(prefix=f"ctx-{dist}-", dir=images_dir()))
-    for f in _tracked("VERSION", ".dockerignore", "controller", "firewall"):
+    for f in _tracked(*SOURCES):
         target = ctx / f.relative_to(ROOT)
         target.parent.mkdir(parents=True, exist_ok=True)
         if f.is_symlink():
@@ -167,7 +169,7 @@ def build(dist: str) -> Image:
     base_name, package = IMAGES[dist]
     base_ref = base(base_name)
     wheels = wheelhouse()
-    sources = _tracked("VERSION", ".dockerignore", "controller", "firewall")
+    sources = _tracked(*SOURCES)
     key = _content_key(sources, base_ref, wheels.name)
     name = f"deathwatch.local/{dist}:{LOCAL_TAG}"
     archive = images_dir() / f"{dist}-{key}.oci.tar"

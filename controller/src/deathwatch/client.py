@@ -40,11 +40,13 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
-import aiohttp
 import msgspec
 import structlog
 
 from deathwatch._engine.verdict import Cause, Origin, State
+from deathwatch._kube.errors import ApiError, describe
+from deathwatch._kube.errors import Unreachable as NoAnswer
+from deathwatch._kube.listwatch import LISTED, Item, Listed, Listing, ListWatch, outputs
 from deathwatch._operator import kube
 from deathwatch._operator.resources import (
     GROUP,
@@ -56,7 +58,7 @@ from deathwatch._operator.resources import (
     DisruptionStatus,
     SandboxVerdictStatus,
 )
-from deathwatch._operator.rest import ApiError, Rest
+from deathwatch._operator.rest import Rest
 
 __all__ = [
     "FINAL",
@@ -66,6 +68,7 @@ __all__ = [
     "Client",
     "Condition",
     "DisruptionStatus",
+    "NoAnswer",
     "Origin",
     "State",
     "Unreachable",
@@ -170,19 +173,7 @@ class _Object(msgspec.Struct):
     status: SandboxVerdictStatus | None = None
 
 
-class _List(msgspec.Struct):
-    items: list[_Object]
-    metadata: _Meta
-
-
-class _Event(msgspec.Struct):
-    type: str
-    object: msgspec.Raw
-
-
 _decode_object = msgspec.json.Decoder(_Object).decode
-_decode_list = msgspec.json.Decoder(_List).decode
-_decode_event = msgspec.json.Decoder(_Event).decode
 
 
 def _verdict(o: _Object) -> Verdict:
@@ -197,10 +188,6 @@ def _path(namespace: str | None, name: str | None = None) -> str:
     base = f"/apis/{GROUP}/{VERSION}"
     scope = f"{base}/namespaces/{namespace}/{SV_PLURAL}" if namespace else f"{base}/{SV_PLURAL}"
     return f"{scope}/{name}" if name else scope
-
-
-class _Gone(Exception):
-    """The watch's resourceVersion is no longer served (410): list again."""
 
 
 class Client:
@@ -243,10 +230,20 @@ class Client:
         self, namespace: str | None = None, label_selector: str | None = None
     ) -> tuple[list[Verdict], str]:
         """Every verdict (in `namespace`, or all the caller may list), and the list's
-        resourceVersion."""
-        params = {"labelSelector": label_selector} if label_selector else None
-        body = _decode_list(await self._rest.request("GET", _path(namespace), params=params))
-        return [_verdict(o) for o in body.items], body.metadata.resource_version
+        resourceVersion: one complete listing, in pages (listed again from the start if a
+        page's continue token expires); any other failure is the caller's."""
+        protocol = ListWatch(label_selector=label_selector, follow=False, fatal=lambda _: True)
+        transport = self._rest.transport(_path(namespace), WATCH_INACTIVITY)
+        verdicts: list[Verdict] = []
+        version = ""
+        async for out in outputs(protocol, transport):
+            if isinstance(out, Listing):
+                verdicts = []
+            elif isinstance(out, Item):
+                verdicts.append(_verdict(_decode_object(out.raw)))
+            elif isinstance(out, Listed):
+                version = out.version
+        return verdicts, version
 
     async def events(self, namespace: str, pod: str) -> list[dict[str, Any]]:
         """The Events that name `pod` (the kubelet's, and deathwatch's on the pod and on its
@@ -268,94 +265,34 @@ class Client:
         caller stops iterating. Reconnects on its own (with backoff); an error that is not a
         dropped connection (403, 404: no CRD) is raised."""
         seen: dict[tuple[str, str], tuple[str | None, State]] = {}  # (ns, pod) -> (uid, state)
-        failures = 0
-        version = ""
-        while True:
-            if not version:
-                verdicts, version = await self._list(namespace, label_selector, field_selector)
-                for change in _resync(seen, verdicts):
+        protocol = ListWatch(
+            label_selector=label_selector, field_selector=field_selector, server_timeout=300,
+            backoff=BACKOFF, fatal=_refused,
+        )  # fmt: skip
+        transport = self._rest.transport(_path(namespace), WATCH_INACTIVITY)
+        listed: list[Verdict] = []
+        async for out in outputs(protocol, transport):
+            if isinstance(out, Item):
+                verdict = _verdict(_decode_object(out.raw))
+                if out.type == LISTED:
+                    listed.append(verdict)
+                    continue
+                moved = _transition(seen, verdict, deleted=out.type == "DELETED")
+                if moved is not None:
+                    yield moved
+            elif isinstance(out, Listing):
+                listed = []
+            elif isinstance(out, Listed):
+                for change in _resync(seen, listed):
                     yield change
-            try:
-                async for kind, verdict in self._follow(
-                    namespace, label_selector, field_selector, version
-                ):
-                    failures = 0
-                    version = verdict.resource_version
-                    if kind == "BOOKMARK":
-                        continue
-                    moved = _transition(seen, verdict, deleted=kind == "DELETED")
-                    if moved is not None:
-                        yield moved
-                self.reconnects += 1  # the server ended the watch (its timeout): resume
-            except _Gone:
+                listed = []
+            elif out.what == "expired":
                 self.relists += 1  # the version is compacted away, or the cache restarted
                 log.info("a verdict watch could not resume (410 Gone): listing again")
-                version = ""
-            except (TimeoutError, aiohttp.ClientError, ConnectionError) as e:
+            elif out.what == "failed" and out.error is not None:
                 self.reconnects += 1
-                delay = BACKOFF[min(failures, len(BACKOFF) - 1)]
-                failures += 1
-                log.info("verdict watch dropped, resuming", error=repr(e), retry_in=delay)
-                await asyncio.sleep(delay)
-            except ApiError as e:
-                if e.status == 410:
-                    self.relists += 1
-                    log.info("a verdict watch could not resume (410 Gone): listing again")
-                    version = ""
-                    continue
-                if e.status not in (429, 500, 502, 503, 504):
-                    raise
-                delay = BACKOFF[min(failures, len(BACKOFF) - 1)]
-                failures += 1
-                log.info("verdict watch refused, retrying", status=e.status, retry_in=delay)
-                await asyncio.sleep(delay)
-
-    async def _list(
-        self, namespace: str | None, label_selector: str | None, field_selector: str | None
-    ) -> tuple[list[Verdict], str]:
-        params = {k: v for k, v in (("labelSelector", label_selector),
-                                    ("fieldSelector", field_selector)) if v}  # fmt: skip
-        failures = 0
-        while True:
-            try:
-                raw = await self._rest.request("GET", _path(namespace), params=params or None)
-                body = _decode_list(raw)
-                return [_verdict(o) for o in body.items], body.metadata.resource_version
-            except (TimeoutError, aiohttp.ClientError, ConnectionError) as e:
-                error: Any = repr(e)
-            except ApiError as e:
-                if e.status not in (429, 500, 502, 503, 504):
-                    raise
-                error = e.status
-            delay = BACKOFF[min(failures, len(BACKOFF) - 1)]
-            failures += 1
-            log.info("verdict list failed, retrying", error=error, retry_in=delay)
-            await asyncio.sleep(delay)
-
-    async def _follow(
-        self,
-        namespace: str | None,
-        label_selector: str | None,
-        field_selector: str | None,
-        version: str,
-    ) -> AsyncIterator[tuple[str, Verdict]]:
-        params: dict[str, str | int] = {
-            "watch": "true",
-            "resourceVersion": version,
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": 300,
-        }
-        if label_selector:
-            params["labelSelector"] = label_selector
-        if field_selector:
-            params["fieldSelector"] = field_selector
-        stream = self._rest.stream(_path(namespace), params, inactivity=WATCH_INACTIVITY)
-        async with stream as lines:
-            async for line in lines:
-                event = _decode_event(line)
-                if event.type == "ERROR":
-                    raise _watch_error(event.object)
-                yield event.type, _verdict(msgspec.json.decode(event.object, type=_Object))
+                log.info("verdict watch dropped, resuming", error=describe(out.error),
+                         retry_in=out.retry_in)  # fmt: skip
 
     async def wait_for(
         self,
@@ -431,14 +368,10 @@ def current(verdicts: Iterable[Verdict]) -> Verdict | None:
 _SANDBOX_ENDS = frozenset({Cause.EXPIRED})
 
 
-def _watch_error(raw: msgspec.Raw) -> Exception:
-    """An ERROR event's Status: 410 means list again; anything else is the API's refusal."""
-    status = msgspec.json.decode(raw)
-    code = int(status.get("code", 500)) if isinstance(status, dict) else 500
-    if code == 410:
-        return _Gone()
-    reason = str(status.get("reason", "")) if isinstance(status, dict) else ""
-    return ApiError(code, reason, bytes(raw))
+def _refused(exc: BaseException) -> bool:
+    """An error that ends a watch: the API's refusal for good (403, 404: no CRD), not a
+    throttle or a server error (both pass)."""
+    return isinstance(exc, ApiError) and not (exc.throttled or exc.server_error)
 
 
 def _transition(

@@ -1,15 +1,15 @@
 """One pass per event. A pod's observation flows one way through the controller's parts,
-each entered once (docs/adr/0014 has the diagram):
+each entered once (docs/architecture.md draws it):
 
     pod reflector ─ PodView ─▶ Controller.on_pod
-        DeathWatches.owner   which DeathWatch judges it (compiled once per generation)
-        Sandboxes            its record: DeathWatch, node, addresses; a name reused
-        Fleet                the engine: the next Track and what happened (signals)
-        Shielding            its shield, only when what that depends on changed
-        decide               what the step means: Events, written or not, counted how
-        Summaries            its DeathWatch's counts, by difference
-        documents            the verdict status, built once
-        Writer               sent (leader), or owed as a digest (standby)
+        Records        its record: by uid, the newest version judged, node and addresses
+        DeathWatches   which DeathWatch judges it (compiled once per generation: `Rules`)
+        memory         the engine: the next Track and what happened (signals)
+        Coverage       its shield, only when what that depends on changed
+        decide         what the step means: Events, written or not, counted how
+        Summaries      its DeathWatch's counts, by difference
+        documents      the verdict status, built once
+        Writer         sent (leader), or owed as a digest (standby)
 
 The other inputs take the same road from `_settle` on: a Suspect window closing on the clock
 (`expire`), a pod no complete listing shows (`listed`), a node's coverage changing
@@ -17,7 +17,8 @@ The other inputs take the same road from `_settle` on: a Suspect window closing 
 verdicts name, and what a pod's deletion means (read in `_judge`, handed to the engine).
 Verdicts the API holds come back on their own watch (`on_verdict`): listed at start they
 rebuild the engine's memory (`restore`), watched they keep a standby level with the leader.
-All calls run on the event loop; nothing here blocks or does I/O.
+Everything the controller knows of one sandbox is its `Record` (records.py), forgotten in
+one place (`_forget`). All calls run on the event loop; nothing here blocks or does I/O.
 """
 
 from __future__ import annotations
@@ -30,18 +31,22 @@ from typing import Any
 import msgspec
 import structlog
 
+from deathwatch._engine import memory
+from deathwatch._engine.contract import Policies
 from deathwatch._engine.engine import SignalKind, Step, Track
-from deathwatch._engine.fleet import Fleet
+from deathwatch._engine.memory import Deadlines
 from deathwatch._engine.podview import PodView
 from deathwatch._engine.timeutil import UTC, parse_time
 from deathwatch._engine.verdict import Cause, State, origin_of
 from deathwatch._operator import decisions, documents
 from deathwatch._operator.agent_sandboxes import AgentSandboxes, SandboxObject
-from deathwatch._operator.deathwatches import Change, DeathWatches
+from deathwatch._operator.coverage import Coverage
+from deathwatch._operator.deathwatches import Change, DeathWatches, DeathWatchKey, Revision
 from deathwatch._operator.decisions import Announcement, Before
 from deathwatch._operator.documents import FirewallReading, PodEvent
 from deathwatch._operator.metrics import Metrics
-from deathwatch._operator.reflector import Kind, Undecodable
+from deathwatch._operator.records import Record, Records
+from deathwatch._operator.reflector import EventType, Undecodable
 from deathwatch._operator.resources import (
     DW_PLURAL,
     POD_UID_LABEL,
@@ -52,13 +57,10 @@ from deathwatch._operator.resources import (
     SandboxRef,
     to_document,
 )
-from deathwatch._operator.sandboxes import Sandbox, Sandboxes
+from deathwatch._operator.rules import Rules
 from deathwatch._operator.shield import Shield
-from deathwatch._operator.shielding import Shielding
-from deathwatch._operator.spec import Watch
 from deathwatch._operator.summary import Summaries
-from deathwatch._operator.writer import LOW, NORMAL, URGENT, Desired, Key, Writer
-from deathwatch._policies import PolicySettings
+from deathwatch._operator.writer import LOW, NORMAL, URGENT, Desired, ObjectKey, Writer
 
 log = structlog.get_logger("deathwatch.controller")
 # Dead verdicts younger than this get their Event re-posted at start and takeover (under the
@@ -70,12 +72,22 @@ KEEP = object()  # "the shield did not need judging again"
 class Verdict:
     """A SandboxVerdict as its watch shows it: just what the controller reads."""
 
-    __slots__ = ("labels", "name", "namespace", "status", "version", "watch")
+    __slots__ = ("deathwatch", "labels", "name", "namespace", "status", "version")
 
-    def __init__(self, namespace: str, name: str, version: str, watch: str,
+    def __init__(self, namespace: str, name: str, version: str, deathwatch: str,
                  labels: Mapping[str, str], status: dict[str, Any] | None) -> None:  # fmt: skip
         self.namespace, self.name, self.version = namespace, name, version
-        self.watch, self.labels, self.status = watch, labels, status
+        self.deathwatch, self.labels, self.status = deathwatch, labels, status
+
+
+class Firewall:
+    """What the controller knows of the firewall: the DaemonSet as the probe loop last read
+    it (for the DeathWatch status), and the agents' coverage (each verdict's Shielded; None
+    when no firewall is configured)."""
+
+    def __init__(self, daemonset: str | None, coverage: Coverage | None) -> None:
+        self.reading = FirewallReading(daemonset)
+        self.coverage = coverage
 
 
 class Controller:
@@ -83,151 +95,158 @@ class Controller:
         self,
         *,
         deathwatches: DeathWatches,
-        sandboxes: Sandboxes,
-        fleet: Fleet,
+        records: Records,
+        policies: Policies,
         summaries: Summaries,
         writer: Writer,
         metrics: Metrics,
-        shielding: Shielding | None = None,
-        agent_sandboxes: AgentSandboxes | None = None,
+        firewall: Firewall,
+        agent_sandboxes: AgentSandboxes,
+        fresh: Callable[[], bool | None],
+        stale_after: float,
         leader: Callable[[], str | None] = lambda: None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
+        """`fresh`: whether every pod stream delivered something lately (None: unknown);
+        `stale_after`: the seconds that takes, for the DeathWatch condition's message;
+        `leader`: who holds the Lease."""
         self.deathwatches = deathwatches
-        self.sandboxes = sandboxes
-        self.fleet = fleet
+        self.records = records
+        self.policies = policies
+        self.deadlines = Deadlines()  # Suspect windows of every record, by when they close
         self.summaries = summaries
         self.writer = writer
         self.metrics = metrics
-        self.shielding = shielding  # None: no firewall configured, no Shielded condition
-        # the agent-sandbox Sandboxes as their watch shows them (empty where none are installed)
-        self.agent_sandboxes = agent_sandboxes or AgentSandboxes()
+        self.firewall = firewall
+        self.coverage = firewall.coverage  # None: no firewall configured, no Shielded
+        self.agent_sandboxes = agent_sandboxes  # as their watch shows them (or none at all)
+        self.fresh = fresh
+        self.stale_after = stale_after
         self.leader = leader
         self.clock = clock
-        self.firewall = FirewallReading(None)  # the DaemonSet, as the probe loop last read it
-        self.fresh: Callable[[], bool | None] = lambda: None  # are the pod streams alive
-        self.stale_after = 90.0
         self.wake = asyncio.Event()  # a new Suspect deadline to wait for
         self.malformed: set[str] = set()  # objects reported undecodable (once each)
-        self.policy_failing: set[str] = set()  # pod uids in a policy-error spell
 
     # --- pods ---------------------------------------------------------------------------
 
-    def on_pod(self, kind: Kind, pod: PodView, received: float | None = None,
+    def on_pod(self, kind: EventType, pod: PodView, received: float | None = None,
                version: str = "") -> None:  # fmt: skip
         """A pod event or a listed pod: one pass, from the engine to the writer. `version`:
         its resourceVersion; a state older than one already judged is not judged again (a
         watch event still in the stream behind a newer listing, a DeathWatch's adoption)."""
-        listed = kind is Kind.LISTED
-        deleted_at = self.clock() if kind is Kind.DELETED else None
-        if not self.sandboxes.newer(pod.uid, version):
+        listed = kind is EventType.LISTED
+        deleted_at = self.clock() if kind is EventType.DELETED else None
+        if not self.records.newer(pod.uid, version):
             return
-        seen = self.sandboxes.observe(pod, listed, deleted_at)
+        seen = self.records.observe(pod, listed, deleted_at)
         if seen is None:
-            if kind is Kind.DELETED:
-                self.sandboxes.deleted(pod.uid)
+            if kind is EventType.DELETED:
+                self.records.deleted(pod.uid)
                 return
-            owner = self.deathwatches.owner(pod)
-            if owner is None:
+            rules = self.deathwatches.owner(pod)
+            if rules is None:
                 return  # not a sandbox (or its DeathWatch is gone or invalid)
-            sandbox, changed, watch = self._track(pod, owner, listed, deleted_at), True, owner
-            self.sandboxes.newer(pod.uid, version)  # noted: its older states come to nothing
+            record, changed = self._track(pod, rules, listed, deleted_at), True
+            self.records.newer(pod.uid, version)  # noted: its older states come to nothing
         else:
-            sandbox, changed = seen
-            found = self.deathwatches.get(sandbox.watch)
+            record, changed = seen
+            found = self.deathwatches.get(record.deathwatch)
             if found is None:
                 return  # its DeathWatch is invalid for now: judged again once it is valid
-            watch = found
-        self._judge(kind, pod, sandbox, watch, changed, received)
+            rules = found
+        self._judge(kind, pod, record, rules, changed, received)
 
-    def _track(self, pod: PodView, watch: Watch, listed: bool,
-               deleted_at: datetime | None = None) -> Sandbox:  # fmt: skip
-        older = self.sandboxes.named(pod.namespace, pod.name)
+    def _track(self, pod: PodView, rules: Rules, listed: bool,
+               deleted_at: datetime | None = None) -> Record:  # fmt: skip
+        older = self.records.named(pod.namespace, pod.name)
         if older is not None and older.uid != pod.uid:
             self._forget(older)  # a new pod took the name: its verdict replaces the old one's
-        return self.sandboxes.add_pod(pod, watch.key, listed, deleted_at)
+        return self.records.add_pod(pod, rules.key, listed, deleted_at)
 
-    def _judge(self, kind: Kind, pod: PodView, sandbox: Sandbox, watch: Watch, changed: bool,
-               received: float | None) -> None:  # fmt: skip
+    def _judge(self, kind: EventType, pod: PodView, record: Record, rules: Rules,
+               changed: bool, received: float | None) -> None:  # fmt: skip
         now = self.clock()
         deletion = Cause.DELETED
-        if sandbox.agent_sandbox is not None and (
-            kind is Kind.DELETED or pod.deletion_requested_at is not None
+        if record.agent_sandbox is not None and (
+            kind is EventType.DELETED or pod.deletion_requested_at is not None
         ):
             # the pod never says why it was deleted; its Sandbox does (suspended, expired)
             deletion = self.agent_sandboxes.fate(
-                pod.namespace, sandbox.agent_sandbox, pod.deletion_requested_at or now
+                pod.namespace, record.agent_sandbox, pod.deletion_requested_at or now
             )
-        if kind is Kind.DELETED:
-            step = self.fleet.remove(pod.uid, now, pod, deletion)
-            if step is None:
+        if kind is EventType.DELETED:
+            if record.memory is None:
                 return
+            step = memory.remove(record.memory, now, pod, self.policies, self.deadlines, deletion)
         else:
-            step = self.fleet.observe(pod, now, watch.policy, watch.settings, deletion)
+            record.memory, step = memory.observe(
+                record.memory, pod, now, self.policies, rules.policy, rules.settings,
+                self.deadlines, deletion,
+            )  # fmt: skip
         if not step.changed and not step.signals and not changed:
             return  # nothing it says changed (a heartbeat of the kubelet): nothing to do
-        self._settle(step, sandbox, watch, received)
+        self._settle(step, record, rules, received)
 
     def _settle(
         self,
         step: Step,
-        sandbox: Sandbox,
-        watch: Watch,
+        record: Record,
+        rules: Rules,
         received: float | None = None,
         shield: object = KEEP,  # a Shield, None, or KEEP: judge it here if need be
     ) -> None:
         """What a step means, applied: reported, counted, written. The one tail of every
         input (pod events, listings, expiries, coverage)."""
         track = step.track
-        self._report(step, sandbox.node)
+        self._report(step, record)
         if shield is KEEP:
-            shield = self._shield(sandbox, watch)
+            shield = self._shield(record, rules)
         assert shield is None or isinstance(shield, Shield)  # noqa: S101 - KEEP resolved
-        claim = self.shielding.claim(sandbox.node) if self.shielding else None
-        before = Before(sandbox.persisted, sandbox.shield, sandbox.shield_since, sandbox.node)
+        claim = self.coverage.claim(record.node) if self.coverage else None
+        before = Before(record.persisted, record.shield, record.shield_since, record.node)
         outcome = decisions.decide(step, before, self.clock(), shield, claim)
         if outcome.forget:
-            self._forget(sandbox)
+            self._forget(record)
             return
         if any(a.reason is EventReason.SANDBOX_UNSHIELDED for a in outcome.events):
-            self._unshielded(track, sandbox, outcome.shield)
-        sandbox.shield, sandbox.shield_since = outcome.shield, outcome.shield_since
-        self.summaries.apply(sandbox.watch, sandbox.counted, outcome.facts)
-        sandbox.counted = outcome.facts
+            self._unshielded(track, record, outcome.shield)
+        record.shield, record.shield_since = outcome.shield, outcome.shield_since
+        self.summaries.apply(record.deathwatch, record.counted, outcome.facts)
+        record.counted = outcome.facts
         if outcome.write:
-            sandbox.persisted = True
-            self.writer.want(self._verdict(track, sandbox, watch, outcome.events, received))
+            record.persisted = True
+            self.writer.want(self._verdict(track, record, rules, outcome.events, received))
         if track.deadline is not None:
             self.wake.set()
 
-    def _shield(self, sandbox: Sandbox, watch: Watch) -> Shield | None:
+    def _shield(self, record: Record, rules: Rules) -> Shield | None:
         """Its shield judged again if what it depends on changed, else as it was."""
-        if self.shielding is None:
+        if self.coverage is None:
             return None
-        basis = (sandbox.node, sandbox.ips, watch.settings.agent_ports)
-        if sandbox.shield is not None and sandbox.judged_for == basis:
-            return sandbox.shield
-        shield = self.shielding.judge(sandbox.node, sandbox.ips, watch.settings.agent_ports)
+        basis = (record.node, record.ips, rules.settings.agent_ports)
+        if record.shield is not None and record.judged_for == basis:
+            return record.shield
+        shield = self.coverage.judge(record.node, record.ips, rules.settings.agent_ports)
         if shield is None:
-            return sandbox.shield  # nothing read since start: the restored shield stands
-        sandbox.judged_for = basis
+            return record.shield  # nothing read since start: the restored shield stands
+        record.judged_for = basis
         return shield
 
-    def _unshielded(self, track: Track, sandbox: Sandbox, shield: Shield | None) -> None:
+    def _unshielded(self, track: Track, record: Record, shield: Shield | None) -> None:
         assert shield is not None  # noqa: S101 - an Unshielded Event has a shield
         log.warning("sandbox not shielded", namespace=track.namespace, pod=track.name,
-                    uid=track.uid, node=sandbox.node, reason=shield.reason,
+                    uid=track.uid, node=record.node, reason=shield.reason,
                     message=shield.message)  # fmt: skip
         self.metrics.unshielded_spells.labels(shield.reason).inc()
 
-    def _verdict(self, track: Track, sandbox: Sandbox, watch: Watch,
+    def _verdict(self, track: Track, record: Record, rules: Rules,
                  announce: Iterable[Announcement] = (), received: float | None = None
                  ) -> Desired:  # fmt: skip
         dead = track.state is State.DEAD
-        owner = sandbox.agent_sandbox
+        owner = record.agent_sandbox
         ref = self.agent_sandboxes.ref(track.namespace, owner) if owner is not None else None
         status, obj, labels, events = documents.verdict(
-            track, watch, sandbox.node, sandbox.deleted_at, sandbox.shield, sandbox.shield_since,
+            track, rules, record.node, record.deleted_at, record.shield, record.shield_since,
             announce, ref,
         )  # fmt: skip
         return Desired(
@@ -241,9 +260,9 @@ class Controller:
             ready_drop_at=track.ready_drop_at if dead else None,
         )  # fmt: skip
 
-    def _report(self, step: Step, node: str | None) -> None:
+    def _report(self, step: Step, record: Record) -> None:
         """Logs and metrics of what happened: observability only, nothing decided here."""
-        track = step.track
+        track, node = step.track, record.node
         if node:
             self.metrics.node_seen(node)
         for signal in step.signals:
@@ -276,22 +295,20 @@ class Controller:
             elif kind is SignalKind.POLICY_FAILED:
                 self.metrics.policy_errors.labels(track.policy).inc()
         # a policy's failure is logged once per spell, and its recovery
-        if track.policy_error is not None and track.uid not in self.policy_failing:
-            self.policy_failing.add(track.uid)
-            log.error("policy failed; the pod is judged by container-state until it works again",
-                      namespace=track.namespace, pod=track.name, uid=track.uid,
-                      policy=track.policy, error=track.policy_error)  # fmt: skip
-        elif track.policy_error is None and track.uid in self.policy_failing:
-            self.policy_failing.discard(track.uid)
-            log.info("policy works again", namespace=track.namespace, pod=track.name,
-                     uid=track.uid, policy=track.policy)  # fmt: skip
+        if self.records.set_failing(record, track.policy_error is not None):
+            if record.failing:
+                log.error("policy failed; the pod is judged by container-state until it works "
+                          "again", namespace=track.namespace, pod=track.name, uid=track.uid,
+                          policy=track.policy, error=track.policy_error)  # fmt: skip
+            else:
+                log.info("policy works again", namespace=track.namespace, pod=track.name,
+                         uid=track.uid, policy=track.policy)  # fmt: skip
 
-    def _forget(self, sandbox: Sandbox) -> None:
-        self.sandboxes.remove(sandbox.uid)
-        self.summaries.apply(sandbox.watch, sandbox.counted, None)
-        self.summaries.dirty.add(sandbox.watch)
-        self.fleet.forget(sandbox.uid)
-        self.policy_failing.discard(sandbox.uid)
+    def _forget(self, record: Record) -> None:
+        """The one place a sandbox is forgotten: its record (and every index into it) and
+        what its DeathWatch counts for it. Its deadline, if any, lapses with it."""
+        self.records.remove(record)
+        self.summaries.apply(record.deathwatch, record.counted, None)
 
     def undecodable(self, error: Undecodable) -> None:
         if error.who not in self.malformed:
@@ -301,26 +318,24 @@ class Controller:
     # --- listings (the pod reflector) -------------------------------------------------------
 
     def listing(self, scope: str | None) -> None:
-        self.sandboxes.begin_listing(scope)
+        self.records.begin_listing(scope)
 
     def listed(self, scope: str | None) -> None:
         """A complete listing did not show these: deleted while nobody watched. A live one
         is Gone (Unobserved): how it ended is unknown; an ended one's retention starts."""
         now = self.clock()
-        for sandbox in self.sandboxes.unlisted(scope):
-            self.gone(sandbox.uid, now)
+        for record in self.records.unlisted(scope):
+            self.gone(record, now)
 
-    def gone(self, uid: str, now: datetime | None = None) -> None:
+    def gone(self, record: Record, now: datetime | None = None) -> None:
         """A pod found absent from the API."""
-        sandbox = self.sandboxes.get(uid)
-        if sandbox is None:
-            return
         now = now or self.clock()
-        self.sandboxes.ended(sandbox, now)
-        step = self.fleet.remove(uid, now, None)
-        watch = self.deathwatches.get(sandbox.watch)
-        if step is not None and watch is not None:
-            self._settle(step, sandbox, watch)
+        self.records.ended(record, now)
+        rules = self.deathwatches.get(record.deathwatch)
+        if record.memory is None or rules is None:
+            return
+        step = memory.remove(record.memory, now, None, self.policies, self.deadlines)
+        self._settle(step, record, rules)
 
     # --- DeathWatches (kopf's handler) ------------------------------------------------------
 
@@ -331,75 +346,80 @@ class Controller:
         meta = body.get("metadata") or {}
         key = (meta.get("namespace") or "default", meta.get("name") or "")
         if event_type == "DELETED" or meta.get("deletionTimestamp"):
-            self._drop_watch(key)
+            self._drop_deathwatch(key)
             return None
         status = body.get("status")
-        if self.writer.observed(DW_PLURAL, *key, status if isinstance(status, dict) else {},
-                                str(meta.get("resourceVersion") or "")):  # fmt: skip
-            self.summaries.dirty.add(key)  # another term's write: say it again
+        self.writer.observed(DW_PLURAL, *key, status if isinstance(status, dict) else {},
+                             str(meta.get("resourceVersion") or ""))  # fmt: skip
         change = self.deathwatches.update(body)
         if change is None:
             return None
-        self.summaries.dirty.add(key)
-        return change if change.watch is not None and change.select else None
+        if change.rules is not None:
+            # restored records wait for their DeathWatch's settings (their window multiplier,
+            # their agent ports): from now on they are judged with them
+            for record in self.records.of_deathwatch(key):
+                if record.memory is not None:
+                    record.memory.settings = change.rules.settings
+        return change if change.rules is not None and change.select else None
 
-    def adopt(self, key: tuple[str, str], version: tuple[str, int | None],
-              pods: Iterable[PodView], versions: Mapping[str, str] | None = None
-              ) -> int:  # fmt: skip
-        """Pods of a page just listed for the DeathWatch `key` at `version`: each one it
+    def adopt(self, key: DeathWatchKey, revision: Revision, pods: Iterable[PodView],
+              versions: Mapping[str, str] | None = None) -> int:  # fmt: skip
+        """Pods of a page just listed for the DeathWatch `key` at `revision`: each one it
         selects that no event has brought yet. Returns how many; 0 when the DeathWatch has
-        changed or gone meanwhile (the newer version's own listing adopts them). `versions`:
-        each pod's resourceVersion by uid, so that an older event of it still in the watch
-        stream is not judged after this newer state."""
-        watch = self.deathwatches.current(key, version)
-        if watch is None:
+        changed or gone meanwhile (the newer revision's own listing adopts them).
+        `versions`: each pod's resourceVersion by uid, so that an older event of it still in
+        the watch stream is not judged after this newer state."""
+        rules = self.deathwatches.current(key, revision)
+        if rules is None:
             return 0
         adopted = 0
         for pod in pods:
-            if self.sandboxes.get(pod.uid) is not None or self.sandboxes.recently_deleted(pod.uid):
+            if self.records.get(pod.uid) is not None or self.records.recently_deleted(pod.uid):
                 continue  # an event brought it already, or its deletion came after this list
             owner = self.deathwatches.owner(pod)
             if owner is None or owner.key != key:
                 continue
-            sandbox = self._track(pod, watch, listed=False)
-            self.sandboxes.newer(pod.uid, (versions or {}).get(pod.uid, ""))
-            self._judge(Kind.LISTED, pod, sandbox, watch, True, None)
+            record = self._track(pod, rules, listed=False)
+            self.records.newer(pod.uid, (versions or {}).get(pod.uid, ""))
+            self._judge(EventType.LISTED, pod, record, rules, True, None)
             adopted += 1
         return adopted
 
-    def _drop_watch(self, key: tuple[str, str]) -> None:
+    def _drop_deathwatch(self, key: DeathWatchKey) -> None:
         """The DeathWatch is gone: its verdicts go with it (ownerReferences), so does our
         memory of them."""
         if not self.deathwatches.remove(key):
             return
-        for sandbox in self.sandboxes.of_watch(key):
-            self._forget(sandbox)
-            self.writer.forget(SV_PLURAL, sandbox.namespace, sandbox.name)
+        for record in self.records.of_deathwatch(key):
+            self._forget(record)
+            self.writer.forget(*record.verdict)
         self.summaries.drop(key)
         self.writer.forget(DW_PLURAL, *key)
 
     # --- agent-sandbox Sandboxes (their reflector) ------------------------------------------
 
-    def on_agent_sandbox(self, kind: Kind, obj: SandboxObject) -> None:
+    def on_agent_sandbox(self, kind: EventType, obj: SandboxObject) -> None:
         """A Sandbox as its watch shows it. When what its verdicts name changes (a claim
         adopted it from its warm pool), each of its pods' verdicts says so: same verdict,
         same pod uid, and now its claim."""
-        if kind is Kind.DELETED:
+        if kind is EventType.DELETED:
             self.agent_sandboxes.remove(obj.namespace, obj.name)
             return
         if not self.agent_sandboxes.update(obj):
             return
-        for sandbox in self.sandboxes.of_agent_sandbox(obj.namespace, obj.name):
-            track = self.fleet.get(sandbox.uid)
-            watch = self.deathwatches.get(sandbox.watch)
-            if track is not None and watch is not None and sandbox.persisted:
-                self.writer.want(self._verdict(track, sandbox, watch))
+        for record in self.records.of_agent_sandbox(obj.namespace, obj.name):
+            track = record.track
+            rules = self.deathwatches.get(record.deathwatch)
+            if track is not None and rules is not None and record.persisted:
+                self.writer.want(self._verdict(track, record, rules))
 
     # --- verdicts (their reflector) ---------------------------------------------------------
 
     def restore(self, verdict: Verdict) -> bool:
         """A verdict listed at start, before any pod: the engine's memory rebuilt from it
-        (nothing it needs lives only in memory). False if it cannot be used."""
+        (nothing it needs lives only in memory). False if it cannot be used. It is judged
+        with its DeathWatch's settings: at once if that DeathWatch is compiled already, else
+        as soon as it is (`on_deathwatch`); until then, the defaults."""
         status = verdict.status or {}
         self.writer.knows(SV_PLURAL, verdict.namespace, verdict.name, status, verdict.version,
                           verdict.labels)  # fmt: skip
@@ -407,44 +427,48 @@ class Controller:
         if track is None:
             return False
         try:
-            self.fleet.restore(track, PolicySettings())
+            remembered = memory.restored(track, self.policies, self.deadlines)
         except ValueError as exc:  # a policy that is no longer installed
             log.error("verdict not restored", namespace=verdict.namespace, pod=verdict.name,
                       error=str(exc))  # fmt: skip
             return False
-        key = (verdict.namespace, verdict.watch)
-        older = self.sandboxes.named(verdict.namespace, verdict.name)
+        key = (verdict.namespace, verdict.deathwatch)
+        rules = self.deathwatches.get(key)
+        if rules is not None:
+            remembered.settings = rules.settings
+        older = self.records.named(verdict.namespace, verdict.name)
         if older is not None:  # two verdicts of one name cannot be: the later listed wins
             self._forget(older)
-        sandbox = self.sandboxes.add(track.uid, verdict.namespace, verdict.name, key)
-        sandbox.persisted = True
-        sandbox.node = status.get("node") if isinstance(status.get("node"), str) else None
-        sandbox.shield, sandbox.shield_since = _restored_shield(status)
+        record = self.records.add(track.uid, verdict.namespace, verdict.name, key)
+        record.memory = remembered
+        record.persisted = True
+        record.node = status.get("node") if isinstance(status.get("node"), str) else None
+        record.shield, record.shield_since = _restored_shield(status)
         ref = _restored_sandbox(status)
         if ref is not None:
-            self.sandboxes.link(sandbox, ref.name)
+            self.records.link(record, ref.name)
             self.agent_sandboxes.remember(verdict.namespace, ref)
         deleted_at = parse_time(status.get("podDeletedAt"))
         if deleted_at is not None:  # the retention clock carries over the restart
-            self.sandboxes.ended(sandbox, deleted_at)
-        sandbox.counted = decisions.facts(track, sandbox.shield, sandbox.node)
-        self.summaries.apply(key, None, sandbox.counted)
+            self.records.ended(record, deleted_at)
+        record.counted = decisions.facts(track, record.shield, record.node)
+        self.summaries.apply(key, None, record.counted)
         self.wake.set()
         return True
 
-    def on_verdict(self, kind: Kind, verdict: Verdict) -> None:
+    def on_verdict(self, kind: EventType, verdict: Verdict) -> None:
         """A SandboxVerdict as its watch shows it (the leader's writes, seen by a standby;
         another term's, seen by a leader)."""
-        status = None if kind is Kind.DELETED else verdict.status
+        status = None if kind is EventType.DELETED else verdict.status
         key = (SV_PLURAL, verdict.namespace, verdict.name)
         contested = self.writer.observed(*key, status, verdict.version, verdict.labels)
         if contested:
             self.republish([key])
         elif (
-            kind is Kind.ADDED
+            kind is EventType.ADDED
             and self.writer.leading
             and not verdict.status
-            and self.sandboxes.named(verdict.namespace, verdict.name) is None
+            and self.records.named(verdict.namespace, verdict.name) is None
         ):
             # created, status-less, for a pod this leader does not track: an earlier term's
             # create that landed after this term retired the verdict. Not left behind.
@@ -452,53 +476,65 @@ class Controller:
             if uid:
                 self.writer.want(Desired(*key, delete=uid, priority=LOW))
 
-    def republish(self, keys: Iterable[Key]) -> None:
+    def republish(self, keys: Iterable[ObjectKey]) -> None:
         """Say these objects again, as this controller judges them now (taking over: what the
-        old leader left different; leading: what another term's write changed)."""
+        old leader left different; leading: what another term's write changed). A
+        DeathWatch's status is said again at the next publish, as every second."""
         for plural, namespace, name in keys:
             if plural == DW_PLURAL:
-                self.summaries.dirty.add((namespace, name))
                 continue
-            sandbox = self.sandboxes.named(namespace, name)
-            track = self.fleet.get(sandbox.uid) if sandbox else None
-            watch = self.deathwatches.get(sandbox.watch) if sandbox else None
-            if sandbox is None or track is None or watch is None or not sandbox.persisted:
+            record = self.records.named(namespace, name)
+            track = record.track if record else None
+            rules = self.deathwatches.get(record.deathwatch) if record else None
+            if record is None or track is None or rules is None or not record.persisted:
                 continue
-            self.writer.want(self._verdict(track, sandbox, watch))
+            self.writer.want(self._verdict(track, record, rules))
 
     # --- time: Suspect windows, retention, coverage -----------------------------------------
 
+    def _current(self, deadline: datetime, uid: str) -> bool:
+        record = self.records.get(uid)
+        return memory.is_current(record.memory if record else None, deadline)
+
+    def next_deadline(self) -> datetime | None:
+        """When the next Suspect window closes (None: none is open)."""
+        return self.deadlines.next(self._current)
+
     def expire(self) -> None:
-        for step in self.fleet.expire_due(self.clock()):
-            sandbox = self.sandboxes.get(step.track.uid)
-            watch = self.deathwatches.get(sandbox.watch) if sandbox else None
-            if sandbox is not None and watch is not None:
-                self._settle(step, sandbox, watch)
-        failures, self.fleet.failures = self.fleet.failures, []
-        for uid, exc in failures:
-            sandbox = self.sandboxes.get(uid)
-            self.metrics.handler_errors.labels("expire").inc()
-            log.error("a Suspect window could not be judged; its next pod event judges it",
-                      uid=uid, namespace=sandbox.namespace if sandbox else None,
-                      pod=sandbox.name if sandbox else None, exc_info=exc)  # fmt: skip
+        """Judge every Suspect whose window has closed. One that fails (a bug: a policy's
+        error is contained by the engine) is reported and the others are still judged; its
+        next pod event judges it."""
+        now = self.clock()
+        for _, uid in self.deadlines.take(lambda deadline: deadline <= now, self._current):
+            record = self.records.get(uid)
+            rules = self.deathwatches.get(record.deathwatch) if record else None
+            if record is None or record.memory is None or rules is None:
+                continue
+            try:
+                step = memory.expire(record.memory, now, self.policies, self.deadlines)
+                self._settle(step, record, rules)
+            except Exception as exc:
+                self.metrics.handler_errors.labels("expire").inc()
+                log.error("a Suspect window could not be judged; its next pod event judges it",
+                          uid=uid, namespace=record.namespace, pod=record.name,
+                          exc_info=exc)  # fmt: skip
 
     def retire(self) -> int:
         """Delete the verdicts of pods gone for longer than their DeathWatch's retention."""
         now = self.clock()
         retired = 0
-        for sandbox in self.sandboxes.ended_ones():
-            track = self.fleet.get(sandbox.uid)
-            if track is None or sandbox.deleted_at is None or not track.state.terminal:
+        for record in self.records.ended_ones():
+            track = record.track
+            if track is None or record.deleted_at is None or not track.state.terminal:
                 continue
-            watch = self.deathwatches.get(sandbox.watch)
-            retention = watch.retention if watch else timedelta(0)
-            declared = track.evidence.declared_at if track.evidence else sandbox.deleted_at
-            if now < max(sandbox.deleted_at, declared) + retention:
+            rules = self.deathwatches.get(record.deathwatch)
+            retention = rules.retention if rules else timedelta(0)
+            declared = track.evidence.declared_at if track.evidence else record.deleted_at
+            if now < max(record.deleted_at, declared) + retention:
                 continue
-            if sandbox.persisted:
-                self.writer.want(Desired(SV_PLURAL, sandbox.namespace, sandbox.name,
-                                         delete=sandbox.uid, priority=LOW))  # fmt: skip
-            self._forget(sandbox)
+            if record.persisted:
+                self.writer.want(Desired(*record.verdict, delete=record.uid, priority=LOW))
+            self._forget(record)
             retired += 1
         return retired
 
@@ -506,27 +542,27 @@ class Controller:
         """Claims go stale with no event: once a tick, judge again the live sandboxes on the
         nodes whose claim changed or expired (all of them when the Leases became readable or
         unreadable); a verdict is written for each shield that changed."""
-        if self.shielding is None:
+        if self.coverage is None:
             return
-        nodes = self.shielding.changed_nodes()
+        nodes = self.coverage.changed_nodes()
         if nodes is not None and not nodes:
             return
-        sandboxes = list(self.sandboxes) if nodes is None else self.sandboxes.on_nodes(nodes)
-        for sandbox in sandboxes:
-            track = self.fleet.get(sandbox.uid)
-            watch = self.deathwatches.get(sandbox.watch)
-            if track is None or watch is None or not sandbox.persisted:
+        records = list(self.records) if nodes is None else self.records.on_nodes(nodes)
+        for record in records:
+            track = record.track
+            rules = self.deathwatches.get(record.deathwatch)
+            if track is None or rules is None or not record.persisted:
                 continue
-            if track.state.terminal and sandbox.shield is not None:
+            if track.state.terminal and record.shield is not None:
                 continue
-            sandbox.judged_for = None  # judge it afresh
-            shield = self._shield(sandbox, watch)
-            if shield != sandbox.shield:
-                self._settle(Step(track), sandbox, watch, shield=shield)
+            record.judged_for = None  # judge it afresh
+            shield = self._shield(record, rules)
+            if shield != record.shield:
+                self._settle(Step(track), record, rules, shield=shield)
 
     def on_coverage(self, leases: Iterable[Mapping[str, Any]]) -> None:
-        if self.shielding is not None:
-            self.shielding.read(leases, self.clock())
+        if self.coverage is not None:
+            self.coverage.read(leases, self.clock())
 
     # --- DeathWatch status ------------------------------------------------------------------
 
@@ -535,19 +571,20 @@ class Controller:
         set the gauges; the counts are kept as sandboxes change, so this costs the same with
         30 or 30,000 of them."""
         now, fresh = self.clock(), self.fresh()
-        coverage = self.firewall.coverage()
+        reading = self.firewall.reading
+        coverage = reading.coverage()
         leader = self.leader()
         for key in list(self.deathwatches):
             try:
                 conditions = self.deathwatches.conditions[key] = documents.deathwatch_conditions(
                     self.deathwatches.conditions.get(key, ()), now,
                     invalid=self.deathwatches.invalid.get(key), fresh=fresh,
-                    stale_after=self.stale_after, firewall=self.firewall,
+                    stale_after=self.stale_after, firewall=reading,
                 )  # fmt: skip
-                watch = self.deathwatches.get(key)
+                rules = self.deathwatches.get(key)
                 status = documents.deathwatch_status(
                     self.summaries[key], coverage, conditions,
-                    watch.generation if watch else None, leader,
+                    rules.generation if rules else None, leader,
                 )  # fmt: skip
                 document = to_document(status)
             except Exception:
@@ -555,10 +592,9 @@ class Controller:
                 log.exception("deathwatch status not computed", namespace=key[0], deathwatch=key[1])
                 continue
             self.writer.want(Desired(DW_PLURAL, *key, status=document, priority=LOW))
-        self.summaries.dirty.clear()
         for state in State:
             self.metrics.tracked.labels(str(state)).set(self.summaries.states[state])
-        if self.shielding is not None:
+        if self.coverage is not None:
             for cs in ConditionStatus:
                 self.metrics.shielded.labels(str(cs)).set(self.summaries.shields[cs])
         self.metrics.node_sandboxes.clear()  # a node with none left has no series
@@ -571,13 +607,17 @@ class Controller:
         (or a leader losing its lease) between a verdict and its Event could have left unsaid.
         Older ones are left alone: the API server has expired their Events (--event-ttl)."""
         since = self.clock() - window
-        return [
-            documents.dead_event(track)
-            for track in self.fleet
-            if track.state is State.DEAD
-            and track.evidence is not None
-            and track.evidence.declared_at >= since
-        ]
+        out = []
+        for record in self.records:
+            track = record.track
+            if (
+                track is not None
+                and track.state is State.DEAD
+                and track.evidence is not None
+                and track.evidence.declared_at >= since
+            ):
+                out.append(documents.dead_event(track))
+        return out
 
 
 def _restored_sandbox(status: Mapping[str, Any]) -> SandboxRef | None:

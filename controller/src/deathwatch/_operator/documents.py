@@ -43,8 +43,8 @@ from deathwatch._operator.resources import (
     SandboxVerdictStatus,
     to_document,
 )
+from deathwatch._operator.rules import Rules
 from deathwatch._operator.shield import Shield
-from deathwatch._operator.spec import Watch
 
 if TYPE_CHECKING:
     from deathwatch._operator.decisions import Announcement
@@ -222,7 +222,7 @@ def verdict_status(
 
 def verdict(
     track: Track,
-    watch: Watch,
+    rules: Rules,
     node: str | None,
     deleted_at: datetime | None,
     shield: Shield | None,
@@ -235,7 +235,7 @@ def verdict(
     the Events that announce what `decide` chose to."""
     status = verdict_status(track, node, deleted_at, shield, shield_since, sandbox)
     labels = verdict_labels(track)
-    obj = verdict_object(track.namespace, track.name, watch, track.uid, sandbox, labels)
+    obj = verdict_object(track.namespace, track.name, rules, track.uid, sandbox, labels)
     return to_document(status), obj, labels, events(track, announce)
 
 
@@ -270,7 +270,7 @@ _LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 def verdict_object(
     namespace: str,
     name: str,
-    watch: Watch,
+    rules: Rules,
     pod_uid: str,
     sandbox: SandboxRef | None = None,
     more: dict[str, str] | None = None,
@@ -281,7 +281,7 @@ def verdict_object(
     (`-l deathwatch.dev/sandbox=NAME`: a Sandbox's name outlives a claim's adoption)."""
     labels = {
         "app.kubernetes.io/managed-by": "deathwatch",
-        WATCH_LABEL: watch.name,
+        WATCH_LABEL: rules.name,
         POD_UID_LABEL: pod_uid,
     }
     if sandbox is not None and _LABEL_VALUE.fullmatch(sandbox.name):
@@ -294,9 +294,9 @@ def verdict_object(
             "name": name,
             "namespace": namespace,
             "labels": labels,
-            "ownerReferences": [watch.owner_reference()],
+            "ownerReferences": [rules.owner_reference()],
         },
-        "spec": to_document(SandboxVerdictSpec(death_watch=watch.name)),
+        "spec": to_document(SandboxVerdictSpec(death_watch=rules.name)),
     }
 
 

@@ -9,20 +9,18 @@ leader sends nothing more, not even what was already on its way.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from collections.abc import Callable
 from typing import Any, Final
 
-import aiohttp
 import msgspec
 from kubernetes import client, config
 
-from deathwatch._operator.resources import API_VERSION, DW_PLURAL, GROUP, SV_PLURAL, VERSION
-from deathwatch._operator.rest import API_TIMEOUT, ApiError, Rest
+from deathwatch._kube.errors import ApiError
+from deathwatch._operator.resources import API_VERSION, GROUP, KINDS, VERSION
+from deathwatch._operator.rest import API_TIMEOUT, Rest
 
-KINDS: Final = {SV_PLURAL: "SandboxVerdict", DW_PLURAL: "DeathWatch"}
 LEASES: Final = "/apis/coordination.k8s.io/v1"
 
 
@@ -136,7 +134,7 @@ class ApiWrites:
         try:
             data = await self.rest.request("GET", f"{objects(plural, namespace)}/{name}/status")
         except ApiError as exc:
-            if exc.status == 404:
+            if exc.not_found:
                 return None
             raise
         read = _with_status(data)
@@ -165,7 +163,7 @@ class ApiLease:
                 "GET", f"{self.collection}/{self.name}", deadline=self.timeout
             )
         except ApiError as exc:
-            if exc.status == 404:
+            if exc.not_found:
                 return None
             raise
         lease: dict[str, Any] = msgspec.json.decode(data)
@@ -206,38 +204,4 @@ class ApiLease:
                 seen(event["type"], event.get("object"))
 
 
-def status_code(exc: BaseException) -> str:
-    """A short label for an API failure, for metrics and logs: the HTTP status, `timeout`
-    (no answer in time), `connection` (refused, reset, broken), else the error's type."""
-    if isinstance(exc, client.ApiException):
-        return str(exc.status)
-    if isinstance(exc, TimeoutError | asyncio.TimeoutError | aiohttp.ServerTimeoutError):
-        return "timeout"
-    if isinstance(
-        exc, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError | ConnectionError
-    ):
-        return "connection"
-    if isinstance(exc, aiohttp.ClientError):
-        return "connection"
-    return type(exc).__name__
-
-
-def retryable(exc: BaseException) -> bool:
-    """Whether a failed call can succeed later. 403 counts: it is a configuration error (the
-    caller logs it as one) but also what a restarting apiserver answers until its RBAC
-    caches fill."""
-    if isinstance(exc, client.ApiException):
-        return exc.status in (0, 403, 408, 429) or exc.status >= 500
-    return True  # connection refused/reset, timeouts: the API may come back
-
-
-def api_message(exc: BaseException) -> str:
-    if isinstance(exc, client.ApiException):
-        try:
-            return str(json.loads(exc.body or "{}").get("message") or exc.reason)
-        except ValueError:
-            return str(exc.reason)
-    return str(exc) or type(exc).__name__
-
-
-__all__ = ["API_TIMEOUT", "ApiError", "ApiLease", "ApiWrites", "Fenced", "Rest"]
+__all__ = ["API_TIMEOUT", "ApiLease", "ApiWrites", "Fenced", "Rest"]

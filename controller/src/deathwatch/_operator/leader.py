@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import structlog
 
 from deathwatch._engine.timeutil import UTC, format_time
-from deathwatch._operator.kube import api_message, status_code
+from deathwatch._kube.errors import ApiError, describe, label
 from deathwatch._operator.metrics import Metrics
 
 log = structlog.get_logger("deathwatch.leader")
@@ -52,7 +52,8 @@ class LeaseTimings:
 
 class LeaseApi(Protocol):
     """The three calls on the one Lease; `replace` must fail (409) if the resourceVersion in
-    the body is no longer current. Each raises the client's ApiException on refusal."""
+    the body is no longer current. Each raises errors.ApiError on refusal, Unreachable when no
+    answer came."""
 
     async def get(self) -> dict[str, Any] | None: ...
 
@@ -117,10 +118,8 @@ class Elector:
             try:
                 holds = await asyncio.wait_for(self._try(), self.timings.renew_deadline / 2)
             except Exception as exc:  # the API: counted, logged, and just not renewed
-                self.metrics.api_errors.labels("lease", status_code(exc)).inc()
-                log.warning(
-                    "lease not renewed", error=api_message(exc)[:200], leader=self.is_leader
-                )
+                self.metrics.api_errors.labels("lease", label(exc)).inc()
+                log.warning("lease not renewed", error=describe(exc)[:200], leader=self.is_leader)
                 holds, failed = False, True
             now = self.clock()
             if holds:
@@ -174,9 +173,9 @@ class Elector:
             try:
                 await self.api.watch(self.seen)
             except Exception as exc:
-                self.metrics.api_errors.labels("lease_watch", status_code(exc)).inc()
+                self.metrics.api_errors.labels("lease_watch", label(exc)).inc()
                 log.warning("lease watch failed; polling every retry period until it is back",
-                            error=api_message(exc)[:200])  # fmt: skip
+                            error=describe(exc)[:200])  # fmt: skip
                 await asyncio.sleep(self.timings.retry_period)
 
     def seen(self, event_type: str, lease: Mapping[str, Any] | None) -> None:
@@ -212,7 +211,7 @@ class Elector:
                     "acquireTime": now, "renewTime": now, "leaseTransitions": 0,
                 }))  # fmt: skip
             except Exception as exc:
-                if status_code(exc) == "409":
+                if isinstance(exc, ApiError) and exc.conflict:
                     return False  # someone else created it first
                 raise
             self._observe(created)
@@ -237,7 +236,7 @@ class Elector:
         try:
             replaced = await self.api.replace(self._body(lease, new))
         except Exception as exc:
-            if status_code(exc) == "409":
+            if isinstance(exc, ApiError) and exc.conflict:
                 return False  # someone else wrote it first
             raise
         self._observe(replaced)
@@ -280,7 +279,7 @@ class Elector:
             )
         except Exception as exc:
             log.warning("lease not released; a standby takes over when it expires",
-                        error=api_message(exc)[:200])  # fmt: skip
+                        error=describe(exc)[:200])  # fmt: skip
 
     def status(self) -> dict[str, Any]:
         return {

@@ -3,7 +3,7 @@ SandboxVerdict (status), with their condition types, reasons and Event reasons a
 
 One source of truth for both directions: the operator builds these structs and encodes them
 (`to_document`), and reads spec and status back through them (`msgspec.convert`, which names
-the path of a bad field). tests/test_resources.py proves that every field, type, enum and
+the path of a bad field). tests/unit/test_resources.py proves that every field, type, enum and
 bound here agrees with the CRD schemas under manifests/base/crds.
 """
 
@@ -22,6 +22,10 @@ VERSION: Final = "v1alpha1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
 DW_PLURAL: Final = "deathwatches"
 SV_PLURAL: Final = "sandboxverdicts"
+# of each resource of ours, by plural: its kind, and the noun its API calls are counted by
+# (deathwatch_api_writes_total{operation="create_verdict"}, ...)
+KINDS: Final = {SV_PLURAL: "SandboxVerdict", DW_PLURAL: "DeathWatch"}
+NOUNS: Final = {SV_PLURAL: "verdict", DW_PLURAL: "deathwatch"}
 MANAGED_BY: Final = "deathwatch.dev/controller"  # Events' reportingComponent
 WATCH_LABEL: Final = "deathwatch.dev/watch"  # on each SandboxVerdict: its DeathWatch
 POD_UID_LABEL: Final = "deathwatch.dev/pod-uid"  # on each SandboxVerdict: its pod's uid

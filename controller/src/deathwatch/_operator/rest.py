@@ -10,8 +10,10 @@ Credentials come from the `kubernetes` client's configuration loader (kubeconfig
 in-cluster): the CA, a client certificate, or a bearer token read through the loader's own
 refresh hook, so a projected ServiceAccount token that rotates is picked up.
 
-A refusal raises `ApiError`, a `kubernetes.client.ApiException` (status, reason, body), so
-`kube.status_code`, `retryable` and `api_message` read it like any API failure.
+A refusal raises `errors.ApiError` (its status, reason and body); no answer, whatever the
+network did (refused, reset, timed out, TLS, a stream cut off), raises `errors.Unreachable`;
+nothing else comes out of here but a bug. `transport(path)` is one collection's side of the
+list/watch protocol (deathwatch._kube.listwatch) over this client.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ import asyncio
 import ssl
 import time
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import aiohttp
 import msgspec
 from kubernetes import client
+
+from deathwatch._kube.errors import ApiError, Unreachable
 
 API_TIMEOUT = 30.0  # seconds: the cap of every call (field note: a hung call hides for ever)
 CONNECT_TIMEOUT = 10.0
@@ -34,12 +38,14 @@ MAX_LINE = 64 * 1024 * 1024  # a watch event larger than this is a broken stream
 _encode = msgspec.json.Encoder().encode
 
 
-class ApiError(client.ApiException):  # type: ignore[misc]
-    """The API server refused a request (4xx/5xx): its status, reason and body."""
+# what the network can do to a call: all of it is Unreachable
+_NO_ANSWER = (aiohttp.ClientError, TimeoutError, asyncio.TimeoutError, OSError)
 
-    def __init__(self, status: int, reason: str, body: bytes) -> None:
-        super().__init__(status=status, reason=reason)
-        self.body = body.decode(errors="replace")
+
+def _unreachable(method: str, path: str, exc: BaseException) -> Unreachable:
+    timeout = isinstance(exc, TimeoutError | asyncio.TimeoutError | aiohttp.ServerTimeoutError)
+    said = str(exc) or type(exc).__name__
+    return Unreachable(f"{method} {path}: {said}", timeout=timeout)
 
 
 class Rest:
@@ -111,22 +117,25 @@ class Rest:
         content_type: str = "application/json",
         deadline: float = API_TIMEOUT,
     ) -> bytes:
-        """One request; its body as bytes. Raises ApiError on a refusal, and aiohttp's or
-        asyncio's errors when there is no answer (both are the caller's to retry)."""
+        """One request; its body as bytes. Raises ApiError on a refusal, Unreachable when no
+        answer came in time (both may be retried; see errors.retryable)."""
         data = None if body is None else body if isinstance(body, bytes) else _encode(body)
         session = self._open()
-        async with session.request(
-            method,
-            self.base + path,
-            params=params,
-            data=data,
-            headers=self._headers(content_type if data is not None else None),
-            timeout=aiohttp.ClientTimeout(total=deadline, connect=CONNECT_TIMEOUT),
-        ) as response:
-            payload = await response.read()
-            if response.status >= 400:
-                raise ApiError(response.status, response.reason or "", payload)
-            return payload
+        try:
+            async with session.request(
+                method,
+                self.base + path,
+                params=params,
+                data=data,
+                headers=self._headers(content_type if data is not None else None),
+                timeout=aiohttp.ClientTimeout(total=deadline, connect=CONNECT_TIMEOUT),
+            ) as response:
+                payload = await response.read()
+        except _NO_ANSWER as exc:
+            raise _unreachable(method, path, exc) from exc
+        if response.status >= 400:
+            raise ApiError(response.status, response.reason or "", payload)
+        return payload
 
     async def get(self, path: str, **params: str | int) -> Any:
         return msgspec.json.decode(await self.request("GET", path, params=params or None))
@@ -136,18 +145,32 @@ class Rest:
         self, path: str, params: Mapping[str, str | int], *, inactivity: float
     ) -> AsyncIterator[AsyncIterator[bytes]]:
         """A watch: its lines, as they come. `inactivity`: no byte for that long (not even
-        a bookmark) ends it with TimeoutError (a connection dropped without a FIN)."""
+        a bookmark) ends it with Unreachable (a connection dropped without a FIN)."""
         limits = aiohttp.ClientTimeout(
             total=None, connect=CONNECT_TIMEOUT, sock_connect=CONNECT_TIMEOUT,
             sock_read=inactivity,
         )  # fmt: skip
         session = self._open()
-        async with session.get(
-            self.base + path, params=params, headers=self._headers(None), timeout=limits
-        ) as response:
+        try:
+            response = await session.get(
+                self.base + path, params=params, headers=self._headers(None), timeout=limits
+            )
+        except _NO_ANSWER as exc:
+            raise _unreachable("WATCH", path, exc) from exc
+        try:
             if response.status >= 400:
-                raise ApiError(response.status, response.reason or "", await response.read())
-            yield _lines(response.content)
+                try:
+                    payload = await response.read()
+                except _NO_ANSWER as exc:
+                    raise _unreachable("WATCH", path, exc) from exc
+                raise ApiError(response.status, response.reason or "", payload)
+            yield _lines(response.content, path)
+        finally:
+            response.release()
+
+    def transport(self, path: str, inactivity: float) -> Collection:
+        """One collection's side of the list/watch protocol, over this client."""
+        return Collection(self, path, inactivity)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -155,9 +178,38 @@ class Rest:
             await asyncio.sleep(0)  # let the connector's transports close
 
 
-async def _lines(content: aiohttp.StreamReader, chunk: int = 1024 * 1024) -> AsyncIterator[bytes]:
+class Collection:
+    """A collection's GET, watch and backoff sleep: listwatch.Transport over a Rest."""
+
+    def __init__(self, rest: Rest, path: str, inactivity: float) -> None:
+        self.rest, self.path, self.inactivity = rest, path, inactivity
+
+    async def get(self, params: Mapping[str, str | int]) -> bytes:
+        return await self.rest.request("GET", self.path, params=params)
+
+    def stream(
+        self, params: Mapping[str, str | int]
+    ) -> AbstractAsyncContextManager[AsyncIterator[bytes]]:
+        return self.rest.stream(self.path, params, inactivity=self.inactivity)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+async def _lines(
+    content: aiohttp.StreamReader, path: str, chunk: int = 1024 * 1024
+) -> AsyncIterator[bytes]:
     """Lines of any length (aiohttp's own line reader refuses lines over 128 KiB, and an
-    object can be MBs), keeping at most the current chunk and one partial line."""
+    object can be MBs), keeping at most the current chunk and one partial line. A stream
+    cut off (or silent past its inactivity limit) ends with Unreachable."""
+    try:
+        async for line in _split(content, chunk):
+            yield line
+    except _NO_ANSWER as exc:
+        raise _unreachable("WATCH", path, exc) from exc
+
+
+async def _split(content: aiohttp.StreamReader, chunk: int) -> AsyncIterator[bytes]:
     buffer = b""
     async for data in content.iter_chunked(chunk):
         buffer = buffer + data if buffer else data
@@ -170,6 +222,6 @@ async def _lines(content: aiohttp.StreamReader, chunk: int = 1024 * 1024) -> Asy
             end = buffer.find(b"\n", start)
         buffer = buffer[start:]
         if len(buffer) > MAX_LINE:
-            raise ValueError(f"a watch event longer than {MAX_LINE} bytes: the stream is broken")
+            raise Unreachable(f"a watch event longer than {MAX_LINE} bytes: the stream is broken")
     if buffer.strip():
         yield buffer

@@ -2,7 +2,7 @@
 node, address and agent ports. Pure functions over plain data.
 
 Each firewall agent renews a Lease per node (deathwatch/firewall/coverage.py writes it;
-tests/test_shield.py holds both sides to one format) saying which config it enforces, whether
+tests/netns/test_shield.py holds both sides to one format) saying which config it enforces, whether
 the table is in force, and for how long the claim holds. A sandbox is shielded when its node's
 claim is current, the rule is in force, the agent enforces the config it was given, and that
 config covers the sandbox: its address in the pod ranges, its agent ports in the refused ones.

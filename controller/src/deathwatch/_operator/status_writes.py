@@ -57,15 +57,22 @@ NO_LABELS: Final = label_gist(None)
 
 class Held:
     """What the API holds for one object, as last written or seen: the gist of its status,
-    its resourceVersion (the precondition of the next write) and the gist of its written
-    labels."""
+    its resourceVersion (the precondition of the next write), the gist of its written
+    labels, and whether its status says Dead (a verdict's latency is measured once, when the
+    API first holds it Dead, whichever replica wrote it)."""
 
-    __slots__ = ("gist", "labels", "version")
+    __slots__ = ("dead", "gist", "labels", "version")
 
-    def __init__(self, gist: int, version: str, labels: int = NO_LABELS) -> None:
+    def __init__(self, gist: int, version: str, labels: int = NO_LABELS,
+                 dead: bool = False) -> None:  # fmt: skip
         self.gist = gist
         self.version = version
         self.labels = labels
+        self.dead = dead
 
     def __repr__(self) -> str:
-        return f"Held({self.gist}, {self.version!r}, {self.labels})"
+        return f"Held({self.gist}, {self.version!r}, {self.labels}, dead={self.dead})"
+
+
+def says_dead(status: Mapping[str, Any] | None) -> bool:
+    return status is not None and status.get("state") == "Dead"

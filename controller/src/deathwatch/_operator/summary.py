@@ -20,7 +20,7 @@ from deathwatch._engine.verdict import Evidence, Origin, State
 from deathwatch._operator.decisions import Facts
 from deathwatch._operator.resources import ConditionStatus
 
-Key = tuple[str, str]  # (namespace, DeathWatch name)
+DeathWatchKey = tuple[str, str]  # (namespace, DeathWatch name)
 LAST_DEATHS = 20
 
 
@@ -69,23 +69,22 @@ class Summary:
 
 class Summaries:
     def __init__(self) -> None:
-        self._by_watch: dict[Key, Summary] = {}
-        self.dirty: set[Key] = set()  # DeathWatches whose status must be published again
+        self._by_deathwatch: dict[DeathWatchKey, Summary] = {}
         self.states: Counter[State] = Counter()  # every tracked sandbox, for the gauges
         self.shields: Counter[ConditionStatus] = Counter()  # live judged ones, likewise
         # live sandboxes per (node, Shielded status or "none"), likewise
         self.nodes: Counter[tuple[str, str]] = Counter()
 
-    def __getitem__(self, key: Key) -> Summary:
-        summary = self._by_watch.get(key)
+    def __getitem__(self, key: DeathWatchKey) -> Summary:
+        summary = self._by_deathwatch.get(key)
         if summary is None:
-            summary = self._by_watch[key] = Summary()
+            summary = self._by_deathwatch[key] = Summary()
         return summary
 
-    def __iter__(self) -> Iterator[Key]:
-        return iter(self._by_watch)
+    def __iter__(self) -> Iterator[DeathWatchKey]:
+        return iter(self._by_deathwatch)
 
-    def apply(self, key: Key, before: Facts | None, after: Facts | None) -> None:
+    def apply(self, key: DeathWatchKey, before: Facts | None, after: Facts | None) -> None:
         """A sandbox of `key` changed from `before` to `after` (None: not counted)."""
         if before == after:
             return
@@ -102,9 +101,7 @@ class Summaries:
                 self.nodes[per_node] += sign
                 if self.nodes[per_node] <= 0:
                     del self.nodes[per_node]
-        self.dirty.add(key)
 
-    def drop(self, key: Key) -> None:
+    def drop(self, key: DeathWatchKey) -> None:
         """The DeathWatch is gone (the caller took each of its sandboxes out first)."""
-        self._by_watch.pop(key, None)
-        self.dirty.discard(key)
+        self._by_deathwatch.pop(key, None)

@@ -60,21 +60,21 @@ def _who(raw: msgspec.Raw) -> str:
     return f"{meta.namespace}/{meta.name} ({meta.uid})"
 
 
-def _decode_pod(raw: msgspec.Raw) -> tuple[PodView, str]:
+def _decode_pod(raw: msgspec.Raw) -> PodView:
     try:
-        return decode_pod(raw)
+        return decode_pod(raw)[0]
     except MalformedPod as exc:
         raise Undecodable(_who(raw), str(exc)) from None
 
 
-def _decode_verdict(raw: msgspec.Raw) -> tuple[Verdict, str]:
+def _decode_verdict(raw: msgspec.Raw) -> Verdict:
     try:
         v = _verdict(raw)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise Undecodable(_who(raw), str(exc)) from None
     m = v.metadata
     return Verdict(m.namespace, m.name, m.resource_version, v.spec.death_watch, m.labels,
-                   v.status), m.resource_version  # fmt: skip
+                   v.status)  # fmt: skip
 
 
 def pods(namespace: str | None, label_selector: str | None = None) -> Collection[PodView]:
@@ -86,9 +86,9 @@ def verdicts(namespace: str | None) -> Collection[Verdict]:
     return Collection(SV_PLURAL, objects(SV_PLURAL, namespace), _decode_verdict, namespace)
 
 
-def _decode_sandbox(raw: msgspec.Raw) -> tuple[SandboxObject, str]:
+def _decode_sandbox(raw: msgspec.Raw) -> SandboxObject:
     try:
-        return agent_sandboxes.read(raw)
+        return agent_sandboxes.read(raw)[0]
     except ValueError as exc:
         raise Undecodable(_who(raw), str(exc)) from None
 

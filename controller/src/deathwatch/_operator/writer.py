@@ -52,21 +52,31 @@ from typing import Any, Protocol
 import structlog
 
 from deathwatch._engine.timeutil import UTC
+from deathwatch._kube.errors import ApiError, KubeError, describe, label, retryable
 from deathwatch._operator.documents import PodEvent
-from deathwatch._operator.kube import Fenced, api_message, retryable, status_code
+from deathwatch._operator.kube import Fenced
 from deathwatch._operator.metrics import Metrics
-from deathwatch._operator.resources import DW_PLURAL, SV_PLURAL
-from deathwatch._operator.status_writes import EMPTY, NO_LABELS, TERM, Held, gist, label_gist
+from deathwatch._operator.resources import NOUNS, SV_PLURAL
+from deathwatch._operator.status_writes import (
+    EMPTY,
+    NO_LABELS,
+    TERM,
+    Held,
+    gist,
+    label_gist,
+    says_dead,
+)
 
 log = structlog.get_logger("deathwatch.writer")
 
 URGENT, NORMAL, LOW = 0, 1, 2
 BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
-Key = tuple[str, str, str]  # (plural, namespace, name)
+ObjectKey = tuple[str, str, str]  # (plural, namespace, name)
 
 
 class WriteApi(Protocol):
-    """The writer's calls; each raises the client's ApiException on refusal. `create`,
+    """The writer's calls; each raises errors.ApiError on refusal, errors.Unreachable when no
+    answer came. `create`,
     `replace_status` and `patch_labels` return the object's new resourceVersion;
     `replace_status`, `patch_labels` and `delete` fail (409) if the object is no longer at
     `version`. `read_status` returns the status, the version and the labels."""
@@ -88,6 +98,18 @@ class WriteApi(Protocol):
     ) -> tuple[dict[str, Any], str, dict[str, str]] | None: ...
 
     async def create_event(self, namespace: str, body: dict[str, Any]) -> None: ...
+
+
+class Contended(KubeError):
+    """The object moved under every bounded try: written again after a backoff."""
+
+    @property
+    def retryable(self) -> bool:
+        return True
+
+    @property
+    def label(self) -> str:
+        return "contended"
 
 
 @dataclass(slots=True)
@@ -117,7 +139,7 @@ class Desired:
         self.label_gist = label_gist(self.labels) if self.labels is not None else None
 
     @property
-    def key(self) -> Key:
+    def key(self) -> ObjectKey:
         return (self.plural, self.namespace, self.name)
 
     def held_by(self, held: Held | None) -> bool:
@@ -173,7 +195,6 @@ class Debt:
 
 Spawn = Callable[[str, Callable[[], Any]], None]
 Schedule = Callable[[float, Callable[[], None]], object]
-KINDS = {SV_PLURAL: "verdict", DW_PLURAL: "deathwatch"}
 
 
 class Writer:
@@ -192,14 +213,14 @@ class Writer:
         self.metrics = metrics
         self.clock = clock
         self._schedule = schedule  # the retry timer: the event loop's unless a test drives it
-        self.held: dict[Key, Held] = {}  # what the API holds, as last written or seen
-        self._pending: dict[Key, Desired] = {}  # the leader's, until written
-        self._owed: dict[Key, Debt] = {}  # the standby's, until the leader writes it
-        self._refused: dict[Key, int] = {}  # the gist the API refused (4xx): not sent again
-        self._queue: asyncio.PriorityQueue[tuple[int, int, Key]] = asyncio.PriorityQueue()
-        self._queued: set[Key] = set()
-        self._inflight: set[Key] = set()
-        self._backoff: set[Key] = set()  # waiting out a backoff: not written before
+        self.held: dict[ObjectKey, Held] = {}  # what the API holds, as last written or seen
+        self._pending: dict[ObjectKey, Desired] = {}  # the leader's, until written
+        self._owed: dict[ObjectKey, Debt] = {}  # the standby's, until the leader writes it
+        self._refused: dict[ObjectKey, int] = {}  # the gist the API refused (4xx): not sent again
+        self._queue: asyncio.PriorityQueue[tuple[int, int, ObjectKey]] = asyncio.PriorityQueue()
+        self._queued: set[ObjectKey] = set()
+        self._inflight: set[ObjectKey] = set()
+        self._backoff: set[ObjectKey] = set()  # waiting out a backoff: not written before
         self._seq = itertools.count()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -210,7 +231,7 @@ class Writer:
         self._leading = asyncio.Event()
         if leading:
             self._leading.set()
-        for plural in KINDS:  # a finite label set: its series exist, at 0, from the start
+        for plural in NOUNS:  # a finite label set: its series exist, at 0, from the start
             metrics.write_retries.labels(plural)
             for code in ("400", "403", "422"):  # bad value, RBAC, schema: the refusals we expect
                 metrics.writes_refused.labels(plural, code)
@@ -220,7 +241,8 @@ class Writer:
     def knows(self, plural: str, namespace: str, name: str, status: Mapping[str, Any] | None,
               version: str, labels: Mapping[str, str] | None = None) -> None:  # fmt: skip
         """Record an object as the API holds it (listed at start, read, or watched)."""
-        self.held[(plural, namespace, name)] = Held(gist(status), version, label_gist(labels))
+        held = Held(gist(status), version, label_gist(labels), says_dead(status))
+        self.held[(plural, namespace, name)] = held
 
     def forget(self, plural: str, namespace: str, name: str) -> None:
         """The object went with its owner: nothing is known or owed about it any more."""
@@ -265,7 +287,7 @@ class Writer:
 
     # --- leading and standing by (leader.py) ----------------------------------------------
 
-    def lead(self, term: int | None = None) -> list[Key]:
+    def lead(self, term: int | None = None) -> list[ObjectKey]:
         """This replica writes from now on, in `term`. Returns the objects it owes (its own
         judgement differs from what the API holds): the controller builds and wants each
         again. Their Events are kept and go out with them."""
@@ -273,7 +295,7 @@ class Writer:
             self.term = term
         self.leading = True
         self._leading.set()
-        owed: list[Key] = []
+        owed: list[ObjectKey] = []
         for key, debt in list(self._owed.items()):
             settled = debt.settled_by(self.held.get(key))
             if settled and not debt.events:
@@ -309,16 +331,24 @@ class Writer:
             log.warning("a write that is not this leader's landed", resource=plural,
                         namespace=namespace, name=name, term=status[TERM], own_term=self.term,
                         resource_version=version)  # fmt: skip
-            self.held[key] = Held(gist(status), version, label_gist(labels))
+            self.held[key] = Held(gist(status), version, label_gist(labels), says_dead(status))
             return True
         if status is None:
             self.held.pop(key, None)
         else:
-            self.held[key] = Held(gist(status), version, label_gist(labels))
+            self.held[key] = Held(gist(status), version, label_gist(labels), says_dead(status))
         debt = self._owed.get(key)
         if debt is not None and debt.settled_by(self.held.get(key)):
             del self._owed[key]  # the leader wrote what we would have (its Events with it)
         return False
+
+    def known(self, plural: str, namespace: str | None = None) -> list[ObjectKey]:
+        """The objects of `plural` (in `namespace`; None: all) the API is known to hold."""
+        return [
+            key
+            for key in self.held
+            if key[0] == plural and (namespace is None or key[1] == namespace)
+        ]
 
     @property
     def backlog(self) -> int:
@@ -330,7 +360,7 @@ class Writer:
 
     # --- the workers ----------------------------------------------------------------------
 
-    def _enqueue(self, key: Key, priority: int) -> None:
+    def _enqueue(self, key: ObjectKey, priority: int) -> None:
         self._idle.clear()
         if key in self._queued or key in self._inflight or key in self._backoff:
             return  # picked up when the current write or backoff ends
@@ -376,7 +406,7 @@ class Writer:
                 self._update_idle()
 
     def _failed(self, d: Desired, exc: Exception) -> None:
-        code = status_code(exc)
+        code = label(exc)
         where = {"resource": d.plural, "namespace": d.namespace, "name": d.name}
         key = d.key
         newer = self._pending.get(key)
@@ -386,18 +416,23 @@ class Writer:
             self.standby()
             return
         if not retryable(exc):
-            # the same status would be refused again: remember it, say so once
+            # the same status would be refused again: remember it, say so once; a bug of ours
+            # (not the API's refusal) likewise, with its traceback: never retried for ever
             self.metrics.writes_refused.labels(d.plural, code).inc()
             if d.status is not None:
                 self._refused[key] = d.gist
-            log.error("write refused; not sent again until it changes", **where, code=code,
-                      error=api_message(exc)[:300])  # fmt: skip
+            if isinstance(exc, KubeError):
+                log.error("write refused; not sent again until it changes", **where,
+                          code=code, error=describe(exc)[:300])  # fmt: skip
+            else:
+                log.error("write failed on a bug; not sent again until it changes", **where,
+                          code=code, exc_info=exc)  # fmt: skip
             return
         delay = BACKOFF[min(d.attempt, len(BACKOFF) - 1)]
         d.attempt += 1
         self.metrics.write_retries.labels(d.plural).inc()
         report = log.error if code == "403" else log.warning  # forbidden: usually RBAC
-        report("write failed, will retry", **where, code=code, error=api_message(exc)[:200],
+        report("write failed, will retry", **where, code=code, error=describe(exc)[:200],
                retry_in=delay)  # fmt: skip
         self._pending[key] = d.merged_into(newer) if newer else d
         self._backoff.add(key)
@@ -422,7 +457,7 @@ class Writer:
         try:
             result = await fn(*args)
         except Exception as exc:
-            self.metrics.api_errors.labels(operation, status_code(exc)).inc()
+            self.metrics.api_errors.labels(operation, label(exc)).inc()
             raise
         self.metrics.api_writes.labels(operation).inc()
         return result
@@ -456,7 +491,7 @@ class Writer:
                     event.document(self.clock(), self.instance),
                 )  # fmt: skip
             except Exception as exc:
-                if status_code(exc) != "409":  # 409: posted before, exactly once
+                if not (isinstance(exc, ApiError) and exc.conflict):  # 409: posted before, once
                     failure = failure or exc
                     continue
             d.events.remove(event)  # posted: a retry of the rest must not repeat it
@@ -466,20 +501,20 @@ class Writer:
     async def _read(self, d: Desired) -> tuple[Held, Mapping[str, Any]] | None:
         """What the API holds now (None: the object does not exist)."""
         current = await self._call(
-            f"read_{KINDS[d.plural]}_status", self.api.read_status, d.plural, d.namespace, d.name
+            f"read_{NOUNS[d.plural]}_status", self.api.read_status, d.plural, d.namespace, d.name
         )
         if current is None:
             self.held.pop(d.key, None)
             return None
         status, version, labels = current
-        held = self.held[d.key] = Held(gist(status), version, label_gist(labels))
+        held = self.held[d.key] = Held(gist(status), version, label_gist(labels), says_dead(status))
         return held, status
 
     async def _write_status(self, d: Desired) -> None:
         """The status, then the written labels (a verdict's origin): two writes, each with
         the version it was computed against; the status first, because it is the verdict."""
         assert d.status is not None  # noqa: S101 - called only for a status
-        key, noun = d.key, KINDS[d.plural]
+        key, noun = d.key, NOUNS[d.plural]
         for attempt in range(4):  # created, conflicted or vanished meanwhile: try again, bounded
             held = self.held.get(key)
             if held is None and attempt == 0 and d.create is None:
@@ -494,7 +529,7 @@ class Writer:
                         f"create_{noun}", self.api.create, d.plural, d.namespace, d.create
                     )
                 except Exception as exc:
-                    if status_code(exc) != "409":
+                    if not (isinstance(exc, ApiError) and exc.conflict):
                         raise
                     await self._read(d)  # exists after all: write on what it holds
                     continue
@@ -511,8 +546,9 @@ class Writer:
                     if await self._conflicted(d, exc):
                         continue
                     raise
-                held = self.held[key] = Held(d.gist, version, held.labels)
-                self._written(d)
+                was_dead = held.dead
+                held = self.held[key] = Held(d.gist, version, held.labels, says_dead(d.status))
+                self._written(d, was_dead)
             if d.labels is not None and held.labels != d.label_gist:
                 self._check()
                 try:
@@ -525,23 +561,27 @@ class Writer:
                         continue
                     raise
                 wanted = d.label_gist if d.label_gist is not None else NO_LABELS
-                self.held[key] = Held(held.gist, version, wanted)
+                self.held[key] = Held(held.gist, version, wanted, held.dead)
             return
-        raise RuntimeError(f"{d.plural} {d.namespace}/{d.name}: changed under every try")
+        raise Contended(f"{d.plural} {d.namespace}/{d.name}: changed under every try")
 
     async def _conflicted(self, d: Desired, exc: Exception) -> bool:
         """A write refused because the object moved: True when it is worth another try."""
-        code = status_code(exc)
-        if code == "409":  # written meanwhile (another term): re-read, re-compare
+        if not isinstance(exc, ApiError):
+            return False
+        if exc.conflict:  # written meanwhile (another term): re-read, re-compare
             await self._read(d)
             return True
-        if code == "404":  # deleted behind our back: create it again, or drop it
+        if exc.not_found:  # deleted behind our back: create it again, or drop it
             self.held.pop(d.key, None)
             return True
         return False
 
-    def _written(self, d: Desired) -> None:
-        if d.ready_drop_at is not None and d.status is not None and d.status.get("state") == "Dead":
+    def _written(self, d: Desired, was_dead: bool) -> None:
+        """A status written: a verdict's latency observed the once the API first holds it
+        Dead (not again when a Dead verdict is written again: its pod's deletion time, a
+        takeover's rewrite)."""
+        if not was_dead and d.ready_drop_at is not None and says_dead(d.status):
             latency = (self.clock() - d.ready_drop_at).total_seconds()
             self.metrics.verdict_latency.observe(max(0.0, latency))
             if d.received is not None:
@@ -564,12 +604,11 @@ class Writer:
                 await self._call(
                     "delete_verdict", self.api.delete, d.plural, d.namespace, d.name, held.version
                 )
-            except Exception as exc:
-                code = status_code(exc)
-                if code == "409":
+            except ApiError as exc:
+                if exc.conflict:
                     continue  # changed meanwhile: look again at whose it is
-                if code != "404":
+                if not exc.not_found:
                     raise
             self.held.pop(d.key, None)
             return
-        raise RuntimeError(f"{d.plural} {d.namespace}/{d.name}: changed under every delete")
+        raise Contended(f"{d.plural} {d.namespace}/{d.name}: changed under every delete")

@@ -15,8 +15,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from deathwatch._engine.engine import Step
-from deathwatch._engine.fleet import Fleet
+from deathwatch._engine import memory
+from deathwatch._engine.engine import Step, Track
+from deathwatch._engine.memory import Deadlines, Memory
+from deathwatch._engine.podview import PodView
 from deathwatch._engine.selector import Selector
 from deathwatch._engine.verdict import Evidence, State
 from deathwatch._policies import PolicyRegistry, PolicySettings
@@ -106,7 +108,9 @@ class Replay:
         selector: Selector | None = None,
     ) -> None:
         registry.validate(policy)
-        self.fleet = Fleet(registry)
+        self.registry = registry
+        self.memories: dict[str, Memory] = {}  # by pod uid
+        self.deadlines = Deadlines()
         self.policy = policy
         self.settings = settings
         self.selector = selector or Selector()
@@ -115,38 +119,66 @@ class Replay:
         self.pod_events = 0
         self.skipped = SkipLog()
 
+    @property
+    def tracks(self) -> list[Track]:
+        return [m.track for m in self.memories.values()]
+
     def feed(self, item: ViewEvent | SkippedEvent) -> list[Step]:
         self.events += 1
-        if isinstance(item, SkippedEvent):
+        if type(item) is SkippedEvent:
             self.skipped.add(item.index, item.reason)
             return []
+        assert isinstance(item, ViewEvent)  # noqa: S101 - the one other kind
         pod = item.pod
         if self.selector.requirements and not self.selector.matches(pod.labels):
             return []
         self.pod_events += 1
-        if pod.latest_time is not None and (self.clock is None or pod.latest_time > self.clock):
-            self.clock = pod.latest_time
-        now = self.clock if self.clock is not None else pod.latest_time
+        latest = pod.latest_time
+        if latest is not None and (self.clock is None or latest > self.clock):
+            self.clock = latest
+        now = self.clock if self.clock is not None else latest
         if now is None:
             self.skipped.add(item.index, "object: no timestamp anywhere to place it in time")
             return []
-        steps = self.fleet.expire_before(now)
+        first = self.deadlines.first()
+        steps = self._expire_before(now) if first is not None and first < now else []
+        uid = pod.uid
+        known = self.memories.get(uid)
         if item.type == "DELETED":
-            removed = self.fleet.remove(pod.uid, now, pod)
-            if removed is None:  # deleted before we ever saw it: judge its last state, then bury
-                self.fleet.observe(pod, now, self.policy, self.settings)
-                removed = self.fleet.remove(pod.uid, now, pod)
-            if removed is not None:
-                steps.append(removed)
+            if known is None:  # deleted before we ever saw it: judge its last state, then bury
+                known, _ = self._observe(None, pod, now)
+            steps.append(memory.remove(known, now, pod, self.registry, self.deadlines))
         else:
-            steps.append(self.fleet.observe(pod, now, self.policy, self.settings))
+            known, step = self._observe(known, pod, now)
+            steps.append(step)
         return steps
+
+    def _observe(self, known: Memory | None, pod: PodView, now: datetime) -> tuple[Memory, Step]:
+        known, step = memory.observe(
+            known, pod, now, self.registry, self.policy, self.settings, self.deadlines
+        )
+        self.memories[pod.uid] = known
+        return known, step
+
+    def _current(self, deadline: datetime, uid: str) -> bool:
+        return memory.is_current(self.memories.get(uid), deadline)
+
+    def _expire_before(self, clock: datetime) -> list[Step]:
+        """Windows that closed before `clock` are judged at their own deadline, as a live
+        controller's timer would have; a recovery stamped exactly at the deadline wins."""
+        due = self.deadlines.take(lambda deadline: deadline < clock, self._current)
+        return [
+            memory.expire(self.memories[uid], deadline, self.registry, self.deadlines)
+            for deadline, uid in due
+        ]
 
     def finish(self) -> Report:
         if self.clock is not None:
-            self.fleet.expire_before(self.clock)
-            self.fleet.expire_due(self.clock)
-        tracks = list(self.fleet)
+            clock = self.clock
+            self._expire_before(clock)
+            for _, uid in self.deadlines.take(lambda deadline: deadline <= clock, self._current):
+                memory.expire(self.memories[uid], clock, self.registry, self.deadlines)
+        tracks = self.tracks
         sandboxes = [t for t in tracks if t.ever_ready]
         dead = sorted(
             (t.evidence for t in tracks if t.state is State.DEAD and t.evidence is not None),

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import sys
 from typing import Any, TextIO
 
-import aiohttp
 import structlog
 from kubernetes.config import ConfigException
 
@@ -23,7 +21,7 @@ from deathwatch._verdicts.command import (
     FOR,
     _target,
 )
-from deathwatch.client import ApiError, Client, Unreachable, Verdict
+from deathwatch.client import ApiError, Client, NoAnswer, Unreachable, Verdict
 
 
 class _CannotAsk(Exception):
@@ -34,10 +32,7 @@ class _CannotAsk(Exception):
 
 def _api_failure(command: str, exc: BaseException, err: TextIO) -> int:
     if isinstance(exc, ApiError):
-        said = exc.reason or ""
-        with contextlib.suppress(ValueError):
-            said = json.loads(exc.body).get("message") or said
-        err.write(f"deathwatch {command}: the API server refused ({exc.status}): {said}\n")
+        err.write(f"deathwatch {command}: the API server refused ({exc.status}): {exc.message}\n")
     else:
         err.write(f"deathwatch {command}: cannot reach the API server: {exc!r}\n")
     return EXIT_API
@@ -81,7 +76,7 @@ def wait(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None
             # not a wait that retries until its deadline
             try:
                 await client.get(namespace, pod)
-            except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            except (ApiError, NoAnswer, OSError, TimeoutError) as exc:
                 raise _CannotAsk(exc) from exc
             if args.sandbox:
                 return await client.wait_for_sandbox(namespace, pod, wanted, args.timeout)
@@ -97,7 +92,7 @@ def wait(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None
     except TimeoutError:
         err.write(f"deathwatch wait: {namespace}/{pod} not {args.wanted} after {args.timeout:g}s\n")
         return EXIT_NOT_REACHED
-    except (ApiError, aiohttp.ClientError, OSError) as exc:
+    except (ApiError, NoAnswer, OSError) as exc:
         return _api_failure("wait", exc, err)
     cause = f" ({verdict.cause.value})" if verdict.cause else ""
     out.write(f"{namespace}/{verdict.pod} {verdict.state.value}{cause}\n")
@@ -122,7 +117,7 @@ def explain(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | N
 
     try:
         verdict, events = asyncio.run(read())
-    except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+    except (ApiError, NoAnswer, OSError, TimeoutError) as exc:
         return _api_failure("explain", exc, err)
     if verdict is None:
         what = f"Sandbox {namespace}/{pod}" if args.sandbox else f"{namespace}/{pod}"

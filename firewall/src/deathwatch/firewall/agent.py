@@ -24,10 +24,11 @@ from pathlib import Path
 
 import structlog
 
+from deathwatch._kube.errors import KubeError, describe
 from deathwatch.firewall.config import ConfigError, FirewallConfig, load_config
 from deathwatch.firewall.coverage import NodeState, lease_body, publish
 from deathwatch.firewall.hosts import Hosts, NodeAddresses, host_addresses
-from deathwatch.firewall.kubeapi import Api, ApiError
+from deathwatch.firewall.kubeapi import Api
 from deathwatch.firewall.metrics import FirewallMetrics
 from deathwatch.firewall.nft import Nft, NftError
 from deathwatch.firewall.ruleset import Address, desired
@@ -112,9 +113,9 @@ class Agent:
 
     def sync(self) -> str:
         """Make the live table match the config. Returns unchanged, applied or repaired."""
-        if self.config is None:
+        want = self._wanted()
+        if want is None:
             raise NftError("no valid config yet: the table is left as it is")
-        want = desired(self.config, self.sandboxes, self.hosts.addresses)
         have = self.nft.list_table()
         diffs = differences(want, have)
         self._count_rejected(have)
@@ -138,6 +139,15 @@ class Agent:
         self.metrics.last_sync.set(time.time())
         return result
 
+    def _wanted(self) -> Table | None:
+        """The table this agent enforces now: the config, this node's sandboxes, every host's
+        addresses in the pod ranges. One place, for the sync and for its failure path alike
+        (the failure path once judged presence without the hosts, and called the table
+        missing on overlay CNIs while it was in force: false SandboxUnshielded)."""
+        if self.config is None:
+            return None
+        return desired(self.config, self.sandboxes, self.hosts.addresses)
+
     def _count_rejected(self, have: Table | None) -> None:
         now = have.rejected_packets if have else 0
         if now >= self._rejected_seen:
@@ -152,11 +162,11 @@ class Agent:
             return
         try:
             found = list_sandboxes(self.link.api, self.link.node, self.config.sandbox_selector)
-        except ApiError as exc:
+        except (KubeError, ValueError) as exc:  # the API's, or an answer that is not JSON
             self._sandboxes_known = False
             self.metrics.sync_failures.labels("sandboxes").inc()
             log.error("cannot list this node's sandboxes; the last known stay guarded",
-                      error=str(exc)[:300], guarded=len(self.sandboxes))  # fmt: skip
+                      error=describe(exc)[:300], guarded=len(self.sandboxes))  # fmt: skip
             return
         if found != self.sandboxes:
             log.info("sandboxes changed", sandboxes=[str(a) for a in found])
@@ -199,9 +209,9 @@ class Agent:
                 link.api,
                 lease_body(link.node, link.identity, link.namespace, state, datetime.now(UTC)),
             )
-        except (ApiError, KeyError, TypeError) as exc:
+        except (KubeError, KeyError, TypeError) as exc:
             self.metrics.sync_failures.labels("coverage").inc()
-            log.error("cannot renew the coverage Lease", error=str(exc)[:300])
+            log.error("cannot renew the coverage Lease", error=describe(exc)[:300])
             return
         self.metrics.coverage_published.set(time.time())
 
@@ -217,12 +227,9 @@ class Agent:
             result = self.sync()
         except NftError as exc:
             self.metrics.sync_failures.labels("nft").inc()
+            want = self._wanted()
             try:
-                present = (
-                    not differences(desired(self.config, self.sandboxes), self.nft.list_table())
-                    if self.config
-                    else False
-                )
+                present = want is not None and not differences(want, self.nft.list_table())
             except NftError:
                 present = False
             self.metrics.rule_present.set(1 if present else 0)

@@ -167,7 +167,7 @@ def _agent(args: argparse.Namespace) -> int:
 
     from deathwatch.firewall import logs
     from deathwatch.firewall.agent import Agent, ClusterLink
-    from deathwatch.firewall.kubeapi import ApiError, KubeApi
+    from deathwatch.firewall.kubeapi import KubeApi, NotInCluster
     from deathwatch.firewall.metrics import FirewallMetrics
     from deathwatch.firewall.nft import SystemNft
 
@@ -184,7 +184,7 @@ def _agent(args: argparse.Namespace) -> int:
                 if args.kube_api
                 else KubeApi.in_cluster()
             )
-        except ApiError as exc:
+        except NotInCluster as exc:
             print(f"deathwatch-firewall agent: {exc}", file=sys.stderr)
             return EXIT_BAD_CONFIG
         if not args.identity:

@@ -5,7 +5,7 @@ resync. A Lease because it is what Kubernetes uses for exactly this ("this holde
 of renewTime, for leaseDurationSeconds": node heartbeats in kube-node-lease): a reader judges
 staleness on its own clock with no extra convention, the object is tiny, and RBAC can give the
 agent leases in one namespace and nothing else (docs/adr/0012). What the node enforces rides in
-annotations, read by the controller (deathwatch/_operator/shield.py; tests/test_shield.py
+annotations, read by the controller (deathwatch/_operator/shield.py; tests/netns/test_shield.py
 holds the two to one format).
 
 `lease_body` is pure; `publish` is the one call that makes the API agree (get, then create or
@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from deathwatch._kube.errors import ApiError
 from deathwatch.firewall.config import FirewallConfig
 from deathwatch.firewall.hosts import Hosts
-from deathwatch.firewall.kubeapi import Api, ApiError
+from deathwatch.firewall.kubeapi import Api
 
 PREFIX = "deathwatch.dev/"
 NODE, CONFIG, CONFIG_FILE, RULE = (
@@ -113,7 +114,7 @@ def publish(api: Api, body: dict[str, Any]) -> None:
     try:
         current = api.call("GET", f"{path}/{meta['name']}")
     except ApiError as exc:
-        if exc.status != 404:
+        if not exc.not_found:
             raise
         body["spec"]["acquireTime"] = body["spec"]["renewTime"]
         api.call("POST", path, body)

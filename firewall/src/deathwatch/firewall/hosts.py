@@ -17,6 +17,7 @@ every change; failures are counted and retried with backoff, never the end of th
 from __future__ import annotations
 
 import ipaddress
+import json
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -24,8 +25,10 @@ from typing import Any
 
 import structlog
 
+from deathwatch._kube.errors import describe
+from deathwatch._kube.listwatch import LISTED, Item, Listed, Listing, ListWatch, Noted, Output
 from deathwatch.firewall.config import Address, FirewallConfig
-from deathwatch.firewall.kubeapi import Api, ApiError, query
+from deathwatch.firewall.kubeapi import Api, ThreadTransport, follow
 
 log = structlog.get_logger("deathwatch.firewall")
 WATCH_SECONDS = 300
@@ -89,14 +92,17 @@ def host_addresses(nodes: Iterable[Mapping[str, Any]], config: FirewallConfig) -
 
 
 class NodeAddresses:
-    """The Node objects this agent needs (annotations and podCIDRs), kept current by a
-    list and a watch; `wake()` on every change. Read-only: nodes get/list/watch."""
+    """The Node objects this agent needs (annotations and podCIDRs), kept current by the
+    list/watch protocol (deathwatch._kube.listwatch: resumed, relisted on 410, backoff);
+    `wake()` on every change that matters. Read-only: nodes get/list/watch. Its thread never
+    ends before the agent does: a failure is counted (`failed()`) and retried."""
 
     def __init__(self, api: Api, wake: Callable[[], None], failed: Callable[[], None],
                  stop: threading.Event) -> None:  # fmt: skip
         self.api, self.wake, self.failed, self.stop = api, wake, failed, stop
         self.nodes: dict[str, Mapping[str, Any]] = {}
         self.listed = False
+        self._listing: dict[str, Mapping[str, Any]] = {}
         self._lock = threading.Lock()
 
     def snapshot(self) -> list[Mapping[str, Any]] | None:
@@ -110,61 +116,44 @@ class NodeAddresses:
         return thread
 
     def run(self) -> None:
-        failures, version = 0, ""
+        transport = ThreadTransport(self.api, "/api/v1/nodes", self.stop, WATCH_SECONDS + 30)
         while not self.stop.is_set():
             try:
-                if not version:
-                    version = self._list()
-                version = self._watch(version)
-                failures = 0
-            except Exception as exc:  # any failure: counted, logged, retried
+                follow(ListWatch(server_timeout=WATCH_SECONDS, backoff=BACKOFF), transport,
+                       self._handle)  # fmt: skip
+            except Exception:  # a bug: counted, logged with its traceback, started again
                 self.failed()
-                delay = BACKOFF[min(failures, len(BACKOFF) - 1)]
-                failures += 1
-                if isinstance(exc, ApiError) and exc.status == 410:
-                    version = ""  # too old to resume: list again
-                log.warning("node watch failed; retrying", error=f"{type(exc).__name__}: "
-                            f"{str(exc)[:300]}", retry_in=delay)  # fmt: skip
-                self.stop.wait(delay)
+                log.exception("node watch failed; starting it again")
+                self.stop.wait(BACKOFF[-1])
 
-    def _list(self) -> str:
-        nodes: dict[str, Mapping[str, Any]] = {}
-        token, version = "", ""
-        while True:
-            page = self.api.call("GET", "/api/v1/nodes" + query(limit="500", **{"continue": token}))
-            for node in page.get("items") or []:
-                nodes[node["metadata"]["name"]] = _kept(node)
-            token = (page.get("metadata") or {}).get("continue") or ""
-            version = (page.get("metadata") or {}).get("resourceVersion") or ""
-            if not token:
-                break
-        with self._lock:
-            self.nodes, self.listed = nodes, True
-        self.wake()
-        return version
-
-    def _watch(self, version: str) -> str:
-        path = "/api/v1/nodes" + query(resourceVersion=version, allowWatchBookmarks="true")
-        for event in self.api.watch(path, WATCH_SECONDS):
-            kind, obj = event.get("type"), event.get("object") or {}
-            if kind == "ERROR":
-                raise ApiError(f"node watch: {str(obj.get('message'))[:200]}", obj.get("code"))
-            version = (obj.get("metadata") or {}).get("resourceVersion") or version
-            if kind == "BOOKMARK":
-                continue
-            name = str((obj.get("metadata") or {}).get("name"))
+    def _handle(self, out: Output) -> bool:
+        if isinstance(out, Item):
+            node = json.loads(bytes(out.raw))
+            name = str((node.get("metadata") or {}).get("name"))
+            if out.type == LISTED:
+                self._listing[name] = _kept(node)
+                return True
             with self._lock:
                 before = self.nodes.get(name)
-                if kind == "DELETED":
+                if out.type == "DELETED":
                     self.nodes.pop(name, None)
                 else:
-                    self.nodes[name] = _kept(obj)
+                    self.nodes[name] = _kept(node)
                 changed = self.nodes.get(name) != before
             if changed:
                 self.wake()
-            if self.stop.is_set():
-                break
-        return version
+        elif isinstance(out, Listing):
+            self._listing = {}
+        elif isinstance(out, Listed):
+            with self._lock:
+                self.nodes, self.listed = self._listing, True
+            self._listing = {}
+            self.wake()
+        elif isinstance(out, Noted) and out.error is not None:
+            self.failed()
+            log.warning("node watch failed; retrying", error=describe(out.error)[:300],
+                        retry_in=out.retry_in)  # fmt: skip
+        return True
 
 
 def _kept(node: Mapping[str, Any]) -> Mapping[str, Any]:

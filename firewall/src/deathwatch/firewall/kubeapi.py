@@ -1,27 +1,42 @@
 """The few Kubernetes API calls the agent makes, over the standard library.
 
-The agent lists the sandbox pods of its own node and keeps one Lease saying that the node is
-shielded. Four verbs on two resources do not justify the kubernetes client (and its
-dependencies) in a privileged hostNetwork image (docs/adr/0012). Every call has a deadline
-(`TIMEOUT`, the field notes' 30 s cap); the token is read again for each call, because
-projected ServiceAccount tokens rotate.
+The agent lists and watches the sandbox pods of its own node and the Node objects, and keeps
+one Lease saying that the node is shielded. A handful of verbs on three resources do not
+justify the kubernetes client (and its dependencies) in a privileged hostNetwork image
+(docs/adr/0012). Every call has a deadline (`TIMEOUT`, the field notes' 30 s cap); the token
+is read again for each call, because projected ServiceAccount tokens rotate. Failures raise
+the errors every part of deathwatch shares (deathwatch._kube.errors): `ApiError` for the
+API's refusal, `Unreachable` when no answer came; `collection(path)` is one collection's side
+of the list/watch protocol (deathwatch._kube.listwatch), run in the agent's own thread.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import ssl
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from deathwatch._kube.errors import ApiError, Unreachable
+from deathwatch._kube.listwatch import ListWatch, Output, outputs
+
 TIMEOUT = 30.0
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+__all__ = ["ApiError", "NotInCluster", "Unreachable"]
+
+
+class NotInCluster(Exception):
+    """The agent was not told where the API is, nor runs where it could find out."""
 
 
 class Api(Protocol):
@@ -29,13 +44,11 @@ class Api(Protocol):
 
     def call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any: ...
 
-    def watch(self, path: str, seconds: int) -> Iterator[Mapping[str, Any]]: ...
+    def get(self, path: str, params: Mapping[str, str | int]) -> bytes: ...
 
-
-class ApiError(RuntimeError):
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
+    def lines(
+        self, path: str, params: Mapping[str, str | int], seconds: float
+    ) -> contextlib.AbstractContextManager[Iterator[bytes]]: ...
 
 
 @dataclass(frozen=True)
@@ -52,7 +65,7 @@ class KubeApi:
             os.environ.get("KUBERNETES_SERVICE_PORT", "443"),
         )
         if not host:
-            raise ApiError("not in a cluster: KUBERNETES_SERVICE_HOST is not set")
+            raise NotInCluster("not in a cluster: KUBERNETES_SERVICE_HOST is not set")
         if ":" in host:
             host = f"[{host}]"
         return KubeApi(
@@ -68,9 +81,9 @@ class KubeApi:
         try:
             token = self.token_file.read_text().strip()
         except OSError as exc:
-            raise ApiError(f"cannot read the token {self.token_file}: {exc.strerror}") from None
+            raise Unreachable(f"cannot read the token {self.token_file}: {exc.strerror}") from None
         if not self.server.startswith("https://"):
-            raise ApiError(f"{self.server}: only https is spoken to the API")
+            raise NotInCluster(f"{self.server}: only https is spoken to the API")
         request = urllib.request.Request(  # noqa: S310 - https only (checked above)
             self.server + path,
             method=method,
@@ -85,30 +98,88 @@ class KubeApi:
         try:
             return urllib.request.urlopen(request, timeout=timeout, context=self._context())  # noqa: S310
         except urllib.error.HTTPError as exc:
-            detail = exc.read()[:300].decode(errors="replace")
-            raise ApiError(f"{method} {path}: {exc.code} {detail}", exc.code) from None
+            raise ApiError(exc.code, str(exc.reason or ""), exc.read()[:4096]) from None
         except (urllib.error.URLError, OSError, ssl.SSLError) as exc:
-            raise ApiError(f"{method} {path}: {getattr(exc, 'reason', exc)}") from None
+            reason = getattr(exc, "reason", exc)
+            raise Unreachable(f"{method} {path}: {reason}", timeout=isinstance(
+                reason, TimeoutError)) from None  # fmt: skip
 
     def call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
         with self._request(method, path, body, self.timeout) as response:
             try:
                 return json.loads(response.read())
             except (ValueError, OSError) as exc:
-                raise ApiError(f"{method} {path}: unreadable answer: {exc}") from None
+                raise Unreachable(f"{method} {path}: unreadable answer: {exc}") from None
 
-    def watch(self, path: str, seconds: int) -> Iterator[Mapping[str, Any]]:
-        """The events of one watch, ended by the server after `seconds`; a silent connection
-        is cut after `seconds + 30` (the socket timeout), so nothing waits forever."""
-        sep = "&" if "?" in path else "?"
-        url = f"{path}{sep}watch=1&timeoutSeconds={seconds}"
-        with self._request("GET", url, None, seconds + self.timeout) as response:
-            for line in response:
-                try:
-                    yield json.loads(line)
-                except ValueError:
-                    raise ApiError(f"watch {path}: unreadable event {line[:100]!r}") from None
+    def get(self, path: str, params: Mapping[str, str | int]) -> bytes:
+        with self._request("GET", path + query(**params), None, self.timeout) as response:
+            try:
+                data: bytes = response.read()
+            except OSError as exc:
+                raise Unreachable(f"GET {path}: {exc}") from None
+            return data
+
+    @contextlib.contextmanager
+    def lines(
+        self, path: str, params: Mapping[str, str | int], seconds: float
+    ) -> Iterator[Iterator[bytes]]:
+        """A watch's lines; a silent connection is cut after `seconds` (the socket timeout),
+        so nothing waits for ever."""
+        with self._request("GET", path + query(**params), None, seconds) as response:
+            yield _read_lines(response, path)
 
 
-def query(**params: str) -> str:
-    return "?" + urllib.parse.urlencode({k: v for k, v in params.items() if v})
+def _read_lines(response: Any, path: str) -> Iterator[bytes]:
+    try:
+        yield from response
+    except (OSError, ValueError) as exc:  # a cut chunked read, a timeout
+        raise Unreachable(f"watch {path}: {exc}") from None
+
+
+def query(**params: str | int) -> str:
+    kept = {k: v for k, v in params.items() if v}
+    return "?" + urllib.parse.urlencode(kept) if kept else ""
+
+
+class ThreadTransport:
+    """One collection's side of the list/watch protocol for an agent thread. That thread
+    runs an event loop of its own for the protocol's driver, and nothing else: so the
+    blocking calls are made right in it (no executor, whose threads the interpreter would
+    wait for at exit, a watch read holding the agent's SIGTERM up for minutes). A backoff
+    wakes at once when the agent stops."""
+
+    def __init__(self, api: Api, path: str, stop: threading.Event, inactivity: float) -> None:
+        self.api, self.path, self.stop, self.inactivity = api, path, stop, inactivity
+
+    async def get(self, params: Mapping[str, str | int]) -> bytes:
+        return self.api.get(self.path, params)
+
+    @contextlib.asynccontextmanager
+    async def stream(self, params: Mapping[str, str | int]) -> AsyncIterator[AsyncIterator[bytes]]:
+        with self.api.lines(self.path, params, self.inactivity) as lines:
+            yield _each(lines)
+
+    async def sleep(self, seconds: float) -> None:
+        self.stop.wait(seconds)
+
+
+async def _each(lines: Iterator[bytes]) -> AsyncIterator[bytes]:
+    for line in lines:
+        yield line
+
+
+def follow(
+    protocol: ListWatch,
+    transport: ThreadTransport,
+    handle: Callable[[Output], bool],
+) -> None:
+    """Run the protocol in this thread until `handle` says stop (returns False) or the
+    transport's stop event is set. What the protocol raises (a bug: the API's and the
+    network's failures are its own to retry) is the caller's."""
+
+    async def run() -> None:
+        async for out in outputs(protocol, transport):
+            if not handle(out) or transport.stop.is_set():
+                return
+
+    asyncio.run(run())

@@ -6,7 +6,7 @@ pod; a hostNetwork pod has the node's address and is no sandbox of ours.
 
 `PodWatch` only wakes the agent: any change to a sandbox pod on this node ends its wait, and
 the agent lists again (a list per change on one node is cheap, and there is no watch state to
-get wrong). A broken watch, whatever broke it, is retried with capped backoff, counted
+get wrong). A broken watch is resumed by the list/watch protocol, with capped backoff, counted
 (deathwatch_firewall_sync_failures{reason="watch"}) and logged: the thread never ends before
 the agent does; meanwhile the agent still lists at every resync.
 """
@@ -14,13 +14,16 @@ the agent does; meanwhile the agent still lists at every resync.
 from __future__ import annotations
 
 import ipaddress
+import json
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
 
-from deathwatch.firewall.kubeapi import Api, query
+from deathwatch._kube.errors import describe
+from deathwatch._kube.listwatch import Item, Listed, ListWatch, Noted, Output
+from deathwatch.firewall.kubeapi import Api, ThreadTransport, follow
 from deathwatch.firewall.ruleset import Address
 
 log = structlog.get_logger("deathwatch.firewall")
@@ -28,8 +31,14 @@ WATCH_SECONDS = 300
 BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0)
 
 
-def pods_path(node: str, selector: str) -> str:
-    return "/api/v1/pods" + query(fieldSelector=f"spec.nodeName={node}", labelSelector=selector)
+PODS = "/api/v1/pods"
+
+
+def pod_params(node: str, selector: str) -> dict[str, str | int]:
+    params: dict[str, str | int] = {"fieldSelector": f"spec.nodeName={node}"}
+    if selector:
+        params["labelSelector"] = selector
+    return params
 
 
 def addresses(pod_list: Mapping[str, Any]) -> tuple[Address, ...]:
@@ -48,11 +57,13 @@ def addresses(pod_list: Mapping[str, Any]) -> tuple[Address, ...]:
 
 
 def list_sandboxes(api: Api, node: str, selector: str) -> tuple[Address, ...]:
-    return addresses(api.call("GET", pods_path(node, selector)))
+    return addresses(json.loads(api.get(PODS, pod_params(node, selector))))
 
 
 class PodWatch:
-    """Calls `wake()` on every change to a sandbox pod of this node, until stopped."""
+    """Calls `wake()` on every change to a sandbox pod of this node, until stopped: the
+    list/watch protocol (deathwatch._kube.listwatch) on its pods, started again when the
+    sandbox selector changes. Its thread never ends before the agent does."""
 
     def __init__(
         self,
@@ -72,22 +83,28 @@ class PodWatch:
         return thread
 
     def run(self) -> None:
-        failures = 0
+        transport = ThreadTransport(self.api, PODS, self.stop, WATCH_SECONDS + 30)
         while not self.stop.is_set():
-            try:
-                for event in self.api.watch(pods_path(self.node, self.selector()), WATCH_SECONDS):
-                    if event.get("type") == "ERROR":  # e.g. 410: start a new watch
-                        self.failed()
-                        log.info("pod watch ended", error=str(event.get("object"))[:200])
-                        break
-                    failures = 0
+            selector = self.selector()
+            params = pod_params(self.node, selector)
+            protocol = ListWatch(
+                label_selector=str(params.get("labelSelector") or "") or None,
+                field_selector=str(params["fieldSelector"]),
+                server_timeout=WATCH_SECONDS, backoff=BACKOFF,
+            )  # fmt: skip
+
+            def handle(out: Output, selector: str = selector) -> bool:
+                if isinstance(out, Item | Listed):
                     self.wake()
-                    if self.stop.is_set():
-                        return
-            except Exception as exc:  # any failure, a cut chunked read too: retried
+                elif isinstance(out, Noted) and out.error is not None:
+                    self.failed()
+                    log.warning("pod watch failed; retrying", error=describe(out.error)[:300],
+                                retry_in=out.retry_in)  # fmt: skip
+                return self.selector() == selector  # a new selector: a new watch
+
+            try:
+                follow(protocol, transport, handle)
+            except Exception:  # a bug: counted, logged with its traceback, started again
                 self.failed()
-                delay = BACKOFF[min(failures, len(BACKOFF) - 1)]
-                failures += 1
-                log.warning("pod watch failed; retrying", error=f"{type(exc).__name__}: "
-                            f"{str(exc)[:300]}", retry_in=delay)  # fmt: skip
-                self.stop.wait(delay)
+                log.exception("pod watch failed; starting it again")
+                self.stop.wait(BACKOFF[-1])

@@ -1,0 +1,121 @@
+"""Where each reflector's objects go: pods, SandboxVerdicts and agent-sandbox's Sandboxes to
+the controller, a bug in handling one of them contained (logged with its traceback, counted,
+and the next object handled afresh: never a stream torn down and listed again for one)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import structlog
+
+from deathwatch._engine.podview import PodView
+from deathwatch._operator import gcpauses
+from deathwatch._operator.agent_sandboxes import SandboxObject
+from deathwatch._operator.controller import Controller, Verdict
+from deathwatch._operator.metrics import Metrics
+from deathwatch._operator.reflector import EventType, Undecodable
+from deathwatch._operator.resources import SV_PLURAL
+from deathwatch._operator.writer import Writer
+
+log = structlog.get_logger("deathwatch.sinks")
+
+
+@contextlib.contextmanager
+def contained(metrics: Metrics, handler: str, body: Any) -> Iterator[None]:
+    """A bug in handling one object is logged with its traceback and counted
+    (`deathwatch_handler_errors_total{handler}`); the caller carries on with the next."""
+    try:
+        yield
+    except Exception:
+        metrics.handler_errors.labels(handler).inc()
+        meta = body.get("metadata") or {} if isinstance(body, Mapping) else {}
+        who = (meta.get("namespace"), meta.get("name")) if meta else (
+            getattr(body, "namespace", None), getattr(body, "name", None)
+        )  # fmt: skip
+        log.exception("event not handled", handler=handler, namespace=who[0], name=who[1])
+
+
+class PodSink:
+    """The pod reflector's: each event to the controller, a bug in one contained."""
+
+    def __init__(self, controller: Controller, metrics: Metrics) -> None:
+        self.controller, self.metrics = controller, metrics
+
+    def listing(self, scope: str | None) -> None:
+        self.controller.listing(scope)
+
+    def event(self, kind: EventType, pod: PodView, received: float, version: str) -> None:
+        with contained(self.metrics, "pod_event", pod):
+            self.controller.on_pod(kind, pod, received, version)
+
+    def listed(self, scope: str | None) -> None:
+        with contained(self.metrics, "pod_listing", {}):
+            self.controller.listed(scope)
+        # what a listing built lives as long as its pods: out of the collector's reach
+        gcpauses.freeze("pod listing")
+
+    def undecodable(self, error: Undecodable) -> None:
+        self.controller.undecodable(error)
+
+
+class VerdictSink:
+    """The verdict reflector's: its first listing restores the engine's memory; after that,
+    what the watch shows is what the API holds (writer.observed), and a relisting that does
+    not show a verdict the writer knew says it was deleted meanwhile."""
+
+    def __init__(self, controller: Controller, writer: Writer, metrics: Metrics) -> None:
+        self.controller, self.writer, self.metrics = controller, writer, metrics
+        self.restoring = True
+        self.restored = 0
+        self.seen: set[tuple[str, str]] = set()
+
+    def listing(self, scope: str | None) -> None:
+        self.seen = set()
+
+    def event(self, kind: EventType, verdict: Verdict, received: float, version: str) -> None:
+        with contained(self.metrics, "verdict_event", verdict):
+            if self.restoring:
+                self.restored += self.controller.restore(verdict)
+            else:
+                if kind is EventType.LISTED:
+                    self.seen.add((verdict.namespace, verdict.name))
+                self.controller.on_verdict(kind, verdict)
+
+    def listed(self, scope: str | None) -> None:
+        if self.restoring:
+            self.restoring = False
+            log.info("restored verdicts", count=self.restored, scope=scope or "all")
+            return
+        for plural, namespace, name in self.writer.known(SV_PLURAL, scope):
+            if (namespace, name) not in self.seen:
+                self.writer.observed(plural, namespace, name, None, "")
+
+    def undecodable(self, error: Undecodable) -> None:
+        self.controller.undecodable(error)
+
+
+class AgentSandboxSink:
+    """The Sandbox reflector's: each Sandbox to the controller; a relisting's missing ones
+    were deleted meanwhile."""
+
+    def __init__(self, controller: Controller, metrics: Metrics) -> None:
+        self.controller, self.metrics = controller, metrics
+        self.seen: set[tuple[str, str]] = set()
+
+    def listing(self, scope: str | None) -> None:
+        self.seen = set()
+
+    def event(self, kind: EventType, sandbox: SandboxObject, received: float, version: str) -> None:
+        with contained(self.metrics, "sandbox_event", sandbox):
+            if kind is EventType.LISTED:
+                self.seen.add((sandbox.namespace, sandbox.name))
+            self.controller.on_agent_sandbox(kind, sandbox)
+
+    def listed(self, scope: str | None) -> None:
+        self.controller.agent_sandboxes.relisted(scope, self.seen)
+        log.info("agent-sandbox Sandboxes listed", scope=scope or "all", count=len(self.seen))
+
+    def undecodable(self, error: Undecodable) -> None:
+        self.controller.undecodable(error)

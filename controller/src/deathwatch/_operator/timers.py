@@ -1,0 +1,47 @@
+"""The controller's work on the clock (each a supervised task): Suspects judged when their
+window closes, not when the next event happens to come; and once a second the DeathWatch
+statuses published, with the verdicts past their retention retired, the shields of nodes
+whose firewall coverage went stale judged again, and the garbage collector's frozen set
+renewed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from datetime import datetime
+
+from deathwatch._engine.timeutil import UTC
+from deathwatch._operator import gcpauses
+from deathwatch._operator.controller import Controller
+
+REFREEZE_INTERVAL = 600.0  # seconds: sandboxes that arrived since the last freeze join it
+
+
+async def suspects(controller: Controller) -> None:
+    """Judge each Suspect when its window closes; sleep until the next one, or until a new
+    deadline wakes the loop."""
+    while True:
+        controller.wake.clear()
+        controller.expire()
+        deadline = controller.next_deadline()
+        timeout = (
+            None if deadline is None else max(0.0, (deadline - datetime.now(UTC)).total_seconds())
+        )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(controller.wake.wait(), timeout)
+
+
+async def publishing(controller: Controller, interval: float, retire_interval: float) -> None:
+    last_retire = 0.0
+    frozen_at = time.monotonic()
+    while True:
+        await asyncio.sleep(interval)
+        if time.monotonic() - frozen_at > REFREEZE_INTERVAL:
+            gcpauses.freeze("periodic")  # sandboxes that arrived since join the frozen
+            frozen_at = time.monotonic()
+        if time.monotonic() - last_retire > retire_interval:
+            last_retire = time.monotonic()
+            controller.retire()
+        controller.reshield()  # coverage claims go stale with no event: judged on the clock
+        controller.publish()

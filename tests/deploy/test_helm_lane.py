@@ -1,0 +1,704 @@
+"""Helm and monitoring lanes, on real parts: the chart installed with real Helm on the local
+cluster (control plane, a kubelet + containerd node, kube-proxy; hack/localcluster/cluster.py)
+the way the README says, watched by a real Prometheus (Debian's 2.42) that finds both
+controller replicas and the firewall agent through the shipped Services' prometheus.io
+annotations, and evaluates deathwatch's rules. Debian builds its Prometheus without
+`kubernetes_sd_configs`, so the lane serves that discovery itself over `http_sd_configs`: the
+Services annotated prometheus.io/scrape, each endpoint (ready or not, as kubernetes_sd lists
+them) with the annotated port and path, as the usual `kubernetes-service-endpoints` job would
+find them (`Discovery`).
+
+Real faults make the alerts fire (the rules rendered by the chart with short `for:`s and low
+thresholds, as an operator would tune them for a test cluster; the unit tests in
+monitoring/tests cover the shipped defaults): a burst of deaths, a policy plugin that raises,
+the firewall agent hung, RBAC drift (a verb taken from the controller's role, its Lease role
+unbound, the agent's pod listing unbound), an admission webhook that stalls status writes,
+both controller replicas gone, the controller's network to the API server black-holed. Every
+dashboard panel's query returns data; `promtool check metrics` passes on each component's
+/metrics. Then `helm upgrade` with changed values rolls the agents while a host process tries
+the agent port every ~2 ms (none gets through), and `helm uninstall` plus the cleanup release
+leave no table behind. Measurements (each alert's time to fire, from the fault) are printed at
+the end ("helm lane measurements").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client, config
+
+from deathwatch.firewall.nft import SystemNft
+from hack.localcluster import cluster
+from hack.localcluster.agentpods import AGENT_PORT, EXEC_PROBE, agent_pod
+from hack.localcluster.controlplane import free_port
+from hack.localcluster.netns_tool import connect_once
+from hack.localcluster.node import BRIDGE, NODE_NAME, POD_SUBNET
+from hack.render_manifests import CHART, helm_bin
+from tests.conftest import _binaries_or_skip
+from tests.kube import WaitTimeout, wait_for
+
+pytestmark = [pytest.mark.deploy, pytest.mark.monitoring]
+ROOT = Path(__file__).resolve().parents[2]
+SYSTEM, NS, PLUGIN_NS = "deathwatch-system", "sandboxes", "plugin-sandboxes"
+RESULTS: dict[str, Any] = {"alerts_fired_after_seconds": {}}
+# as an operator tunes them for a test cluster: every `for:` short, a low death threshold, the
+# stale-watch threshold just above the API server's bookmark interval and the controller's own
+# reconnect (70 s), so that a healthy idle stream never reads as stale
+FOR_KEYS = (
+    "controllerDown", "noLeader", "watchStale", "taskCrashLooping", "apiErrors", "policyErrors",
+    "writesRefused", "writesRetrying", "deathBurst", "uncoveredNodes", "firewallDown",
+    "firewallSyncFailing", "verdictLatency",
+)  # fmt: skip
+LANE_RULES = [
+    *(f"prometheusRule.for.{k}=5s" for k in FOR_KEYS),
+    "prometheusRule.deathBurst.perNode=3",
+    "prometheusRule.deathBurst.cluster=3",
+    "prometheusRule.deathBurst.infrastructure=2",
+    "prometheusRule.watchStaleSeconds=75",
+]
+WEBHOOK_DELAY = 4.0  # seconds an admission webhook holds each verdict status write
+
+
+@dataclass
+class Lane:
+    c: cluster.Cluster
+    api: client.ApiClient
+    prometheus: str  # http://127.0.0.1:PORT
+    tmp: Path
+
+    @property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api)
+
+    def helm(self, *args: str, timeout: float = 600) -> str:
+        done = subprocess.run(
+            [str(helm_bin()), "--kubeconfig", str(self.c.cp.kubeconfig), *args],
+            capture_output=True, text=True, timeout=timeout, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, f"helm {' '.join(args[:2])}: {done.stderr}"
+        return done.stdout
+
+    def ctl(self, ns: str, name: str) -> Path:
+        return self.c.node.ctl(f"{ns}-{name}")
+
+    def sandbox(self, name: str, ns: str = NS, **kw: Any) -> str:
+        self.core.create_namespaced_pod(
+            ns, agent_pod(name, self.ctl(ns, name), **kw), _request_timeout=30
+        )
+        return name
+
+    def state(self, name: str, ns: str = NS) -> str | None:
+        try:
+            sv = client.CustomObjectsApi(self.api).get_namespaced_custom_object(
+                "deathwatch.dev", "v1alpha1", ns, "sandboxverdicts", name, _request_timeout=10)  # fmt: skip
+        except client.ApiException:
+            return None
+        return (sv.get("status") or {}).get("state")
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        url = f"{self.prometheus}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(url, timeout=10) as r:  # noqa: S310 - http://127.0.0.1
+            body = json.load(r)
+        assert body["status"] == "success", body
+        return body["data"]["result"]  # type: ignore[no-any-return]
+
+    def firing(self, alert: str) -> list[dict[str, Any]]:
+        with urllib.request.urlopen(f"{self.prometheus}/api/v1/alerts", timeout=10) as r:  # noqa: S310
+            alerts = json.load(r)["data"]["alerts"]
+        return [a for a in alerts if a["labels"]["alertname"] == alert and a["state"] == "firing"]
+
+    def fires(
+        self, alert: str, since: float, timeout: float = 180, fault: str = ""
+    ) -> dict[str, Any]:
+        """Wait for `alert` to fire; note how long after the fault (`since`) it did."""
+        found = wait_for(lambda: self.firing(alert), timeout=timeout, interval=0.5,
+                         what=f"alert {alert} firing")  # fmt: skip
+        key = f"{alert} ({fault})" if fault else alert
+        RESULTS["alerts_fired_after_seconds"][key] = round(time.monotonic() - since, 1)
+        return found[0]
+
+    def object(self, *what: str) -> dict[str, Any]:
+        """An object as `kubectl get -o json` returns it, ready to be created again."""
+        obj: dict[str, Any] = json.loads(self.c.kubectl("get", *what, "-o", "json").stdout)
+        for key in ("resourceVersion", "uid", "creationTimestamp", "managedFields"):
+            obj["metadata"].pop(key, None)
+        return obj
+
+    def put(self, verb: str, obj: dict[str, Any]) -> None:
+        self.c.kubectl(verb, "-f", "-", input=json.dumps(obj))
+
+    def leaders(self) -> float:
+        return sum(float(s["value"][1]) for s in self.query("deathwatch_leader"))
+
+    def deathwatch(self, ns: str, **spec: Any) -> None:
+        self.c.kubectl("apply", "-f", "-", input=json.dumps({
+            "apiVersion": "deathwatch.dev/v1alpha1", "kind": "DeathWatch",
+            "metadata": {"name": "sandboxes", "namespace": ns},
+            "spec": {"podSelector": {"matchLabels": {"app": "sandbox"}}, "agentPorts": [AGENT_PORT],
+                     "execProbe": {"windowMultiplier": 1}, **spec},
+        }))  # fmt: skip
+
+
+def plugin_configmap() -> dict[str, Any]:
+    """tests/plugins/flaky_policy.py as an installed distribution, in a ConfigMap mounted on
+    PYTHONPATH (controller.extraVolumes/extraEnv): a policy that raises once a window closes."""
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "flaky-policy", "namespace": SYSTEM},
+        "data": {
+            "flaky_policy.py": (ROOT / "tests" / "plugins" / "flaky_policy.py").read_text(),
+            "METADATA": "Metadata-Version: 2.1\nName: deathwatch-flaky-policy\nVersion: 1.0\n",
+            "entry_points.txt": "[deathwatch.policies]\nflaky = flaky_policy:Flaky\n",
+        },
+    }  # fmt: skip
+
+
+def values(tmp: Path) -> Path:
+    """The local node's values: its images (imported, never pulled) and pod range, and the
+    plugin mounted for the policy-error fault."""
+    info = "deathwatch_flaky_policy-1.0.dist-info"
+    path = tmp / "values.yaml"
+    path.write_text(yaml.safe_dump({
+        "controller": {
+            "image": {"repository": "deathwatch.local/controller", "tag": "dev"},
+            "extraEnv": [{"name": "PYTHONPATH", "value": "/plugins"}],
+            "extraVolumes": [{"name": "plugins", "configMap": {"name": "flaky-policy", "items": [
+                {"key": "flaky_policy.py", "path": "flaky_policy.py"},
+                {"key": "METADATA", "path": f"{info}/METADATA"},
+                {"key": "entry_points.txt", "path": f"{info}/entry_points.txt"}]}}],
+            "extraVolumeMounts": [{"name": "plugins", "mountPath": "/plugins", "readOnly": True}],
+        },
+        "firewall": {"image": {"repository": "deathwatch.local/firewall", "tag": "dev"},
+                     "podCIDRs": [POD_SUBNET]},
+    }))  # fmt: skip
+    return path
+
+
+class Discovery:
+    """What `kubernetes_sd_configs` (role endpoints) with the usual annotation relabelling
+    finds, served for `http_sd_configs`: every Service of `namespace` annotated
+    prometheus.io/scrape "true", each endpoint at the annotated port, with the annotated path,
+    its Service (the job) and its pod. Not-ready endpoints too, as kubernetes_sd lists them: a
+    replica that fails /readyz (cut off from the API server) is the one whose metrics say
+    why. Read from the API at every poll."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        import http.server
+
+        core, outer = client.CoreV1Api(api), self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = json.dumps(outer.targets(core, namespace)).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/targets"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @staticmethod
+    def targets(core: client.CoreV1Api, namespace: str) -> list[dict[str, Any]]:
+        groups = []
+        for svc in core.list_namespaced_service(namespace, _request_timeout=10).items:
+            notes = svc.metadata.annotations or {}
+            if notes.get("prometheus.io/scrape") != "true":
+                continue
+            endpoints = core.read_namespaced_endpoints(
+                svc.metadata.name, namespace, _request_timeout=10
+            )
+            for subset in endpoints.subsets or []:
+                for address in [*(subset.addresses or []), *(subset.not_ready_addresses or [])]:
+                    pod = address.target_ref.name if address.target_ref else ""
+                    groups.append({
+                        "targets": [f"{address.ip}:{notes['prometheus.io/port']}"],
+                        "labels": {"__metrics_path__": notes.get("prometheus.io/path", "/metrics"),
+                                   "__meta_service": svc.metadata.name, "__meta_pod": pod},
+                    })  # fmt: skip
+        return groups
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+class SlowWebhook:
+    """A validating admission webhook that holds every SandboxVerdict status write for
+    `delay` seconds before answering: a policy engine under load, which the API server waits
+    for. It refuses (422, as a policy engine names an invalid field) the writes to verdicts
+    whose name starts with `deny`. HTTPS on loopback (the API server runs on this host) with
+    its own certificate."""
+
+    def __init__(self, tmp: Path, delay: float, deny: str = "unwritable") -> None:
+        import base64
+        import http.server
+        import ssl
+
+        key, cert = tmp / "webhook.key", tmp / "webhook.crt"
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+             "-out", str(cert), "-days", "1", "-subj", "/CN=lane-webhook",
+             "-addext", "subjectAltName=IP:127.0.0.1"],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+        self.ca = base64.b64encode(cert.read_bytes()).decode()
+        self.held = self.denied = 0
+
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                time.sleep(delay)
+                outer.held += 1
+                request = review["request"]
+                response: dict[str, Any] = {"uid": request["uid"], "allowed": True}
+                if str(request.get("name", "")).startswith(deny):
+                    outer.denied += 1
+                    response = {"uid": request["uid"], "allowed": False, "status": {
+                        "code": 422, "message": "status.state: refused by the lane's policy"}}  # fmt: skip
+                body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                                   "response": response}).encode()  # fmt: skip
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert, key)
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def configuration(self) -> dict[str, Any]:
+        port = self.server.server_address[1]
+        return {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": "lane-slow-policy-engine"},
+            "webhooks": [{
+                "name": "slow.lane.deathwatch.dev",
+                "clientConfig": {"url": f"https://127.0.0.1:{port}/validate", "caBundle": self.ca},
+                "rules": [{"apiGroups": ["deathwatch.dev"], "apiVersions": ["v1alpha1"],
+                           "operations": ["UPDATE"], "resources": ["sandboxverdicts/status"],
+                           "scope": "Namespaced"}],
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+                "timeoutSeconds": 10,
+                "failurePolicy": "Ignore",
+            }],
+        }  # fmt: skip
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+def agent_pids() -> list[int]:
+    """The firewall agent's process on this host (the node's containers run here)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"agent" in argv and any(
+            a.startswith(b"--config=/etc/deathwatch-firewall") for a in argv
+        ):
+            pids.append(int(proc.name))
+    return pids
+
+
+def prometheus_config(c: cluster.Cluster, tmp: Path, discovery: str) -> Path:
+    """A plain Prometheus scraping what the annotations name (see `Discovery`), every 2 s,
+    with deathwatch's rules."""
+    rules = subprocess.run(
+        [str(helm_bin()), "template", "deathwatch", str(CHART), "--set", "prometheusRule.enabled=true",
+         *[a for s in LANE_RULES for a in ("--set", s)], "--show-only",
+         "templates/monitoring/prometheusrule.yaml"],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout  # fmt: skip
+    (tmp / "rules.yaml").write_text(yaml.safe_dump(yaml.safe_load(rules)["spec"]))
+    path = tmp / "prometheus.yml"
+    path.write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "2s", "evaluation_interval": "2s"},
+        "rule_files": [str(tmp / "rules.yaml")],
+        "scrape_configs": [{
+            "job_name": "kubernetes-service-endpoints",
+            "scrape_timeout": "2s",
+            "http_sd_configs": [{"url": discovery, "refresh_interval": "2s"}],
+            "relabel_configs": [
+                {"source_labels": ["__meta_service"], "target_label": "job"},
+                {"source_labels": ["__meta_pod"], "target_label": "pod"},
+            ],
+        }],
+    }))  # fmt: skip
+    return path
+
+
+@pytest.fixture(scope="module")
+def lane() -> Iterator[Lane]:
+    reason = cluster.available()
+    if reason:
+        pytest.skip(reason)
+    if shutil.which("prometheus") is None:
+        pytest.skip("prometheus not installed (Debian package prometheus; hack/setup.sh)")
+    _binaries_or_skip("kubelet", "kube-scheduler", "kube-proxy")
+    tmp = Path(tempfile.mkdtemp(prefix="deathwatch-helm-lane-"))
+    with cluster.running() as c:
+        # README "Install with Helm": the namespace first, labelled for the firewall agent
+        c.kubectl("create", "namespace", SYSTEM)
+        c.kubectl("label", "namespace", SYSTEM, "pod-security.kubernetes.io/enforce=privileged")
+        c.kubectl("apply", "-f", "-", input=json.dumps(plugin_configmap()))
+        configuration = client.Configuration()
+        config.load_kube_config(
+            config_file=str(c.cp.kubeconfig), client_configuration=configuration
+        )
+        api = client.ApiClient(configuration)
+        port = free_port()
+        discovery = Discovery(api, SYSTEM)
+        prometheus = subprocess.Popen(
+            ["prometheus", f"--config.file={prometheus_config(c, tmp, discovery.url)}",
+             f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+            stdout=(tmp / "prometheus.log").open("w"), stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        lane = Lane(c, api, f"http://127.0.0.1:{port}", tmp)
+        try:
+            started = time.monotonic()
+            lane.helm("install", "deathwatch", str(CHART), "-n", SYSTEM, "-f", str(values(tmp)),
+                      "--wait", "--timeout=5m")  # fmt: skip
+            RESULTS["helm_install_wait_seconds"] = round(time.monotonic() - started, 1)
+            for ns in (NS, PLUGIN_NS):
+                c.kubectl("create", "namespace", ns)
+                wait_for(lambda ns=ns: lane.core.read_namespaced_service_account("default", ns, _request_timeout=10),  # type: ignore[misc]
+                         what="default ServiceAccount", ignore=(client.ApiException,))  # fmt: skip
+            lane.deathwatch(NS)
+            lane.deathwatch(PLUGIN_NS, policy="flaky")
+            yield lane
+        finally:
+            prometheus.terminate()
+            prometheus.wait(20)
+            discovery.close()
+            print((tmp / "prometheus.log").read_text()[-3000:])
+            api.close()
+            shutil.rmtree(tmp, ignore_errors=True)
+            print("\nhelm lane measurements:", json.dumps(RESULTS, indent=1))
+
+
+def test_prometheus_finds_both_controller_replicas_and_the_agent(lane: Lane) -> None:
+    def up() -> dict[str, int] | None:
+        found: dict[str, int] = {}
+        for series in lane.query("up == 1"):
+            job = series["metric"]["job"]
+            found[job] = found.get(job, 0) + 1
+        want = {"deathwatch-controller-metrics": 2, "deathwatch-firewall-metrics": 1}
+        return found if found == want else None
+
+    RESULTS["targets_up"] = wait_for(
+        up, timeout=90, interval=1, what="2 controllers and 1 agent up"
+    )
+
+
+def test_each_components_metrics_pass_promtool(lane: Lane) -> None:
+    targets = [s["metric"]["instance"] for s in lane.query("up == 1")]
+    assert len(targets) == 3
+    for instance in targets:
+        with urllib.request.urlopen(f"http://{instance}/metrics", timeout=10) as r:
+            text = r.read()
+        done = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True,
+                              timeout=30, check=False)  # fmt: skip
+        assert done.returncode == 0, (instance, done.stdout, done.stderr)
+
+
+def test_a_burst_of_deaths_fires_the_death_rate_alert(lane: Lane) -> None:
+    names = [lane.sandbox(f"burst-{i}") for i in range(4)]
+    for name in names:
+        wait_for(lambda name=name: lane.state(name) == "Alive", timeout=60, what=f"{name} Alive")  # type: ignore[misc]
+    killed = time.monotonic()
+    for name in names:
+        (lane.ctl(NS, name) / "exit").write_text("3")
+    alert = lane.fires("DeathwatchNodeDeathBurst", killed)
+    assert alert["labels"]["node"] == NODE_NAME
+    lane.fires("DeathwatchDeathBurst", killed)  # the cluster-wide threshold, 3 in the lane
+    assert all(lane.state(n) == "Dead" for n in names)
+
+
+def test_evictions_through_the_eviction_api_fire_the_infrastructure_alert(lane: Lane) -> None:
+    """What `kubectl drain` does to each pod, without cordoning the lane's one node: the
+    Eviction API writes DisruptionTarget and deletes; the real kubelet stops the pod. Dead
+    Drained, by the infrastructure, and the alert names the cause."""
+    names = [lane.sandbox(f"evicted-{i}") for i in range(3)]
+    for name in names:
+        wait_for(lambda name=name: lane.state(name) == "Alive", timeout=60, what=f"{name} Alive")  # type: ignore[misc]
+    evicted = time.monotonic()
+    for name in names:
+        lane.core.create_namespaced_pod_eviction(name, NS, {
+            "apiVersion": "policy/v1", "kind": "Eviction",
+            "metadata": {"name": name, "namespace": NS}}, _request_timeout=30)  # fmt: skip
+    alert = lane.fires("DeathwatchInfrastructureDeathBurst", evicted)
+    assert alert["labels"]["cause"] == "Drained"
+    for name in names:
+        wait_for(lambda name=name: lane.state(name) == "Dead", timeout=30, what=f"{name} Dead")  # type: ignore[misc]
+
+
+def test_a_policy_plugin_that_raises_fires_the_policy_error_alert(lane: Lane) -> None:
+    name = lane.sandbox("flaky", PLUGIN_NS, probe=EXEC_PROBE)
+    wait_for(lambda: lane.state(name, PLUGIN_NS) == "Alive", timeout=60, what="flaky Alive")
+    dropped = time.monotonic()
+    (lane.ctl(PLUGIN_NS, name) / "unready").write_text("")  # its window closes: the plugin raises
+    alert = lane.fires("DeathwatchPolicyErrors", dropped)
+    assert alert["labels"]["policy"] == "flaky"
+
+
+def test_an_admission_webhook_that_stalls_and_refuses_status_writes_fires_latency_and_refused(
+    lane: Lane,
+) -> None:
+    """A policy engine that takes 4 s per request on verdict status writes: the Dead verdict
+    is written 4 s after the drop, past the 2 s p99 goal (the burst before was well under).
+    Then it refuses one verdict's status (422): a write refused for good, counted once."""
+    assert not lane.firing("DeathwatchVerdictLatencyHigh"), (
+        "already firing before the fault: this machine is too loaded to prove the alert"
+    )
+    webhook = SlowWebhook(lane.tmp, WEBHOOK_DELAY)
+    try:
+        lane.put("apply", webhook.configuration())
+        name = lane.sandbox("slow")
+        wait_for(lambda: lane.state(name) == "Alive", timeout=90, what="slow Alive")
+        assert webhook.held > 0  # the API server waited for it
+        killed = time.monotonic()
+        (lane.ctl(NS, name) / "exit").write_text("3")
+        alert = lane.fires("DeathwatchVerdictLatencyHigh", killed)
+        assert float(alert["value"]) > 2
+        refused = time.monotonic()
+        name = lane.sandbox("unwritable")
+        alert = lane.fires("DeathwatchWritesRefused", refused)
+        assert (alert["labels"]["resource"], alert["labels"]["code"]) == ("sandboxverdicts", "422")
+        assert webhook.denied >= 1
+        lane.core.delete_namespaced_pod(name, NS, grace_period_seconds=0, _request_timeout=10)
+    finally:
+        lane.c.kubectl("delete", "validatingwebhookconfiguration", "lane-slow-policy-engine",
+                       "--ignore-not-found")  # fmt: skip
+        webhook.close()
+
+
+def test_a_hung_firewall_agent_fires_agent_down_and_uncovered_node(lane: Lane) -> None:
+    """The agent's process stopped (SIGSTOP, as a hung process): its metrics stop answering
+    and its coverage Lease goes stale. Its table stays in force all along."""
+    name = lane.sandbox("covered")
+    wait_for(lambda: lane.state(name) == "Alive", timeout=60, what="covered Alive")
+    (pid,) = wait_for(agent_pids, what="the agent's process")
+    stopped = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        lane.fires("DeathwatchFirewallAgentDown", stopped)
+        alert = lane.fires("DeathwatchUncoveredNode", stopped)
+        assert alert["labels"]["node"] == NODE_NAME
+        assert SystemNft().list_table() is not None
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    try:
+        wait_for(lambda: not lane.firing("DeathwatchUncoveredNode"), timeout=120,
+                 what="uncovered resolved")  # fmt: skip
+    except WaitTimeout:
+        print("node_sandboxes:", lane.query("deathwatch_node_sandboxes"))
+        print("agent up:", lane.query('up{job=~".*firewall.*"}'), agent_pids())
+        print(lane.c.kubectl("get", "lease", "-A", "-o", "yaml").stdout[-3000:])
+        print(lane.c.kubectl("get", "sv", "-A", "-o", "json").stdout[-4000:])
+        raise
+
+
+def test_rbac_drift_fires_writes_retrying_api_errors_and_no_leader(lane: Lane) -> None:
+    """Two real RBAC faults. `create` taken from the controller's ClusterRole: a new
+    sandbox's verdict is forbidden (403), retried without pause, and written once the role is
+    restored (nothing lost). Then its Lease Role unbound: every renewal and coverage read
+    refused (sustained API errors, 403), and the leader steps down: no leader."""
+    role = json.loads(
+        lane.c.kubectl("get", "clusterrole", "deathwatch-controller", "-o", "json").stdout
+    )
+    rules = json.loads(json.dumps(role["rules"]))
+    for rule in role["rules"]:
+        if rule["resources"] == ["sandboxverdicts"]:
+            rule["verbs"] = [v for v in rule["verbs"] if v != "create"]
+    drifted = time.monotonic()
+    lane.put("replace", role)
+    try:
+        name = lane.sandbox("forbidden")
+        alert = lane.fires("DeathwatchWritesRetrying", drifted)
+        assert alert["labels"]["resource"] == "sandboxverdicts"
+        assert lane.state(name) is None
+    finally:
+        current = json.loads(
+            lane.c.kubectl("get", "clusterrole", "deathwatch-controller", "-o", "json").stdout
+        )
+        current["rules"] = rules
+        lane.put("replace", current)
+    wait_for(lambda: lane.state(name), timeout=60, what="the verdict written once allowed")
+    lane.core.delete_namespaced_pod(name, NS, grace_period_seconds=0, _request_timeout=10)
+
+    binding = lane.object("rolebinding", "deathwatch-controller-leader-election", "-n", SYSTEM)
+    unbound = time.monotonic()
+    lane.c.kubectl("delete", "rolebinding", "deathwatch-controller-leader-election", "-n", SYSTEM)
+    try:
+        alert = lane.fires("DeathwatchAPIErrors", unbound)
+        assert alert["labels"]["code"] == "403"
+        lane.fires("DeathwatchNoLeader", unbound)
+    finally:
+        lane.put("create", binding)
+    wait_for(lambda: lane.leaders() == 1, timeout=90, interval=1, what="a leader again")
+
+
+def test_the_controllers_cut_off_from_the_api_server_fire_stale_watch(lane: Lane) -> None:
+    """A network fault: the node drops every packet from its pods to the API server (the
+    controller's connections hang; nothing closes them). Its pod watches go silent past the
+    bookmark interval, and the leader, unable to renew, steps down."""
+    partition = lane.tmp / "partition.nft"
+    partition.write_text(
+        "table inet lane_partition {\n"
+        "  chain input { type filter hook input priority -300; policy accept;\n"
+        f'    iifname "{BRIDGE}" tcp dport {lane.c.cp.apiserver_port} drop\n'
+        "  }\n"
+        "}\n"
+    )
+    # the RBAC case before it may leave NoLeader firing a little after a leader is back
+    wait_for(lambda: not lane.firing("DeathwatchNoLeader"), timeout=120, interval=1,
+             what="NoLeader resolved before the cut")  # fmt: skip
+    cut = time.monotonic()
+    subprocess.run(["nft", "-f", str(partition)], check=True, timeout=30)
+    try:
+        lane.fires("DeathwatchNoLeader", cut, timeout=120, fault="partition")
+        alert = lane.fires("DeathwatchWatchStale", cut, timeout=240)
+        assert float(alert["value"]) > 75
+    finally:
+        subprocess.run(
+            ["nft", "delete", "table", "inet", "lane_partition"], check=False, timeout=30
+        )
+    wait_for(lambda: lane.leaders() == 1, timeout=120, interval=1, what="a leader again")
+    wait_for(lambda: not lane.firing("DeathwatchWatchStale"), timeout=120, what="watches fresh")
+
+
+def test_both_controller_replicas_gone_fire_the_down_alert(lane: Lane) -> None:
+    gone = time.monotonic()
+    lane.c.kubectl("scale", "deployment/deathwatch-controller", "-n", SYSTEM, "--replicas=0")
+    lane.c.kubectl("delete", "pods", "-n", SYSTEM, "-l", "app.kubernetes.io/component=controller",
+                   "--grace-period=0", "--force", check=False)  # fmt: skip
+    lane.fires("DeathwatchControllerDown", gone)
+    lane.c.kubectl("scale", "deployment/deathwatch-controller", "-n", SYSTEM, "--replicas=2")
+    lane.c.kubectl("rollout", "status", "-n", SYSTEM, "deployment/deathwatch-controller",
+                   "--timeout=120s", timeout=150)  # fmt: skip
+    wait_for(lambda: not lane.firing("DeathwatchControllerDown"), timeout=90, what="down resolved")
+    wait_for(lambda: sum(float(s["value"][1]) for s in lane.query("deathwatch_leader")) == 1,
+             timeout=60, what="a leader again")  # fmt: skip
+
+
+def test_every_dashboard_panel_returns_data(lane: Lane) -> None:
+    dashboard = json.loads((CHART / "files" / "dashboard.json").read_text())
+    empty = []
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            result = wait_for(lambda e=target["expr"]: lane.query(e), timeout=30, interval=1,  # type: ignore[misc]
+                              what=f"{panel['title']}: {target['expr']}")  # fmt: skip
+            if not result:
+                empty.append(target["expr"])
+    assert empty == []
+    RESULTS["dashboard_panels_with_data"] = len(dashboard["panels"])
+
+
+def test_helm_upgrade_with_new_values_rolls_the_agents_and_lets_nothing_through(lane: Lane) -> None:
+    name = lane.sandbox("upgrade")
+    wait_for(lambda: lane.state(name) == "Alive", timeout=60, what="upgrade Alive")
+    ip = lane.core.read_namespaced_pod(name, NS, _request_timeout=10).status.pod_ip
+    stop, outcomes = threading.Event(), {"connected": 0, "refused": 0, "other": 0}
+
+    def probe() -> None:
+        while not stop.is_set():
+            outcome, _ = connect_once(ip, AGENT_PORT, 0.5)
+            outcomes[outcome if outcome in outcomes else "other"] += 1
+            time.sleep(0.002)
+
+    def agents() -> str:
+        return lane.c.kubectl("get", "pods", "-n", SYSTEM, "-l", "app.kubernetes.io/component=firewall",
+                              "-o", "jsonpath={.items[*].metadata.uid}").stdout  # fmt: skip
+
+    prober = threading.Thread(target=probe, daemon=True)
+    prober.start()
+    old, started = agents(), time.monotonic()
+    lane.helm("upgrade", "deathwatch", str(CHART), "-n", SYSTEM, "--reuse-values",
+              "--set", "firewall.allowedSources={192.0.2.10/32}", "--set", "firewall.resyncSeconds=5",
+              "--wait", "--timeout=5m")  # fmt: skip
+    took = time.monotonic() - started
+    time.sleep(1)  # and a moment past the new agent's readiness
+    stop.set()
+    prober.join(5)
+    RESULTS["helm_upgrade"] = {"seconds": round(took, 1), **outcomes}
+    assert agents() != old  # the config changed: the DaemonSet rolled
+    assert outcomes["connected"] == 0, outcomes
+    assert outcomes["refused"] > 100, outcomes
+    history = json.loads(lane.helm("history", "deathwatch", "-n", SYSTEM, "-o", "json"))
+    assert [h["revision"] for h in history] == [1, 2] and history[-1]["status"] == "deployed"
+    config = yaml.safe_load(lane.core.read_namespaced_config_map(
+        "deathwatch-firewall", SYSTEM, _request_timeout=10).data["config.yaml"])  # fmt: skip
+    assert config["allowedSources"] == ["192.0.2.10/32"] and config["podCIDRs"] == [POD_SUBNET]
+
+
+def test_the_agent_unable_to_list_its_sandboxes_fires_sync_failing(lane: Lane) -> None:
+    """After the upgrade (a resync every 5 s): the agent's ClusterRoleBinding deleted, each
+    resync's listing of its node's sandboxes is refused. The last known set stays in force."""
+    binding = lane.object("clusterrolebinding", "deathwatch-firewall")
+    unbound = time.monotonic()
+    lane.c.kubectl("delete", "clusterrolebinding", "deathwatch-firewall")
+    try:
+        alert = lane.fires("DeathwatchFirewallSyncFailing", unbound)
+        assert alert["labels"]["reason"] in ("sandboxes", "nodes", "watch"), alert["labels"]
+        assert SystemNft().list_table() is not None
+    finally:
+        lane.put("create", binding)
+
+
+def test_helm_uninstall_and_the_cleanup_release_leave_no_table(lane: Lane) -> None:
+    """Last: README "Uninstall": `helm uninstall` leaves the table on purpose (a stopping agent
+    cannot tell an uninstall from a rollout); the cleanup release removes it on every node."""
+    name = lane.sandbox("uninstall")
+    wait_for(lambda: lane.state(name) == "Alive", timeout=60, what="uninstall Alive")
+    ip = lane.core.read_namespaced_pod(name, NS, _request_timeout=10).status.pod_ip
+    lane.helm("uninstall", "deathwatch", "-n", SYSTEM, "--wait", "--timeout=3m")
+    assert SystemNft().list_table() is not None  # still shut, on purpose
+    assert connect_once(ip, AGENT_PORT, 2)[0] == "refused"
+    lane.helm("install", "deathwatch-cleanup", str(CHART), "-n", "deathwatch-uninstall",
+              "--create-namespace", "--set", "cleanup=true", "--set",
+              "firewall.image.repository=deathwatch.local/firewall", "--set", "firewall.image.tag=dev",
+              "--wait", "--timeout=3m")  # fmt: skip
+    assert SystemNft().list_table() is None
+    assert connect_once(ip, AGENT_PORT, 2)[0] == "connected"
+    lane.helm(
+        "uninstall", "deathwatch-cleanup", "-n", "deathwatch-uninstall", "--wait", "--timeout=3m"
+    )
+    # Helm leaves CRDs (and with them every DeathWatch and verdict) to the operator
+    assert "deathwatches.deathwatch.dev" in lane.c.kubectl("get", "crd", "-o", "name").stdout
+    lane.c.kubectl("delete", "crd", "deathwatches.deathwatch.dev", "sandboxverdicts.deathwatch.dev")
+    leftovers = lane.c.kubectl("get", "crd,clusterrole,clusterrolebinding,daemonset,deployment",
+                               "-A", "-o", "name").stdout  # fmt: skip
+    assert "deathwatch" not in leftovers, leftovers

@@ -1,0 +1,189 @@
+"""The Helm chart (charts/deathwatch) on real Helm (hack/build-helm.sh): lint, values checked
+by their schema with the field named, versions from VERSION, the generated manifests up to
+date, and the one-source-of-truth rule: rendered with default values the chart is exactly
+`kubectl kustomize manifests/overlays/cluster`, object by object, but for the Namespace
+(Helm creates the release namespace itself); namespaced, it is exactly overlays/namespaced."""
+
+from __future__ import annotations
+
+import subprocess
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hack.localcluster import controlplane
+from hack.render_manifests import CHART, NAMESPACE, helm, helm_bin, main
+
+pytestmark = pytest.mark.helm
+ROOT = Path(__file__).resolve().parents[2]
+Key = tuple[str, str, str]
+
+
+def objects(text: str) -> dict[Key, Any]:
+    out: dict[Key, Any] = {}
+    for doc in yaml.safe_load_all(text):
+        if doc:
+            meta = doc["metadata"]
+            key = (doc["kind"], meta.get("namespace", ""), meta["name"])
+            assert key not in out, f"{key} twice"
+            out[key] = doc
+    return out
+
+
+def kustomize(overlay: str) -> dict[Key, Any]:
+    kubectl = controlplane.bin_dir() / "kubectl"
+    if not kubectl.exists():
+        pytest.skip("kubectl not built: run hack/build-k8s.sh")
+    done = subprocess.run([str(kubectl), "kustomize", str(ROOT / "manifests" / "overlays" / overlay)],
+                          capture_output=True, text=True, check=True, timeout=60)  # fmt: skip
+    return objects(done.stdout)
+
+
+def template(*sets: str) -> dict[Key, Any]:
+    args = [a for s in sets for a in ("--set", s)]
+    return objects(
+        helm("template", "deathwatch", str(CHART), "-n", NAMESPACE, "--include-crds", *args)
+    )
+
+
+def test_helm_is_the_pinned_one() -> None:
+    version = helm("version", "--template", "{{.Version}}")
+    assert (
+        version == (ROOT / "hack" / "versions.env").read_text().split("HELM_VERSION=")[1].split()[0]
+    )
+    assert str(helm_bin()).startswith(str(controlplane.cache_dir()))
+
+
+def test_the_chart_is_versioned_as_the_repository() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    version = (ROOT / "VERSION").read_text().strip()
+    assert (chart["version"], chart["appVersion"]) == (version, version)
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        [],
+        [
+            "prometheusRule.enabled=true",
+            "metrics.serviceMonitor.enabled=true",
+            "metrics.podMonitor.enabled=true",
+            "dashboard.enabled=true",
+        ],
+        ["scope.clusterWide=false", "scope.namespaces={a,b}"],
+        ["cleanup=true"],
+    ],
+)
+def test_helm_lint_passes_strict(sets: list[str]) -> None:
+    helm("lint", "--strict", str(CHART), *[a for s in sets for a in ("--set", s)])
+
+
+def test_the_generated_manifests_are_up_to_date() -> None:
+    assert main(["--check"]) == 0, "run python3 -m hack.render_manifests"
+
+
+def test_the_default_render_is_the_cluster_overlay_object_by_object() -> None:
+    chart, kustomized = template(), kustomize("cluster")
+    namespace = ("Namespace", "", NAMESPACE)
+    assert namespace in kustomized and namespace not in chart
+    del kustomized[namespace]
+    assert sorted(chart) == sorted(kustomized)
+    for key, obj in chart.items():
+        assert obj == kustomized[key], key
+
+
+def test_the_namespaced_scope_is_the_namespaced_overlay() -> None:
+    chart = template("scope.clusterWide=false", "scope.namespaces={sandboxes}")
+    kustomized = kustomize("namespaced")
+    del kustomized[("Namespace", "", NAMESPACE)]
+    assert sorted(chart) == sorted(kustomized)
+    for key, obj in chart.items():
+        assert obj == kustomized[key], key
+    args = chart[("Deployment", NAMESPACE, "deathwatch-controller")]["spec"]["template"]["spec"][
+        "containers"][0]["args"]  # fmt: skip
+    assert "--namespace=sandboxes" in args
+    assert ("ClusterRoleBinding", "", "deathwatch-controller") not in chart
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["controller.replicas=two"], "at '/controller/replicas': got string, want integer"),
+        (["firewall.agentPorts={70000}"], "at '/firewall/agentPorts/0': maximum"),
+        (["controller.replica=2"], "additional properties 'replica' not allowed"),
+        (["controller.logLevel=loud"], "at '/controller/logLevel'"),
+        (["scope.clusterWide=false"], "scope.namespaces: name at least one namespace"),
+        (["controller.image.digest=latest"], "at '/controller/image/digest'"),
+    ],
+)
+def test_a_bad_value_is_refused_naming_its_field(sets: list[str], message: str) -> None:
+    done = subprocess.run(
+        [str(helm_bin()), "template", "x", str(CHART), *[a for s in sets for a in ("--set", s)]],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode != 0 and message in done.stderr, done.stderr
+
+
+def test_values_reach_the_objects() -> None:
+    rendered = template(
+        "controller.image.repository=registry.example.com/dw/controller",
+        "controller.image.digest=sha256:" + "a" * 64, "controller.replicas=3",
+        "controller.leaderElection.leaseDurationSeconds=20", "controller.nodeSelector.pool=system",
+        "firewall.podCIDRs={10.0.0.0/16,fd00::/48}", "firewall.agentPorts={49983,49984}",
+        "firewall.inbound=false", "firewall.allowedSources={192.0.2.10/32}",
+        "firewall.tolerations=null",
+    )  # fmt: skip
+    deployment = rendered[("Deployment", NAMESPACE, "deathwatch-controller")]["spec"]
+    container = deployment["template"]["spec"]["containers"][0]
+    assert container["image"] == "registry.example.com/dw/controller@sha256:" + "a" * 64
+    assert deployment["replicas"] == 3 and "--lease-duration=20" in container["args"]
+    assert deployment["template"]["spec"]["nodeSelector"] == {"pool": "system"}
+    config = yaml.safe_load(
+        rendered[("ConfigMap", NAMESPACE, "deathwatch-firewall")]["data"]["config.yaml"]
+    )
+    assert config == {
+        "podCIDRs": ["10.0.0.0/16", "fd00::/48"], "agentPorts": [49983, 49984], "resyncSeconds": 10,
+        "inbound": False, "allowedSources": ["192.0.2.10/32"], "sandboxSelector": "app=sandbox",
+        "hostPodCIDROffsets": [0, 1],
+    }  # fmt: skip
+    assert (
+        "tolerations"
+        not in rendered[("DaemonSet", NAMESPACE, "deathwatch-firewall")]["spec"]["template"]["spec"]
+    )
+
+
+def test_monitoring_is_opt_in_and_complete() -> None:
+    assert not any(k[0] in ("ServiceMonitor", "PodMonitor", "PrometheusRule") for k in template())
+    rendered = template("prometheusRule.enabled=true", "metrics.serviceMonitor.enabled=true",
+                        "metrics.podMonitor.enabled=true", "dashboard.enabled=true",
+                        "metrics.serviceMonitor.labels.release=kube-prometheus")  # fmt: skip
+    monitor = rendered[("ServiceMonitor", NAMESPACE, "deathwatch")]
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus"
+    assert {e["port"] for e in monitor["spec"]["endpoints"]} == {"http", "metrics"}
+    rule = rendered[("PrometheusRule", NAMESPACE, "deathwatch")]
+    plain = yaml.safe_load((ROOT / "monitoring" / "deathwatch.rules.yaml").read_text())
+    assert rule["spec"] == plain  # the plain rules file is the PrometheusRule's, exactly
+    dashboard = rendered[("ConfigMap", NAMESPACE, "deathwatch-dashboard")]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert yaml.safe_load(dashboard["data"]["deathwatch.json"])["uid"] == "deathwatch"
+
+
+def test_the_chart_packages_for_an_oci_registry(tmp_path: Path) -> None:
+    helm("package", str(CHART), "--destination", str(tmp_path))
+    version = (ROOT / "VERSION").read_text().strip()
+    package = tmp_path / f"deathwatch-{version}.tgz"
+    with tarfile.open(package) as tar:
+        names = tar.getnames()
+    assert "deathwatch/crds/deathwatches.deathwatch.dev.yaml" in names
+    assert "deathwatch/values.schema.json" in names and "deathwatch/files/dashboard.json" in names
+    assert (
+        objects(helm("template", "deathwatch", str(package), "-n", NAMESPACE))
+        == template_without_crds()
+    )
+
+
+def template_without_crds() -> dict[Key, Any]:
+    return objects(helm("template", "deathwatch", str(CHART), "-n", NAMESPACE))

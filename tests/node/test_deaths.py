@@ -1,0 +1,415 @@
+"""A real node (containerd, runc, CNI bridge, kubelet) on this machine: real kubelet status
+writes when a real container exits or is OOM-killed, real exec probes flapping, and the
+firewall refusing kubelet's own TCP probe while an exec probe passes."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import watch
+
+from hack.localcluster import agentpods, controlplane
+from hack.localcluster.netns_tool import connect_once
+from hack.localcluster.node import NODE_NAME, POD_SUBNET, Node, node_available
+from tests.controller_env import Env, Recording
+from tests.kube import wait_for
+
+pytestmark = pytest.mark.node
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS: dict[str, Any] = {}  # measurements, printed at the end of the module (docs/adr/0006)
+
+
+@pytest.fixture(scope="module")
+def node(control_plane: controlplane.ControlPlane) -> Iterator[Node]:
+    reason = node_available()
+    if reason:
+        pytest.skip(reason)
+    started = time.monotonic()
+    n = Node(control_plane).up()
+    RESULTS["node_up_seconds"] = round(time.monotonic() - started, 1)
+    try:
+        yield n
+    finally:
+        n.down()
+        assert n.leftovers() == []
+        print("\nnode lane measurements:", json.dumps(RESULTS, indent=1))
+
+
+@pytest.fixture
+def nenv(env: Env, node: Node) -> Env:
+    env.node = node  # type: ignore[attr-defined]
+    return env
+
+
+def agent_pod(
+    e: Env,
+    name: str,
+    *,
+    probe: dict[str, Any] | None = None,
+    environment: dict[str, str] | None = None,
+    memory: str = "32Mi",
+    labels: dict[str, str] | None = None,
+) -> str:
+    target = (environment or {}).get("TARGET")
+    body = agentpods.agent_pod(name, ctl(e, name), node=NODE_NAME, probe=probe, target=target,
+                               labels=labels, memory=memory)  # fmt: skip
+    e.core.create_namespaced_pod(e.ns, body, _request_timeout=30)
+    return name
+
+
+def ctl(e: Env, name: str) -> Path:
+    return e.node.ctl(f"{e.ns}-{name}")  # type: ignore[attr-defined, no-any-return]
+
+
+def pod_ready(e: Env, name: str) -> bool:
+    pod = e.core.read_namespaced_pod(name, e.ns, _request_timeout=10)
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+EXEC_PROBE = {
+    "exec": {"command": ["/bin/ready"]},
+    "periodSeconds": 1,
+    "failureThreshold": 1,
+    "timeoutSeconds": 1,
+}
+
+
+class Stamps(threading.Thread):
+    """When this test's own watches saw each change: kubelet's status writes and verdicts."""
+
+    def __init__(self, e: Env) -> None:
+        super().__init__(daemon=True)
+        self.e = e
+        self.terminated: dict[str, float] = {}
+        self.dead: dict[str, float] = {}
+        self.stop = False
+
+    def run(self) -> None:
+        threading.Thread(target=self._verdicts, daemon=True).start()
+        while not self.stop:
+            try:
+                for ev in watch.Watch().stream(
+                    self.e.core.list_namespaced_pod,
+                    self.e.ns,
+                    timeout_seconds=30,
+                    _request_timeout=60,
+                ):
+                    pod = ev["object"]
+                    if any(cs.state.terminated for cs in pod.status.container_statuses or []):
+                        self.terminated.setdefault(pod.metadata.name, time.monotonic())
+            except Exception:
+                time.sleep(0.1)
+
+    def _verdicts(self) -> None:
+        while not self.stop:
+            try:
+                for ev in watch.Watch().stream(
+                    self.e.custom.list_namespaced_custom_object,
+                    "deathwatch.dev",
+                    "v1alpha1",
+                    self.e.ns,
+                    "sandboxverdicts",
+                    timeout_seconds=30,
+                    _request_timeout=60,
+                ):
+                    sv = ev["object"]
+                    if sv.get("status", {}).get("state") == "Dead":
+                        self.dead.setdefault(sv["metadata"]["name"], time.monotonic())
+            except Exception:
+                time.sleep(0.1)
+
+
+def test_up_down_up_leaves_nothing(control_plane: controlplane.ControlPlane) -> None:
+    """Runs first, before the module's node exists: a full cycle twice, nothing left over."""
+    reason = node_available()
+    if reason:
+        pytest.skip(reason)
+    for _ in range(2):
+        started = time.monotonic()
+        n = Node(control_plane).up()
+        took = time.monotonic() - started
+        n.down()
+        assert n.leftovers() == []
+        assert took < 60, f"node up took {took:.1f}s"
+    RESULTS["node_up_down_cycle_up_seconds"] = round(took, 1)
+
+
+def test_killed_sandbox_is_dead_with_its_exit_code(nenv: Env) -> None:
+    e = nenv
+    e.start_controller()
+    e.deathwatch()
+    stamps = Stamps(e)
+    stamps.start()
+    latencies = []
+    for i, code in enumerate((3, 42, 1)):
+        name = agent_pod(e, f"killed-{i}")
+        e.wait_state(name, "Alive", timeout=60)
+        (ctl(e, name) / "exit").write_text(str(code))
+        dead = e.wait_state(name, "Dead", timeout=30)["status"]
+        assert (dead["cause"], dead["exitCode"], dead["container"]) == (
+            "ContainerExited",
+            code,
+            "agent",
+        )
+        seen = functools.partial(lambda n: n in stamps.dead and n in stamps.terminated, name)
+        wait_for(seen, what="both watches")
+        latencies.append((stamps.dead[name] - stamps.terminated[name]) * 1e3)
+    stamps.stop = True
+    RESULTS["kubelet_status_write_to_dead_ms"] = [round(x, 1) for x in latencies]
+    assert max(latencies) < 1000
+
+
+def test_oom_killed_sandbox(nenv: Env) -> None:
+    e = nenv
+    e.start_controller()
+    e.deathwatch()
+    name = agent_pod(e, "hungry", memory="24Mi")
+    e.wait_state(name, "Alive", timeout=60)
+    (ctl(e, name) / "oom").write_text("")
+    dead = e.wait_state(name, "Dead", timeout=30)["status"]
+    assert (dead["cause"], dead["exitCode"], dead["reason"]) == ("OOMKilled", 137, "OOMKilled")
+
+
+def test_exec_probe_flap_then_recovery_then_hang(nenv: Env) -> None:
+    e = nenv
+    e.start_controller()
+    # W = 3 x (1 x 1 s + 1 s) = 6 s, from the pod's own probe spec
+    e.deathwatch(execProbe={"windowMultiplier": 3})
+    name = agent_pod(e, "probed", probe=EXEC_PROBE)
+    e.wait_state(name, "Alive", timeout=60)
+    (ctl(e, name) / "unready").write_text("")
+    flipped = time.monotonic()
+    suspect = e.wait_state(name, "Suspect", timeout=15)["status"]
+    RESULTS["exec_probe_fail_to_suspect_s"] = round(time.monotonic() - flipped, 2)
+    (ctl(e, name) / "unready").unlink()
+    alive = e.wait_state(name, "Alive", timeout=15)["status"]
+    assert alive["flaps"] == 1
+    assert suspect["cause"] == "NotReady"
+    (ctl(e, name) / "unready").write_text("")
+    e.wait_state(name, "Suspect", timeout=15)
+    dropped = time.monotonic()
+    dead = e.wait_state(name, "Dead", timeout=30)["status"]
+    RESULTS["exec_probe_hang_suspect_to_dead_s"] = round(time.monotonic() - dropped, 2)
+    assert dead["cause"] == "Unresponsive"
+    assert dead["flaps"] == 1
+
+
+def test_deletion_of_a_running_sandbox_is_gone(nenv: Env) -> None:
+    e = nenv
+    e.start_controller()
+    e.deathwatch()
+    name = agent_pod(e, "deleted")
+    e.wait_state(name, "Alive", timeout=60)
+    e.core.delete_namespaced_pod(name, e.ns, grace_period_seconds=2, _request_timeout=30)
+    assert e.wait_state(name, "Gone", timeout=30)["status"]["cause"] == "Deleted"
+    wait_for(
+        lambda: (
+            not e.core.list_namespaced_pod(
+                e.ns, field_selector=f"metadata.name={name}", _request_timeout=10
+            ).items
+        ),
+        timeout=30,
+        what="pod gone",
+    )
+    assert e.sv(name)["status"]["state"] == "Gone"  # type: ignore[index]
+    assert e.events(name, "SandboxDead") == []
+
+
+def _connect(host: str, port: int) -> str:
+    return connect_once(host, port, 2.0)[0]
+
+
+def test_firewall_on_the_node_refuses_kubelets_tcp_probe_but_not_an_exec_probe(
+    nenv: Env, tmp_path: Path
+) -> None:
+    e = nenv
+    e.start_controller()
+    e.deathwatch()
+    target = agent_pod(e, "target")
+    wait_for(lambda: pod_ready(e, target), timeout=60, what="target Ready")
+    ip = e.core.read_namespaced_pod(target, e.ns, _request_timeout=10).status.pod_ip
+    assert _connect(ip, 49983) == "connected"  # the hole, before the firewall
+    config = tmp_path / "firewall.yaml"
+    config.write_text(
+        json.dumps({"podCIDRs": [POD_SUBNET], "agentPorts": [49983], "resyncSeconds": 1})
+    )
+    agent = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "deathwatch.firewall.cli",
+            "agent",
+            "--config",
+            str(config),
+            "--metrics-port",
+            "0",
+        ],
+        stdout=(tmp_path / "agent.log").open("w"),
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])},
+    )
+    try:
+        check = [
+            sys.executable,
+            "-m",
+            "deathwatch.firewall.cli",
+            "check",
+            "--config",
+            str(config),
+        ]
+        wait_for(
+            lambda: (
+                subprocess.run(
+                    check, capture_output=True, cwd=ROOT, timeout=30, check=False
+                ).returncode
+                == 0
+            ),
+            timeout=20,
+            what="rule in force",
+        )
+        # from the node's own network namespace (kubelet, hostNetwork pods)
+        assert _connect(ip, 49983) == "refused"
+        assert _connect(ip, 8080) == "connected"
+        # an ordinary pod on the same node still reaches the agent port
+        client_pod = agent_pod(
+            e, "ordinary", environment={"TARGET": f"{ip}:49983"}, labels={"app": "client"}
+        )
+        result = ctl(e, client_pod) / "result"
+        wait_for(
+            lambda: result.exists() and result.read_text().strip() == "connected",
+            timeout=60,
+            what=f"ordinary pod result, last {result.read_text() if result.exists() else None}",
+        )
+        # kubelet's tcpSocket probe comes from the host: refused, so never Ready, and flagged
+        tcp = agent_pod(
+            e,
+            "tcp-probed",
+            probe={"tcpSocket": {"port": "agent"}, "periodSeconds": 1, "failureThreshold": 1},
+        )
+        execp = agent_pod(e, "exec-probed", probe=EXEC_PROBE)
+        wait_for(lambda: pod_ready(e, execp), timeout=60, what="the exec-probe sandbox Ready")
+        sv = e.wait_state(tcp, "Pending", timeout=30)["status"]
+        assert sv["probeBlockedByFirewall"] is True
+        assert sv["policy"] == "container-state"
+        assert len(wait_for(lambda: e.events(tcp, "ProbeBlockedByFirewall"), what="event")) == 1
+        # and it stays not Ready while kubelet keeps probing (each probe refused at once)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            assert not pod_ready(e, tcp)
+            time.sleep(0.5)
+        pod = e.core.read_namespaced_pod(tcp, e.ns, _request_timeout=10)
+        assert pod.status.container_statuses[0].state.running is not None  # running, not Ready
+        assert e.sv(execp)["status"]["state"] == "Alive"  # type: ignore[index]
+        started = time.perf_counter()
+        refusals = [_connect(ip, 49983) for _ in range(200)]
+        RESULTS["node_refusal_mean_us"] = round((time.perf_counter() - started) / 200 * 1e6, 1)
+        assert set(refusals) == {"refused"}
+    finally:
+        agent.terminate()
+        agent.wait(15)
+        subprocess.run(
+            [sys.executable, "-m", "deathwatch.firewall.cli", "cleanup"],
+            cwd=ROOT,
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+    assert _connect(ip, 49983) == "connected"
+
+
+# --- Kubernetes 1.35: a container restart rule, on the real kubelet ------------------------
+
+
+def test_a_container_restart_rule_restarts_it_in_place_dead_and_no_false_positive(
+    nenv: Env,
+) -> None:
+    """ContainerRestartRules (beta, on by default in 1.35): the pod's restartPolicy is Never,
+    its container's rule restarts it on exit 42. The sandbox's processes ended: Dead,
+    ContainerExited 42, the workload's doing; the restarted container Ready again is the
+    pod's new life, not a false positive."""
+    e = nenv
+    recording = Recording(e.cp, e.ns, e.tmp / "recording.json")
+    e.start_controller()
+    e.deathwatch()
+    name = "ruled"
+    body = agentpods.agent_pod(name, ctl(e, name), node=NODE_NAME)
+    body["spec"]["containers"][0]["restartPolicy"] = "Never"
+    body["spec"]["containers"][0]["restartPolicyRules"] = [
+        {"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}
+    ]
+    e.core.create_namespaced_pod(e.ns, body, _request_timeout=30)
+    e.wait_state(name, "Alive", timeout=60)
+    (ctl(e, name) / "exit-once").write_text("42")
+    dead = e.wait_state(name, "Dead", timeout=30)["status"]
+    assert (dead["cause"], dead["exitCode"], dead["origin"]) == ("ContainerExited", 42, "Workload")
+
+    def restarted_and_ready() -> bool:
+        pod = e.core.read_namespaced_pod(name, e.ns, _request_timeout=10)
+        statuses = pod.status.container_statuses or []
+        return pod_ready(e, name) and bool(statuses) and statuses[0].restart_count >= 1
+
+    wait_for(restarted_and_ready, timeout=60, what="the container restarted in place, Ready")
+    # a pod made after the Ready again: its verdict comes later on the same ordered pod
+    # stream, so once it is Alive the controller has judged the Ready again
+    e.wait_state(agent_pod(e, "marker"), "Alive", timeout=60)
+    sv = e.sv(name)["status"]  # type: ignore[index]
+    assert (sv["state"], sv["falsePositive"]) == ("Dead", False)
+    assert e.events(name, "SandboxFalsePositive") == []
+    assert len(e.events(name, "SandboxDead")) == 1
+    recording.keep("restart-rule.json")
+
+
+# --- node-pressure eviction by the real kubelet (runs last: it restarts the kubelet) -------------
+
+
+def _tasks() -> int:
+    """What the kubelet's pid.available signal counts: every task of the kernel
+    (/proc/loadavg's total, pkg/kubelet/stats/pidlimit)."""
+    return int(Path("/proc/loadavg").read_text().split()[3].split("/")[1])
+
+
+def test_zz_node_pressure_eviction_by_the_kubelet_is_evicted_by_the_infrastructure(
+    nenv: Env, node: Node
+) -> None:
+    """The kubelet's own eviction manager under PID pressure (a hard threshold a few hundred
+    tasks above what runs now; the sandbox starts 1,500 processes): it evicts the pod with
+    the most processes, writing phase Failed, reason Evicted, and DisruptionTarget
+    TerminationByKubelet with its message. Dead Evicted, the infrastructure's doing."""
+    e = nenv
+    pid_max = min(int(Path("/proc/sys/kernel/pid_max").read_text()),
+                  int(Path("/proc/sys/kernel/threads-max").read_text()))  # fmt: skip
+    margin = 600
+    threshold = pid_max - (_tasks() + margin)
+    node.reconfigure({"pid.available": str(threshold)})
+    recording = Recording(e.cp, e.ns, e.tmp / "recording.json")
+    try:
+        e.start_controller()
+        e.deathwatch()
+        name = agent_pod(e, "forker", memory="1Gi")  # 1,500 processes, not an OOM kill
+        e.wait_state(name, "Alive", timeout=60)
+        forked = time.monotonic()
+        (ctl(e, name) / "fork").write_text("1500")
+        dead = e.wait_state(name, "Dead", timeout=90)["status"]
+        RESULTS["pid_pressure_eviction_after_s"] = round(time.monotonic() - forked, 1)
+        assert (dead["cause"], dead["origin"]) == ("Evicted", "Infrastructure"), dead
+        assert dead["disruption"]["reason"] == "TerminationByKubelet"
+        assert "low on resource: pids" in dead["disruption"]["message"], dead["disruption"]
+        pod = e.core.read_namespaced_pod(name, e.ns, _request_timeout=10)
+        assert (pod.status.phase, pod.status.reason) == ("Failed", "Evicted")
+        (event,) = e.events(name, "SandboxDead")
+        assert "Evicted" in event.message and "TerminationByKubelet" in event.message
+        recording.keep("node-pressure.json")
+    finally:
+        recording.stop()
+        node.reconfigure({})

@@ -1,0 +1,530 @@
+"""The firewall's pure parts: config validation, rendering, reading the live table back,
+and the agent's decisions over a fake nft (the real one: tests/netns/test_firewall.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+from ipaddress import ip_address
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+
+from deathwatch.firewall.agent import Agent, ClusterLink
+from deathwatch.firewall.config import ConfigError, load_config, parse_config
+from deathwatch.firewall.coverage import lease_name
+from deathwatch.firewall.kubeapi import ApiError
+from deathwatch.firewall.nft import NftError
+from deathwatch.firewall.ruleset import COMMENT, INBOUND_COMMENT, SANDBOX_SETS, desired
+from deathwatch.firewall.sandboxes import PodWatch
+from deathwatch.firewall.table import (
+    Chain,
+    Match,
+    Rule,
+    Set,
+    Table,
+    differences,
+    from_json,
+    script,
+)
+from hack.make_recordings import NFT_CONFIG, NFT_HOSTS, NFT_SANDBOXES
+from tests.fakeapi import FakeAgentApi, FakeApi
+from tests.kube import wait_for
+
+DATA = Path(__file__).parents[1] / "data" / "nft"
+GOOD = {"podCIDRs": ["10.244.0.0/16", "fd00:10:244::/56"], "agentPorts": [49983]}
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"podCIDRs": [], "agentPorts": [1]}, "podCIDRs: expected a non-empty list"),
+        (
+            {"podCIDRs": ["10.244.0.1/16"], "agentPorts": [1]},
+            "podCIDRs[0]: invalid CIDR '10.244.0.1/16'",
+        ),
+        ({"podCIDRs": ["nope"], "agentPorts": [1]}, "podCIDRs[0]: invalid CIDR 'nope'"),
+        ({"podCIDRs": [10], "agentPorts": [1]}, "podCIDRs[0]: expected a CIDR string, got 10"),
+        (
+            {"podCIDRs": ["10.0.0.0/8"], "agentPorts": [0]},
+            "agentPorts[0]: expected a TCP port 1-65535, got 0",
+        ),
+        (
+            {"podCIDRs": ["10.0.0.0/8"], "agentPorts": ["80"]},
+            "agentPorts[0]: expected a TCP port 1-65535, got '80'",
+        ),
+        ({"podCIDRs": ["10.0.0.0/8"], "agentPorts": [80, 80]}, "agentPorts: duplicate port"),
+        (
+            {"podCIDRs": ["10.0.0.0/8"], "agentPorts": [80], "resyncSeconds": 0},
+            "resyncSeconds: expected seconds in (0, 3600], got 0",
+        ),
+        (
+            {"podCIDRs": ["10.0.0.0/8"], "agentPorts": [80], "agentPort": 1},
+            "unknown field 'agentPort'",
+        ),
+        (
+            {"podCIDRs": ["10.0.0.0/8"], "agentPorts": [80], "inbound": "yes"},
+            "inbound: expected true or false, got 'yes'",
+        ),
+        (
+            {"podCIDRs": ["10.0.0.0/8"], "agentPorts": [80], "allowedSources": ["gateway"]},
+            "allowedSources[0]: invalid CIDR 'gateway'",
+        ),
+        (
+            {"podCIDRs": ["10.0.0.0/8"], "agentPorts": [80], "sandboxSelector": "app=a=b"},
+            "sandboxSelector: expected a label selector string (e.g. app=sandbox), got 'app=a=b'",
+        ),
+        (["podCIDRs"], "expected a mapping"),
+    ],
+)
+def test_bad_config_names_the_field_and_value(data: Any, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "fw.yaml")
+    assert message in str(info.value)
+    assert str(info.value).startswith("fw.yaml: ")
+
+
+def test_yaml_and_json_files(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text(
+        "podCIDRs: [10.244.0.0/16]\nagentPorts: [49983, 8000]\nresyncSeconds: 2\n"
+    )
+    (tmp_path / "b.json").write_text(json.dumps(GOOD))
+    a = load_config(tmp_path / "a.yaml")
+    assert (a.agent_ports, a.resync_seconds, [str(n) for n in a.pod_cidrs]) == (
+        (8000, 49983),
+        2.0,
+        ["10.244.0.0/16"],
+    )
+    assert [str(n) for n in load_config(tmp_path / "b.json").v6] == ["fd00:10:244::/56"]
+    (tmp_path / "c.yaml").write_text("podCIDRs: [10.244.0.0/16\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(tmp_path / "c.yaml")
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+
+
+GOLDEN = """\
+table inet deathwatch
+delete table inet deathwatch
+table inet deathwatch {
+\tset pod_v4 { type ipv4_addr; flags interval; elements = { 10.244.0.0/16 } }
+\tset podsrc_v4 { type ipv4_addr; flags interval; elements = { 10.244.0.0/16 } }
+\tset sandbox_v4 { type ipv4_addr; }
+\tset pod_v6 { type ipv6_addr; flags interval; elements = { fd00:10:244::/56 } }
+\tset podsrc_v6 { type ipv6_addr; flags interval; elements = { fd00:10:244::/56 } }
+\tset sandbox_v6 { type ipv6_addr; }
+\tchain output {
+\t\ttype filter hook output priority -90; policy accept;
+\t\ttcp dport { 49983 } ip daddr @pod_v4 fib saddr type local counter reject with tcp reset comment "deathwatch: refuse host and hostNetwork connections to sandbox agent ports"
+\t\ttcp dport { 49983 } ip6 daddr @pod_v6 fib saddr type local counter reject with tcp reset comment "deathwatch: refuse host and hostNetwork connections to sandbox agent ports"
+\t}
+\tchain inbound {
+\t\ttype filter hook forward priority -90; policy accept;
+\t\ttcp dport { 49983 } ip daddr @sandbox_v4 ip saddr != @podsrc_v4 counter reject with tcp reset comment "deathwatch: refuse connections from outside the pod network to sandbox agents"
+\t\ttcp dport { 49983 } ip6 daddr @sandbox_v6 ip6 saddr != @podsrc_v6 counter reject with tcp reset comment "deathwatch: refuse connections from outside the pod network to sandbox agents"
+\t}
+}
+"""
+
+
+def test_the_whole_script_for_a_config_is_pinned() -> None:
+    """Declare, delete, define in one transaction; every line of it, as nft will read it."""
+    assert script(desired(parse_config(GOOD))) == GOLDEN
+
+
+def test_v4_only_config_without_inbound_has_one_rule_and_cidrs_are_collapsed() -> None:
+    config = parse_config(
+        {
+            "podCIDRs": ["10.244.0.0/17", "10.244.128.0/17"],
+            "agentPorts": [8000, 1],
+            "inbound": False,
+        }
+    )
+    rule = Rule(
+        (
+            Match("tcp dport", "{ 1, 8000 }"),
+            Match("ip daddr", "@pod_v4"),
+            Match("fib saddr type", "local"),
+        ),
+        "reject with tcp reset",
+        comment=COMMENT,
+    )
+    assert desired(config, [ip_address("10.244.1.2")]) == Table(
+        (Set("pod_v4", "ipv4_addr", ("interval",), ("10.244.0.0/16",)),),
+        (Chain("output", "filter", "output", -90, "accept", (rule,)),),
+    )
+
+
+def test_the_inbound_rule_guards_this_nodes_sandboxes_but_for_pods_and_allowed_sources() -> None:
+    config = parse_config({**GOOD, "allowedSources": ["10.0.5.0/24", "10.0.5.7/32"]})
+    table = desired(config, [ip_address("10.244.1.2"), ip_address("fd00:10:244:1::2")])
+    sets = {s.name: s.elements for s in table.sets}
+    assert sets["sandbox_v4"] == ("10.244.1.2",)  # a hash set of addresses
+    assert sets["sandbox_v6"] == ("fd00:10:244:1::2",)
+    assert sets["allowed_v4"] == ("10.0.5.0/24",)  # collapsed
+    assert "allowed_v6" not in sets  # none allowed: no set, no match
+    inbound = next(c for c in table.chains if c.name == "inbound")
+    assert (inbound.hook, inbound.priority) == ("forward", -90)
+    assert inbound.rules[0] == Rule(
+        (  # the port first: what is not to an agent port leaves at this one compare
+            Match("tcp dport", "{ 49983 }"),
+            Match("ip daddr", "@sandbox_v4"),
+            Match("ip saddr", "@podsrc_v4", "!="),
+            Match("ip saddr", "@allowed_v4", "!="),
+        ),
+        "reject with tcp reset",
+        comment=INBOUND_COMMENT,
+    )
+    assert sets["podsrc_v4"] == ("10.244.0.0/16",)  # no host in the pod range known: all pods
+    # the readiness probe has no sandbox list: it compares those sets but for their elements
+    bare = desired(config)
+    assert differences(bare, table)
+    assert differences(bare, table, SANDBOX_SETS) == []
+    assert differences(bare, desired(parse_config(GOOD)), SANDBOX_SETS)  # allowed differs
+
+
+def test_hosts_in_the_pod_range_are_taken_out_of_the_pod_sources() -> None:
+    """An overlay's tunnel addresses (flannel .0, a bridge gateway .1, Calico's, Cilium's)
+    are hosts: the inbound rule refuses them like any non-pod source. One address out of a
+    range costs one more interval, not a prefix per bit."""
+    config = parse_config(GOOD)
+    hosts = [ip_address(a) for a in ("10.244.2.0", "10.244.2.1", "10.244.0.0", "fd00:10:244:2::")]
+    sets = {s.name: s.elements for s in desired(config, [ip_address("10.244.1.2")], hosts).sets}
+    assert sets["podsrc_v4"] == ("10.244.0.1-10.244.1.255", "10.244.2.2-10.244.255.255")
+    assert sets["podsrc_v6"] == (
+        "fd00:10:244:2::1-fd00:10:244:ff:ffff:ffff:ffff:ffff",
+        "fd00:10:244::/63",
+    )
+    assert sets["pod_v4"] == ("10.244.0.0/16",)  # the output rule's destinations: unchanged
+    # a host address outside the pod ranges is nothing to take out (it is refused already)
+    outside = desired(config, [], [ip_address("192.168.1.1")])
+    assert {s.name: s.elements for s in outside.sets}["podsrc_v4"] == ("10.244.0.0/16",)
+
+
+def test_a_real_nft_listing_reduces_to_exactly_the_desired_table() -> None:
+    # recorded from nft 1.0.6 (Debian bookworm) after `deathwatch-firewall apply` of this
+    # config; test_firewall_netns proves the same against the live kernel
+    listing = json.loads((DATA / "nft-1.0.6-list-table.json").read_text())
+    config = parse_config(NFT_CONFIG)
+    have = from_json(listing)
+    assert have == desired(
+        config, [ip_address(a) for a in NFT_SANDBOXES], [ip_address(a) for a in NFT_HOSTS]
+    )
+    assert have is not None and have.rejected_packets == 5  # 3 + 2 counted in the recording
+
+
+def test_differences_name_what_drifted() -> None:
+    want = desired(parse_config(GOOD))
+    assert differences(want, None) == ["table inet deathwatch is missing"]
+    assert differences(want, want) == []
+    chain, inbound = want.chains
+    flushed = Table(want.sets, (Chain(chain.name, chain.type, chain.hook, chain.priority), inbound))
+    assert differences(want, flushed) == [f"chain output: want {chain}, have {flushed.chains[0]}"]
+    emptied = Table((Set("pod_v4", "ipv4_addr", ("interval",)), *want.sets[1:]), want.chains)
+    assert [d.split(":")[0] for d in differences(want, emptied)] == ["set pod_v4"]
+
+
+def test_an_inserted_rule_of_someone_else_is_a_difference_not_an_error() -> None:
+    listing = {
+        "nftables": [
+            {"chain": {"name": "output", "type": "filter", "hook": "output", "prio": -90, "policy": "accept"}},
+            {"rule": {"chain": "output", "expr": [
+                {"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": 49983}},
+                {"accept": None},
+            ]}},
+            {"rule": {"chain": "output", "expr": [{"queue": {"num": 1}}]}},
+        ]
+    }  # fmt: skip
+    have = from_json(listing)
+    assert have is not None
+    rules = have.chains[0].rules
+    assert rules[0] == Rule((Match("tcp dport", "{ 49983 }"),), "accept", counter=False)
+    assert "queue" in rules[1].verdict
+    assert differences(desired(parse_config(GOOD)), have)
+
+
+# --- the agent's decisions, over a fake nft -------------------------------------------------
+
+
+class FakeNft:
+    """Stores the table model, as the kernel would hold it; `dump` shows it as nft script."""
+
+    def __init__(self) -> None:
+        self.table: Table | None = None
+        self.applied: list[Table] = []
+        self.fail = False
+
+    def apply(self, table: Table) -> None:
+        if self.fail:
+            raise NftError("nft -f failed: simulated")
+        self.applied.append(table)
+        self.table = table
+
+    def list_table(self) -> Table | None:
+        return self.table
+
+    def delete_table(self) -> None:
+        self.table = None
+
+    def dump(self) -> str:
+        return script(self.table) if self.table else ""
+
+
+def test_agent_applies_repairs_and_keeps_the_rule_on_a_bad_config(tmp_path: Path) -> None:
+    path = tmp_path / "fw.yaml"
+    path.write_text(json.dumps(GOOD))
+    nft = FakeNft()
+    agent = Agent(path, nft)
+    agent.step()
+    assert nft.table == desired(parse_config(GOOD))
+    assert nft.dump() == GOLDEN
+    assert agent.metrics.syncs.labels("applied")._value.get() == 1
+    agent.step()
+    assert len(nft.applied) == 1  # nothing drifted: nothing written
+    nft.table = None  # someone deleted it
+    agent.step()
+    assert len(nft.applied) == 2
+    assert agent.metrics.syncs.labels("repaired")._value.get() == 1
+    path.write_text("podCIDRs: [bad\n")  # a broken new config
+    agent.step()
+    assert agent.config == parse_config(GOOD)
+    assert len(nft.applied) == 2
+    assert agent.metrics.sync_failures.labels("config")._value.get() == 1
+    assert agent.metrics.rule_present._value.get() == 1
+    nft.fail = True
+    assert nft.table is not None
+    chain, inbound = nft.table.chains
+    nft.table = Table(
+        nft.table.sets, (Chain(chain.name, chain.type, chain.hook, chain.priority), inbound)
+    )
+    agent.step()  # flushed and cannot be repaired: never raises
+    assert agent.metrics.sync_failures.labels("nft")._value.get() == 1
+    assert agent.metrics.rule_present._value.get() == 0
+
+
+def test_agent_counts_refusals_across_replacements(tmp_path: Path) -> None:
+    path = tmp_path / "fw.yaml"
+    path.write_text(json.dumps(GOOD))
+    nft = FakeNft()
+    agent = Agent(path, nft)
+    agent.step()
+    assert nft.table is not None
+    counted = [dataclasses.replace(r, packets=4) for r in nft.table.chains[0].rules]
+    nft.table = Table(
+        nft.table.sets,
+        (dataclasses.replace(nft.table.chains[0], rules=tuple(counted)), nft.table.chains[1]),
+    )
+    agent.step()
+    assert agent.metrics.rejected._value.get() == 8  # counters are not drift
+    assert len(nft.applied) == 1
+
+
+def test_agent_with_no_valid_config_leaves_the_table_alone(tmp_path: Path) -> None:
+    path = tmp_path / "fw.yaml"
+    path.write_text("agentPorts: [1]\n")
+    previous = desired(parse_config(GOOD))  # a previous agent's rule, during a rollout
+    nft = FakeNft()
+    nft.table = previous
+    Agent(path, nft).step()
+    assert nft.applied == []
+    assert nft.table is previous
+
+
+def test_cli_render_and_bad_config_exit_codes(tmp_path: Path) -> None:
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text(json.dumps(GOOD))
+    bad.write_text("podCIDRs: [10.0.0.0/8]\nagentPorts: [70000]\n")
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "deathwatch.firewall.cli", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    rendered = cli("render", "--config", str(good))
+    assert rendered.returncode == 0
+    assert rendered.stdout == GOLDEN
+    for action in ("render", "apply", "check"):
+        result = cli(action, "--config", str(bad))
+        assert result.returncode == 2, action
+        assert "agentPorts[0]: expected a TCP port 1-65535, got 70000" in result.stderr
+        assert "Traceback" not in result.stderr
+
+
+def test_agent_started_on_a_bad_config_says_why_and_waits_for_a_good_one(tmp_path: Path) -> None:
+    """It does not exit (a previous agent's rule stays in force meanwhile) and does not touch
+    the table; its readiness check fails, which is how coverage shows the node uncovered."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("podCIDRs: [10.0.0.0/8]\nagentPorts: [70000]\n")
+    log = tmp_path / "agent.log"
+    with log.open("w") as out:
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "deathwatch.firewall.cli", "agent", "--config", str(bad),
+             "--metrics-port", "0"],
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        wait_for(lambda: "config rejected" in log.read_text(), timeout=20, what="the rejection")
+        assert agent.poll() is None
+        rejected = next(
+            json.loads(line) for line in log.read_text().splitlines() if "config rejected" in line
+        )
+        assert "agentPorts[0]: expected a TCP port 1-65535, got 70000" in rejected["error"]
+        assert rejected["in_force"] is False
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(15) == 0
+
+
+# --- the agent in a cluster: its node's sandboxes and its coverage Lease, over a fake API ---
+
+
+def sandbox_pod(
+    ip: str,
+    phase: str = "Running",
+    host_network: bool = False,
+    node: str = "node-a",
+    app: str = "sandbox",
+) -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"pod-{ip}-{node}", "labels": {"app": app}},
+        "spec": {"hostNetwork": host_network, "nodeName": node},
+        "status": {"phase": phase, "podIP": ip},
+    }
+
+
+def coverage_lease(api: FakeApi, node: str = "node-a") -> dict[str, Any]:
+    lease = api.get("leases", "deathwatch-system", lease_name(node))
+    assert lease is not None
+    return lease
+
+
+def test_agent_guards_its_nodes_sandboxes_and_keeps_them_when_the_api_is_down(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "fw.yaml"
+    path.write_text(json.dumps({**GOOD, "sandboxSelector": "app=sandbox"}))
+    api, nft = FakeApi(), FakeNft()
+    for pod in (sandbox_pod("10.244.1.2"), sandbox_pod("10.244.1.3", phase="Succeeded"),
+                sandbox_pod("10.0.0.9", host_network=True), sandbox_pod("10.244.2.2", node="node-b"),
+                sandbox_pod("10.244.1.5", app="other")):  # fmt: skip
+        api.add("pods", "sandboxes", pod)
+    agent = Agent(path, nft, link=ClusterLink(api.agent(), "node-a", "fw-a", "deathwatch-system"))
+    agent.step()
+    config = parse_config({**GOOD, "sandboxSelector": "app=sandbox"})
+    # a finished pod's address may be reused at once; a hostNetwork pod is the node itself;
+    # another node's sandboxes and this node's other pods are not asked for
+    assert nft.table == desired(config, [ip_address("10.244.1.2")])
+    assert ("GET", "/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-a&labelSelector=app%3Dsandbox") in api.requests  # fmt: skip
+    lease = coverage_lease(api)
+    notes = lease["metadata"]["annotations"]
+    assert (notes["deathwatch.dev/rule"], notes["deathwatch.dev/sandboxes"]) == ("in-force", "1")
+    assert notes["deathwatch.dev/config"] == notes["deathwatch.dev/config-file"]
+    renewed = lease["spec"]["renewTime"]
+    # the API goes away: the last known sandboxes stay guarded, the Lease is not renewed
+    api.add("pods", "sandboxes", sandbox_pod("10.244.1.4"))
+    api.down = True
+    agent.step()
+    assert nft.table == desired(config, [ip_address("10.244.1.2")])
+    assert agent.metrics.sync_failures.labels("sandboxes")._value.get() == 1
+    assert agent.metrics.sync_failures.labels("coverage")._value.get() == 1
+    assert coverage_lease(api)["spec"]["renewTime"] == renewed
+    # back: the new sandbox guarded, the Lease renewed
+    api.down = False
+    agent.step()
+    assert nft.table == desired(config, [ip_address("10.244.1.2"), ip_address("10.244.1.4")])
+    assert coverage_lease(api)["metadata"]["annotations"]["deathwatch.dev/sandboxes"] == "2"
+    # a refused new config: the old rule stays, and the Lease says the two differ
+    path.write_text("podCIDRs: [bad\n")
+    agent.step()
+    notes = coverage_lease(api)["metadata"]["annotations"]
+    assert notes["deathwatch.dev/config-file"] == "invalid"
+    assert notes["deathwatch.dev/config"] == config.digest()
+
+
+def test_a_failed_sync_judges_the_rule_in_force_against_the_table_with_its_hosts(
+    tmp_path: Path,
+) -> None:
+    """After a failed sync the agent checks whether its rule is still in force, against the
+    table it enforces: host addresses included (an overlay CNI's tunnel addresses). Checked
+    against a table without them, a rule in force read as missing: a false SandboxUnshielded
+    on every node of such a cluster at the first nft hiccup."""
+    path = tmp_path / "fw.yaml"
+    path.write_text(json.dumps({**GOOD, "sandboxSelector": "app=sandbox"}))
+    host = ip_address("10.244.7.64")
+
+    class Hiccup(FakeNft):
+        hiccups = 0
+
+        def list_table(self) -> Table | None:
+            if self.hiccups:
+                self.hiccups -= 1
+                raise NftError("nft list table inet deathwatch: interrupted")
+            return super().list_table()
+
+    api, nft = FakeApi(), Hiccup()
+    api.add("pods", "sandboxes", sandbox_pod("10.244.1.2"))
+    agent = Agent(path, nft, link=ClusterLink(api.agent(), "node-a", "fw-a", "deathwatch-system"),
+                  hosts=[host])  # fmt: skip
+    agent.step()
+    config = parse_config({**GOOD, "sandboxSelector": "app=sandbox"})
+    assert nft.table == desired(config, [ip_address("10.244.1.2")], [host])
+    nft.hiccups = 1
+    agent.step()
+    assert agent.metrics.sync_failures.labels("nft")._value.get() == 1
+    assert agent.metrics.rule_present._value.get() == 1
+    assert coverage_lease(api)["metadata"]["annotations"]["deathwatch.dev/rule"] == "in-force"
+    # and a table that really differs is reported missing
+    nft.hiccups, nft.table = 1, desired(config, [ip_address("10.244.1.2")])
+    nft.fail = True
+    agent.step()
+    assert agent.metrics.rule_present._value.get() == 0
+    assert coverage_lease(api)["metadata"]["annotations"]["deathwatch.dev/rule"] != "in-force"
+
+
+def test_the_pod_watch_survives_any_failure_counted_and_wakes_the_agent() -> None:
+    stop = threading.Event()
+    woken: list[int] = []
+    failed: list[int] = []
+    modified = {"type": "MODIFIED", "object": {"metadata": {"resourceVersion": "11"}}}
+
+    class Flaky(FakeAgentApi):
+        @contextlib.contextmanager
+        def lines(
+            self, path: str, params: Mapping[str, str | int], seconds: float
+        ) -> Iterator[Iterator[bytes]]:
+            watched = sum(method == "WATCH" for method, _ in self.api.requests)
+            if watched == 0:
+                self.api.requests.append(("WATCH", path))
+                raise ValueError("a bug below the protocol")  # neither ApiError nor Unreachable
+            if watched == 1:
+                self.api.requests.append(("WATCH", path))
+                raise ApiError(500, "InternalError")  # the API's refusal: the protocol retries
+            with super().lines(path, params, seconds) as lines:
+                stop.set()
+                yield lines
+
+    api = FakeApi()
+    api.streams["/api/v1/pods"] = [[modified]]
+    watcher = PodWatch(Flaky(api), "node-a", lambda: "app=sandbox", lambda: woken.append(1),
+                       lambda: failed.append(1), stop)  # fmt: skip
+    with mock.patch("deathwatch.firewall.sandboxes.BACKOFF", (0.01,)):
+        thread = watcher.start()
+        thread.join(10)
+    assert not thread.is_alive()
+    # a bug: counted, the watch started again from a list; the API's 500: counted, retried
+    # from where it was (no list); the change: a wake
+    assert len(failed) == 2
+    assert len(woken) == 3  # two lists and the change
+    assert [m for m, _ in api.requests] == ["GET", "WATCH", "GET", "WATCH", "WATCH"]

@@ -1,0 +1,128 @@
+"""Shielded: each sandbox's verdict says whether its node's firewall is current and covers it.
+The pure join (shield.py) and the one format both sides of the coverage Lease agree on. The
+whole path on real nftables and the real control plane: tests/netns/test_shield.py."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from deathwatch._operator.resources import ConditionStatus
+from deathwatch._operator.shield import (
+    SELECTOR,
+    NodeCoverage,
+    ShieldReason,
+    Sighting,
+    judge,
+    read_lease,
+    sight,
+)
+from deathwatch.firewall.config import parse_config
+from deathwatch.firewall.coverage import LABELS, NodeState, lease_body, lease_name
+from deathwatch.firewall.hosts import Hosts
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = {"podCIDRs": ["10.244.0.0/16"], "agentPorts": [49983], "resyncSeconds": 4}
+NOW = datetime(2026, 11, 30, 12, 0, 0, 123456, tzinfo=UTC)
+
+
+def claim(**changes: Any) -> NodeCoverage:
+    config = parse_config(CONFIG)
+    body = lease_body("node-a", "fw-a", "deathwatch-system",
+                      NodeState(config, config.digest(), True, 2), NOW)  # fmt: skip
+    read = read_lease(body)
+    assert read is not None
+    return NodeCoverage(**{**{f: getattr(read, f) for f in read.__slots__}, **changes})
+
+
+def test_the_agents_lease_reads_back_as_the_controller_expects() -> None:
+    config = parse_config({**CONFIG, "podCIDRs": ["10.244.0.0/16", "fd00:10:244::/56"]})
+    body = lease_body("node-a", "fw-a", "deathwatch-system",
+                      NodeState(config, "invalid", False, None), NOW)  # fmt: skip
+    assert body["metadata"]["name"] == lease_name("node-a") == "deathwatch-firewall.node-a"
+    key, value = SELECTOR.split("=")
+    assert LABELS[key] == value  # the controller's list finds what the agents write
+    read = read_lease(body)
+    assert read == NodeCoverage(
+        node="node-a",
+        holder="fw-a",
+        renew_time="2026-11-30T12:00:00.123456Z",
+        renewed_at=NOW,
+        valid_for=6.0,  # 1.5 resyncs
+        config=config.digest(),
+        config_file="invalid",
+        rule_in_force=False,
+        pod_cidrs=config.pod_cidrs,
+        agent_ports=frozenset({49983}),
+        inbound=True,
+    )
+    assert read_lease({"metadata": {"name": "someone-elses-lease"}}) is None
+    assert len(lease_name("n" * 300)) <= 253
+
+
+def test_judge_names_why_a_sandbox_is_not_shielded() -> None:
+    good, seen = claim(), Sighting("t", seen_at=100.0, age_then=1.0)
+
+    def reason(
+        coverage: NodeCoverage | None = good,
+        now: float = 101.0,
+        ips: tuple[str, ...] = ("10.244.1.2",),
+        ports: tuple[int, ...] = (49983,),
+        node: str | None = "node-a",
+        observed: bool = True,
+    ) -> tuple[ConditionStatus, str]:
+        s = judge(node, ips, ports, coverage, seen if coverage else None, now, observed)
+        return s.status, s.reason
+
+    t, f, u = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOWN
+    assert reason() == (t, ShieldReason.IN_FORCE)
+    assert reason(now=105.0) == (t, ShieldReason.IN_FORCE)  # 1 + 5 s old: valid for 6
+    assert reason(now=105.5) == (f, ShieldReason.AGENT_STALE)
+    assert reason(coverage=None) == (f, ShieldReason.NO_AGENT)
+    assert reason(claim(rule_in_force=False)) == (f, ShieldReason.RULE_MISSING)
+    assert reason(claim(config_file="invalid")) == (f, ShieldReason.CONFIG_MISMATCH)
+    assert reason(ips=("10.9.0.1",)) == (f, ShieldReason.CONFIG_MISMATCH)
+    assert reason(ports=(49983, 8000)) == (f, ShieldReason.CONFIG_MISMATCH)
+    assert reason(node=None) == (u, ShieldReason.NOT_SCHEDULED)
+    assert reason(observed=False) == (u, ShieldReason.NOT_OBSERVED)
+    assert reason(claim(hosts_unknown="node-b")) == (f, ShieldReason.HOSTS_UNKNOWN)
+    assert reason(claim(hosts_unknown="*")) == (f, ShieldReason.HOSTS_UNKNOWN)
+    # with inbound off, the hosts of other nodes are their own output rules' business
+    assert reason(claim(hosts_unknown="node-b", inbound=False)) == (t, ShieldReason.IN_FORCE)
+
+
+def test_hosts_the_agent_cannot_tell_from_pods_are_said_on_its_lease() -> None:
+    config = parse_config(CONFIG)
+
+    def unknown(hosts: Hosts, inbound: bool = True) -> str:
+        c = parse_config({**CONFIG, "inbound": inbound})
+        body = lease_body("node-a", "fw-a", "deathwatch-system",
+                          NodeState(c, c.digest(), True, 2, hosts), NOW)  # fmt: skip
+        read = read_lease(body)
+        assert read is not None
+        return read.hosts_unknown
+
+    assert unknown(Hosts((), ())) == ""  # every node's hosts known
+    assert unknown(Hosts((), ("node-b", "node-c"))) == "node-b,node-c"
+    assert unknown(Hosts((), None)) == "*"  # the nodes were never listed
+    assert unknown(Hosts((), tuple(f"n{i:02}" for i in range(25)))).endswith(",n19,+5")
+    assert unknown(Hosts((), None), inbound=False) == ""
+    shield = judge("node-a", ("10.244.1.2",), (49983,), claim(hosts_unknown="node-b,node-c"),
+                   Sighting("t", 100.0, 1.0), 101.0, True)  # fmt: skip
+    assert "nodes node-b, node-c" in shield.message
+    assert config.inbound
+
+
+def test_staleness_is_timed_on_our_clock_not_the_agents() -> None:
+    c = claim()
+    # an agent clock 1 h ahead or behind: the age at first sight is capped, never trusted
+    ahead = sight(None, claim(renewed_at=NOW + timedelta(hours=1)), NOW, 50.0, cap=6.0)
+    behind = sight(None, claim(renewed_at=NOW - timedelta(hours=1)), NOW, 50.0, cap=6.0)
+    assert (ahead.age_then, behind.age_then) == (0.0, 6.0)
+    # the same renewal seen again keeps its first sighting; a new one starts over
+    first = sight(None, c, NOW, 50.0, cap=6.0)
+    assert sight(first, c, NOW + timedelta(seconds=3), 53.0, cap=6.0) is first
+    renewed = sight(first, claim(renew_time="later", renewed_at=NOW + timedelta(seconds=4)),
+                    NOW + timedelta(seconds=4), 54.0, cap=6.0)  # fmt: skip
+    assert (renewed.seen_at, renewed.age_then) == (54.0, 0.0)
