@@ -1,0 +1,236 @@
+"""What a deathwatch process answers on its ports, the same way in the controller and in the
+firewall agent (both reachable from every pod of the cluster):
+
+- `/metrics`: for whom the API server's RBAC lets `get` it (`access.Access`: TokenReview,
+  then SubjectAccessReview), the page as `scrape.Scrapes` serves it; 401 without a token,
+  403 for one that may not, 503 when the review budget is spent or the API does not answer;
+- `/readyz`: to anyone, up (200 "ok") or down (503 "not ready") and nothing more; its
+  details (JSON) to whom may `get` /metrics (not `get /readyz`: Kubernetes's own
+  `system:public-info-viewer` grants that to everyone, for its own /readyz);
+- `/healthz`: to anyone (the kubelet): whether the process's work is alive, as `health`
+  says, and nothing more.
+
+`health_port` serves the last two on a `Listener` of their own (a thread of its own with its
+own event loop), for the kubelet's probes: nothing on the other port, nor a busy event
+loop in the controller, can make a probe wait (ADR 0020). What it says comes from a
+`Heartbeat` the process's event loop beats every second: a loop that stops beating (blocked
+by a synchronous call, say) is what a liveness probe exists to catch, and it does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from deathwatch._kube.access import Access, Decision
+from deathwatch._kube.scrape import TIMEOUT_HEADER, Scrapes, deadline_of
+from deathwatch._kube.serving import Handler, Limits, Request, Response, Server
+
+METRICS_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus text format
+Readiness = Callable[[], tuple[bool, Mapping[str, Any]]]
+
+
+def refusal(decision: Decision) -> Response:
+    if decision is Decision.UNAUTHENTICATED:
+        return Response(401, b"unauthorized: a bearer token is needed\n",
+                        headers=(("WWW-Authenticate", 'Bearer realm="deathwatch"'),))  # fmt: skip
+    if decision is Decision.FORBIDDEN:
+        return Response.text(403, "forbidden")
+    return Response(503, b"authorization not available now: try again\n",
+                    headers=(("Retry-After", "1"),))  # fmt: skip
+
+
+class Heartbeat:
+    """The process's pulse and what its probes say, as its event loop last said them: read
+    from any thread (plain attribute reads) without touching that loop."""
+
+    def __init__(self, stalled_after: float = 30.0, clock: Callable[[], float] = time.monotonic):
+        self.stalled_after, self.clock = stalled_after, clock
+        self._at = clock()  # the process has just started: alive until it fails to beat
+        self._failing: tuple[str, ...] = ()
+        self._ready = False
+
+    def beat(self, failing: tuple[str, ...] = (), ready: bool = False) -> None:
+        self._at, self._failing, self._ready = self.clock(), failing, ready
+
+    def health(self) -> tuple[bool, str]:
+        stalled = self.clock() - self._at
+        if stalled > self.stalled_after:
+            return False, f"the event loop has not turned for {stalled:.0f} s"
+        failing = self._failing
+        if failing:
+            return False, "failing tasks: " + ", ".join(failing)
+        return True, "ok"
+
+    def ready(self) -> bool:
+        return self._ready and self.health()[0]
+
+    async def beating(self, say: Callable[[], tuple[tuple[str, ...], bool]],
+                      interval: float = 1.0) -> None:  # fmt: skip
+        """The beat, for ever (a supervised task of the process's loop)."""
+        while True:
+            failing, ready = say()
+            self.beat(failing, ready)
+            await asyncio.sleep(interval)
+
+
+def health_answer(heartbeat: Heartbeat, path: str) -> Response | None:
+    if path == "/healthz":
+        ok, said = heartbeat.health()
+        return Response.text(200 if ok else 500, said)
+    if path == "/readyz":
+        ready = heartbeat.ready()
+        return Response.text(200 if ready else 503, "ok" if ready else "not ready")
+    return None
+
+
+@dataclass
+class MetricsPort:
+    """The handler of the authenticated port."""
+
+    access: Access
+    scrapes: Scrapes
+    heartbeat: Heartbeat
+    readiness: Readiness | None = None  # the details of /readyz (None: no such endpoint)
+    answer_within: float = 10.0
+
+    async def handle(self, request: Request) -> Response:
+        if request.path == "/metrics":
+            decision = await self.access.check(request.header("authorization"), "/metrics")
+            if decision is not Decision.ALLOWED:
+                return refusal(decision)
+            within = deadline_of(request.header(TIMEOUT_HEADER), self.answer_within)
+            page = await self.scrapes.page(within)
+            if page is None:
+                return Response(503, b"busy: try again\n", headers=(("Retry-After", "1"),))
+            return Response(200, page, METRICS_TYPE)
+        if request.path == "/readyz" and self.readiness is not None:
+            authorization = request.header("authorization")
+            if authorization is None:
+                return health_answer(self.heartbeat, "/readyz") or Response.text(404, "")
+            decision = await self.access.check(authorization, "/metrics")
+            if decision is not Decision.ALLOWED:
+                return refusal(decision)
+            ok, report = self.readiness()
+            body = json.dumps(report, indent=1, sort_keys=True, default=str).encode() + b"\n"
+            return Response(200 if ok else 503, body, "application/json")
+        if request.path == "/healthz":
+            return health_answer(self.heartbeat, "/healthz") or Response.text(404, "")
+        return Response.text(404, "not found")
+
+
+class Listener:
+    """A `Server` on a thread and an event loop of its own: what is done on the process's
+    own loop (or to another of its ports) cannot make this one's clients wait."""
+
+    def __init__(self, handler: Handler, host: str, port: int, limits: Limits,
+                 tls: ssl.SSLContext | None = None, name: str = "listener") -> None:  # fmt: skip
+        self.handler, self.host, self.port, self.limits, self.tls = handler, host, port, limits, tls
+        self.name = name
+        self.server: Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+        self._bound = threading.Event()
+        self._failure: BaseException | None = None
+
+    def start(self, timeout: float = 10.0) -> int:
+        """Listen; returns the port. Raises what binding raised."""
+        self._thread = threading.Thread(target=asyncio.run, args=(self._serve(),),
+                                        name=self.name, daemon=True)  # fmt: skip
+        self._thread.start()
+        if not self._bound.wait(timeout):
+            raise TimeoutError(f"{self.name}: not listening within {timeout} s")
+        if self._failure is not None:
+            raise self._failure
+        return self.port
+
+    async def _serve(self) -> None:
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        self.server = Server(self.handler, self.limits, self.tls)
+        try:
+            self.port = await self.server.start(self.host, self.port)
+        except BaseException as exc:
+            self._failure = exc
+            self._bound.set()
+            return
+        self._bound.set()
+        try:
+            await self._stop.wait()
+        finally:
+            await self.server.close()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+
+# plain HTTP: evicting the longest waiter for any newcomer costs no handshake, and keeps the
+# door open to the kubelet's probe however many connections a neighbour holds
+HEALTH_LIMITS: Final = Limits(connections=64, head_timeout=2.0, idle_timeout=15.0, evict_after=0)
+
+
+def health_port(heartbeat: Heartbeat, host: str, port: int,
+                limits: Limits = HEALTH_LIMITS) -> Listener:  # fmt: skip
+    """/healthz and /readyz (up or down) for the kubelet, on a listener of their own."""
+
+    async def answer(request: Request) -> Response:
+        return health_answer(heartbeat, request.path) or Response.text(404, "not found")
+
+    return Listener(answer, host, port, limits, name="health-port")
+
+
+class PortsCollector(Collector):
+    """The ports' own metrics, read from their counts at scrape time (a dict copied whole is
+    one step under the GIL: safe from the render's worker thread)."""
+
+    def __init__(self, prefix: str, listeners: Mapping[str, Callable[[], Server | None]],
+                 access: Access | None, scrapes: Scrapes | None) -> None:  # fmt: skip
+        self.prefix, self.listeners, self.access, self.scrapes = prefix, listeners, access, scrapes
+
+    def collect(self) -> Iterable[Metric]:
+        p = self.prefix
+        refused = CounterMetricFamily(
+            f"{p}_http_refused", "Connections and requests refused or cut by a port's limits, "
+            "by reason (evicted, busy, head_timeout, idle, handshake, bad_request, ...)",
+            labels=["listener", "reason"])  # fmt: skip
+        open_now = GaugeMetricFamily(
+            f"{p}_http_open_connections", "Connections a port holds now", labels=["listener"]
+        )
+        for name, server_of in self.listeners.items():
+            server = server_of()
+            if server is None:
+                continue
+            for reason, count in dict.copy(server.counts).items():
+                refused.add_metric([name, reason], count)
+            open_now.add_metric([name], server.open_connections)
+        yield refused
+        yield open_now
+        if self.access is not None:
+            decisions = CounterMetricFamily(
+                f"{p}_http_authorizations",
+                "Bearer tokens checked for a port: the decision, and `reviewed` for each "
+                "TokenReview made (the API's cost)",
+                labels=["decision"],
+            )
+            for decision, count in dict.copy(self.access.decisions).items():
+                decisions.add_metric([decision], count)
+            yield decisions
+        if self.scrapes is not None:
+            yield CounterMetricFamily(f"{p}_metrics_renders", "Renders of the metrics page",
+                                      value=self.scrapes.renders)  # fmt: skip
+            yield CounterMetricFamily(
+                f"{p}_metrics_scrapes_refused",
+                "Scrapes refused: the render queue full, or not in the scraper's time",
+                value=self.scrapes.refused)  # fmt: skip

@@ -1,0 +1,348 @@
+"""A small HTTP/1.1 server on asyncio whose clients cannot hold more than it allows: the
+controller's and the firewall agent's ports, which every pod of the cluster can reach.
+
+What a client may hold, and what happens beyond it (`Limits`):
+
+- **connections**: at most `connections` open at once, counted from the moment one is
+  accepted (before any TLS work). A new one beyond that evicts the connection that has
+  waited longest without being answered (in its TLS handshake, still sending its request
+  head, idle between requests), if it has waited at least `evict_after` seconds: a request
+  that arrives whole is answered, whoever else holds connections. Otherwise the newcomer is
+  closed at once (503 on a plain port), before any handshake: a client that reconnects as
+  fast as it can costs accept() and close(), never a TLS handshake per attempt;
+- **time to send a request head**: `head_timeout` for the TLS handshake, then
+  `head_timeout` from the connection's start or the previous answer; then it is closed;
+- **idle keep-alive**: `idle_timeout`, then closed;
+- **size**: a head over `head_bytes`: 431 and closed. A body: 413 and closed (GET and
+  HEAD only are served: nothing here takes a body);
+- **answering**: the handler has `answer_timeout`, else 503.
+
+Every refusal is counted by kind (`counts`, for the metrics of the process that runs it) and
+nothing is logged per connection: a flood must not become a flood of log lines.
+
+The open-files limit: `raise_open_files()` raises the soft limit to the hard one at start
+(as Go's runtime does), so that the cap, well below it, leaves the API's connections room.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import resource
+import ssl
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Final
+from urllib.parse import unquote
+
+HEAD_END: Final = b"\r\n\r\n"
+
+
+@dataclass(frozen=True)
+class Limits:
+    connections: int = 128
+    head_timeout: float = 5.0
+    idle_timeout: float = 30.0
+    head_bytes: int = 8192
+    answer_timeout: float = 20.0
+    evict_after: float = 1.0  # a waiter younger than this is not evicted for a newcomer
+
+    def __post_init__(self) -> None:
+        if self.connections < 1:
+            raise ValueError(f"connections: expected at least 1, got {self.connections}")
+        for name in ("head_timeout", "idle_timeout", "answer_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: expected a positive number, got {getattr(self, name)}")
+        if not self.evict_after >= 0:
+            raise ValueError(f"evict_after: expected 0 or more seconds, got {self.evict_after}")
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str
+    query: str
+    headers: Mapping[str, str]  # names lower-cased; a repeated header: its last value
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name.lower())
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: bytes = b""
+    content_type: str = "text/plain; charset=utf-8"
+    headers: tuple[tuple[str, str], ...] = ()
+
+    @staticmethod
+    def text(status: int, text: str) -> Response:
+        return Response(status, text.encode() + b"\n")
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class _Conn:
+    """One connection: its transport (the TLS one once handshaken), when it began its
+    current wait, and whether it is being answered."""
+
+    __slots__ = ("answering", "since", "task", "transport")
+
+    def __init__(self, transport: asyncio.Transport, now: float) -> None:
+        self.transport = transport
+        self.since = now
+        self.answering = False
+        self.task: asyncio.Task[None] | None = None
+
+
+class _Arrival(asyncio.Protocol):
+    """Holds a just-accepted connection still (no byte read) until the server admits it."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)  # noqa: S101 - a TCP server's
+        transport.pause_reading()
+        self.server._arrived(transport)
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, kind: str) -> None:
+        self.status, self.kind = status, kind
+
+
+@dataclass
+class Server:
+    """Serve `handler` on one listener within `limits`; `tls`: a context for HTTPS."""
+
+    handler: Handler
+    limits: Limits = field(default_factory=Limits)
+    tls: ssl.SSLContext | None = None
+    counts: Counter[str] = field(default_factory=Counter)  # refusals and evictions, by kind
+    _conns: dict[int, _Conn] = field(default_factory=dict)  # in order of their last wait
+    _server: asyncio.Server | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen; returns the port (0 given: the one the kernel chose)."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Arrival(self), host, port, backlog=512)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._conns)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self._conns.values()):
+            conn.transport.abort()
+            if conn.task is not None:
+                conn.task.cancel()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 5)
+
+    # --- admission ---------------------------------------------------------------------------
+
+    def _admit(self, transport: asyncio.Transport) -> _Conn | None:
+        now = time.monotonic()
+        if len(self._conns) >= self.limits.connections:
+            # the longest waiter not being answered makes room; dict order is the order each
+            # began its current wait (a connection moves to the end when it waits again)
+            victim = next((c for c in self._conns.values() if not c.answering), None)
+            if victim is None or now - victim.since < self.limits.evict_after:
+                return None
+            self._drop(victim, "evicted")
+        conn = _Conn(transport, now)
+        self._conns[id(conn)] = conn
+        return conn
+
+    def _drop(self, conn: _Conn, kind: str) -> None:
+        self.counts[kind] += 1
+        self._conns.pop(id(conn), None)
+        conn.transport.abort()
+        if conn.task is not None and conn.task is not asyncio.current_task():
+            conn.task.cancel()
+
+    def _arrived(self, transport: asyncio.Transport) -> None:
+        conn = self._admit(transport)
+        if conn is None:
+            self.counts["busy"] += 1
+            if self.tls is None:  # a plain client can be told why, for the price of a write
+                with contextlib.suppress(Exception):
+                    transport.write(_render(Response.text(503, "busy"), close=True))
+                transport.close()
+            else:
+                transport.abort()
+            return
+        conn.task = asyncio.ensure_future(self._run(conn, transport))
+
+    def _waiting(self, conn: _Conn) -> None:
+        """The connection waits for a request again: it is the newest waiter now."""
+        conn.answering = False
+        conn.since = time.monotonic()
+        self._conns.pop(id(conn), None)
+        self._conns[id(conn)] = conn
+
+    # --- one connection --------------------------------------------------------------------------
+
+    async def _run(self, conn: _Conn, raw: asyncio.Transport) -> None:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=self.limits.head_bytes + len(HEAD_END), loop=loop)
+        protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+        try:
+            transport: asyncio.Transport = raw
+            if self.tls is not None:
+                try:
+                    tls = await loop.start_tls(
+                        raw, protocol, self.tls, server_side=True,
+                        ssl_handshake_timeout=self.limits.head_timeout,
+                    )  # fmt: skip
+                except (ConnectionError, OSError, ssl.SSLError, TimeoutError):
+                    self.counts["handshake"] += 1
+                    return
+                if tls is None:  # pragma: no cover - closed during the handshake
+                    return
+                transport = conn.transport = tls
+            else:
+                raw.set_protocol(protocol)
+            protocol.connection_made(transport)
+            if self.tls is None:
+                raw.resume_reading()
+            writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+            await self._converse(conn, reader, writer)
+        except (asyncio.CancelledError, ConnectionError, ssl.SSLError, OSError):
+            pass  # evicted, or the client went away
+        finally:
+            if self._conns.pop(id(conn), None) is not None:
+                conn.transport.abort()
+
+    async def _converse(
+        self, conn: _Conn, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        limits = self.limits
+        first = True
+        while True:
+            try:
+                head = await self._head(reader, writer, first)
+            except _Refused as refused:
+                self.counts[refused.kind] += 1
+                if refused.status:
+                    conn.answering = True
+                    writer.write(_render(Response.text(refused.status, refused.kind), close=True))
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(writer.drain(), limits.head_timeout)
+                return
+            if head is None:
+                return  # the client closed between requests
+            first = False
+            conn.answering = True
+            request, close = head
+            try:
+                response = await asyncio.wait_for(self.handler(request), limits.answer_timeout)
+            except TimeoutError:
+                self.counts["answer_timeout"] += 1
+                response = Response.text(503, "no answer in time")
+            length = len(response.body)
+            if request.method == "HEAD":
+                response = Response(response.status, b"", response.content_type, response.headers)
+            writer.write(_render(response, close, length))
+            try:
+                await asyncio.wait_for(writer.drain(), limits.head_timeout)
+            except TimeoutError:
+                self.counts["slow_reader"] += 1
+                return
+            if close:
+                return
+            self._waiting(conn)
+
+    async def _head(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, first: bool
+    ) -> tuple[Request, bool] | None:
+        """The next request's head: the first within head_timeout of the connection's start
+        (its TLS handshake had one of its own); a later one may idle first, up to
+        idle_timeout, then has head_timeout from its first byte."""
+        limits = self.limits
+        start = b""
+        if not first:
+            try:
+                start = await asyncio.wait_for(reader.read(1), limits.idle_timeout)
+            except TimeoutError:
+                raise _Refused(0, "idle") from None
+            if not start:
+                return None
+        try:
+            raw = start + await asyncio.wait_for(reader.readuntil(HEAD_END), limits.head_timeout)
+        except TimeoutError:
+            raise _Refused(408, "head_timeout") from None
+        except asyncio.LimitOverrunError:
+            raise _Refused(431, "head_too_large") from None
+        except asyncio.IncompleteReadError as exc:
+            if not exc.partial and not start:
+                return None
+            raise _Refused(0, "incomplete") from None
+        if len(raw) > limits.head_bytes + len(HEAD_END):
+            raise _Refused(431, "head_too_large")
+        return _parse(raw)
+
+
+def _parse(raw: bytes) -> tuple[Request, bool]:
+    try:
+        text = raw.decode("latin-1")
+        line, *rest = text[: -len(HEAD_END)].split("\r\n")
+        method, target, version = line.split(" ")
+    except ValueError:
+        raise _Refused(400, "bad_request") from None
+    if version not in ("HTTP/1.1", "HTTP/1.0") or not target.startswith("/"):
+        raise _Refused(400, "bad_request")
+    headers: dict[str, str] = {}
+    for item in rest:
+        name, sep, value = item.partition(":")
+        if not sep or not name or name != name.strip():
+            raise _Refused(400, "bad_request")
+        headers[name.lower()] = value.strip()
+    if method not in ("GET", "HEAD"):
+        raise _Refused(405, "method")
+    if headers.get("content-length", "0") != "0" or "transfer-encoding" in headers:
+        raise _Refused(413, "body")
+    path, _, query = target.partition("?")
+    connection = headers.get("connection", "").lower()
+    close = connection == "close" or (version == "HTTP/1.0" and connection != "keep-alive")
+    return Request(method, unquote(path), query, headers), close
+
+
+def _render(response: Response, close: bool, length: int | None = None) -> bytes:
+    try:
+        phrase = HTTPStatus(response.status).phrase
+    except ValueError:
+        phrase = ""
+    lines = [
+        f"HTTP/1.1 {response.status} {phrase}",
+        f"Content-Type: {response.content_type}",
+        f"Content-Length: {len(response.body) if length is None else length}",
+        *(f"{k}: {v}" for k, v in response.headers),
+        "Connection: close" if close else "Connection: keep-alive",
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + response.body
+
+
+def connection_cap(wanted: int, open_files: int, reserve: int = 256) -> int:
+    """At most `wanted` connections, and at most half of the descriptors `reserve` leaves:
+    the API's connections, the watches and the process's files always have room."""
+    return max(16, min(wanted, (open_files - reserve) // 2))
+
+
+def raise_open_files() -> tuple[int, int]:
+    """The soft open-files limit raised to the hard one (Go's runtime does the same at start;
+    containerd 2.x leaves a Python process 1,024). Returns (soft, hard) as they are now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)

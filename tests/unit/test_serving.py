@@ -1,0 +1,217 @@
+"""The bounded HTTP server (deathwatch._kube.serving) on real sockets: what a client may hold
+and what happens beyond it. Each limit is made small so the test takes fractions of a second;
+every wait has a deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+
+from deathwatch._kube.serving import (
+    Handler,
+    Limits,
+    Request,
+    Response,
+    Server,
+    raise_open_files,
+)
+from deathwatch._kube.tls import Serving
+
+FAST = Limits(connections=4, head_timeout=0.3, idle_timeout=0.3, head_bytes=512,
+              answer_timeout=1.0)  # fmt: skip
+
+
+async def hello(request: Request) -> Response:
+    return Response.text(200, f"hello {request.path}")
+
+
+@asynccontextmanager
+async def serving(
+    handler: Handler = hello, limits: Limits = FAST, tls: ssl.SSLContext | None = None
+) -> AsyncIterator[tuple[Server, int]]:
+    server = Server(handler, limits, tls)
+    port = await server.start("127.0.0.1", 0)
+    try:
+        yield server, port
+    finally:
+        await server.close()
+
+
+async def connect(
+    port: int, tls: bool = False
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    context = None
+    if tls:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port, ssl=context), 5)
+
+
+async def answer(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """One response: its status and body (by Content-Length)."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ")[1])
+    length = next(
+        int(v) for k, _, v in (h.partition(": ") for h in lines[1:]) if k == "Content-Length"
+    )
+    return status, await asyncio.wait_for(reader.readexactly(length), 5)
+
+
+async def get(port: int, path: str = "/x", tls: bool = False) -> tuple[int, bytes]:
+    reader, writer = await connect(port, tls)
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        return await answer(reader)
+    finally:
+        writer.close()
+
+
+async def closed(reader: asyncio.StreamReader) -> bytes:
+    """Everything until the server closes the connection (within 5 s)."""
+    return await asyncio.wait_for(reader.read(), 5)
+
+
+async def test_requests_on_one_kept_alive_connection_and_head() -> None:
+    async with serving() as (_, port):
+        reader, writer = await connect(port)
+        writer.write(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert await answer(reader) == (200, b"hello /a\n")
+        writer.write(b"HEAD /b HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 200 OK") and b"Content-Length: 9" in head
+        writer.close()
+
+
+@pytest.mark.parametrize(
+    ("raw", "status"),
+    [
+        (b"POST /a HTTP/1.1\r\nHost: x\r\n\r\n", 405),
+        (b"GET /a HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc", 413),
+        (b"GET /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 413),
+        (b"GARBAGE\r\n\r\n", 400),
+        (b"GET a HTTP/1.1\r\n\r\n", 400),
+        (b"GET /a HTTP/2.0\r\n\r\n", 400),
+        (b"GET /a HTTP/1.1\r\nno-colon\r\n\r\n", 400),
+        (b"GET /a HTTP/1.1\r\nX: " + b"y" * 600 + b"\r\n\r\n", 431),
+    ],
+)
+async def test_what_is_not_served_is_refused_and_closed(raw: bytes, status: int) -> None:
+    async with serving() as (server, port):
+        reader, writer = await connect(port)
+        writer.write(raw)
+        got = await closed(reader)
+        assert got.startswith(f"HTTP/1.1 {status} ".encode()), got[:60]
+        writer.close()
+        assert server.open_connections == 0
+
+
+async def test_a_slow_head_is_cut_at_its_deadline_and_an_idle_connection_at_its_own() -> None:
+    async with serving() as (server, port):
+        reader, writer = await connect(port)
+        writer.write(b"GET /a HTTP/1.1\r\nHo")  # and nothing more (slowloris)
+        assert (await closed(reader)).startswith(b"HTTP/1.1 408 ")
+        reader, writer = await connect(port)
+        writer.write(b"GET /a HTTP/1.1\r\n\r\n")
+        assert await answer(reader) == (200, b"hello /a\n")
+        assert await closed(reader) == b""  # idle after its answer: closed, nothing said
+        assert server.counts["head_timeout"] == 1 and server.counts["idle"] == 1
+
+
+async def test_past_the_cap_the_oldest_waiting_connection_makes_room_for_a_whole_request() -> None:
+    slow = Limits(connections=4, head_timeout=30, idle_timeout=30, evict_after=0)
+    async with serving(limits=slow) as (server, port):
+        held = []
+        for _ in range(8):  # twice the cap of heads begun and never finished
+            reader, writer = await connect(port)
+            writer.write(b"GET /a HTTP/1.1\r\n")
+            held.append((reader, writer))
+        await until(lambda: server.counts["evicted"] == 4)  # each past the cap: the oldest goes
+        for reader, _ in held[:4]:
+            assert await closed(reader) == b""  # evicted: closed without a word
+        assert server.open_connections == 4
+        assert await get(port) == (200, b"hello /x\n")  # a whole request is always answered
+        assert server.counts["evicted"] == 5
+        for _, writer in held:
+            writer.close()
+
+
+async def test_a_waiter_younger_than_evict_after_keeps_its_place_and_the_newcomer_is_told() -> None:
+    """A client reconnecting as fast as it can must not make the server churn (on a TLS
+    port, a handshake per attempt): past the cap, fresh waiters stay, the newcomer goes."""
+    async with serving(limits=Limits(connections=2, head_timeout=30, evict_after=30)) as (
+        server,
+        port,
+    ):
+        held = [await connect(port) for _ in range(2)]
+        for _, writer in held:
+            writer.write(b"GET /a HTTP/1.1\r\n")
+        await until(lambda: server.open_connections == 2)
+        status, body = await get(port)
+        assert (status, body) == (503, b"busy\n")
+        assert (server.counts["busy"], server.counts["evicted"]) == (1, 0)
+        for _, writer in held:
+            writer.close()
+
+
+async def test_when_every_connection_is_being_answered_a_new_one_gets_503_at_once() -> None:
+    release = asyncio.Event()
+    entered: list[str] = []
+
+    async def slow(request: Request) -> Response:
+        entered.append(request.path)
+        await release.wait()
+        return Response.text(200, "late")
+
+    async with serving(slow, Limits(connections=2, answer_timeout=5)) as (_, port):
+        busy = [await connect(port) for _ in range(2)]
+        for _, writer in busy:
+            writer.write(b"GET /a HTTP/1.1\r\n\r\n")
+        await until(lambda: len(entered) == 2)  # both being answered
+        assert (await get(port))[0] == 503
+        release.set()
+        for reader, _ in busy:
+            assert await answer(reader) == (200, b"late\n")
+
+
+async def test_a_handler_that_takes_too_long_is_a_503() -> None:
+    async def stuck(request: Request) -> Response:
+        await asyncio.Event().wait()
+        raise AssertionError("never")
+
+    async with serving(stuck, Limits(answer_timeout=0.2)) as (server, port):
+        assert (await get(port))[0] == 503
+        assert server.counts["answer_timeout"] == 1
+
+
+async def test_tls_with_a_self_signed_certificate() -> None:
+    tls = Serving(None, ["deathwatch-controller-metrics.deathwatch-system.svc", "127.0.0.1"])
+    async with serving(tls=tls.context) as (_, port):
+        assert await get(port, "/m", tls=True) == (200, b"hello /m\n")
+        # a client that never completes its handshake is cut at the head deadline
+        reader, writer = await connect(port)
+        writer.write(b"\x16\x03\x01")  # the start of a ClientHello, and nothing more
+        assert await closed(reader) == b""
+
+
+def test_the_open_files_soft_limit_is_raised_to_the_hard_one() -> None:
+    soft, hard = raise_open_files()
+    assert soft == hard
+
+
+def test_limits_name_a_bad_value() -> None:
+    with pytest.raises(ValueError, match="connections: expected at least 1, got 0"):
+        Limits(connections=0)
+    with pytest.raises(ValueError, match="head_timeout: expected a positive number, got -1"):
+        Limits(head_timeout=-1)
+
+
+async def until(probe: Callable[[], bool], within: float = 5) -> None:
+    async with asyncio.timeout(within):
+        while not probe():  # noqa: ASYNC110 - state the server changes, polled with a deadline
+            await asyncio.sleep(0.005)
