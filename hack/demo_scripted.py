@@ -97,6 +97,9 @@ def scripted() -> int:
             cp.kubectl_run("create", "namespace", ns)
         cp.kubectl_run("apply", "-f", str(ROOT / "manifests" / "base" / "rbac" / "controller.yaml"))
         cp.kubectl_run(
+            "apply", "-f", str(ROOT / "manifests" / "base" / "rbac" / "metrics-reader.yaml")
+        )
+        cp.kubectl_run(
             "create", "rolebinding", "deathwatch-controller", "-n", NS,
             "--clusterrole=deathwatch-controller", "--serviceaccount=deathwatch-system:deathwatch-controller",
         )  # fmt: skip

@@ -166,11 +166,11 @@ from tests.controller_env import Env  # noqa: E402
 
 @pytest.fixture(scope="session")
 def controller_rbac(control_plane: controlplane.ControlPlane) -> str:
-    """The controller's ServiceAccount and ClusterRole, exactly as manifests/ ship them."""
+    """The controller's ServiceAccount and ClusterRole, and who may read its metrics, exactly
+    as manifests/ ship them."""
     control_plane.kubectl_run("create", "namespace", "deathwatch-system", check=False)
-    control_plane.kubectl_run(
-        "apply", "-f", str(ROOT / "manifests" / "base" / "rbac" / "controller.yaml")
-    )
+    for role in ("controller.yaml", "metrics-reader.yaml"):
+        control_plane.kubectl_run("apply", "-f", str(ROOT / "manifests" / "base" / "rbac" / role))
     return "deathwatch-controller"
 
 

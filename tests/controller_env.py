@@ -16,7 +16,11 @@ from typing import Any
 from kubernetes import client, config, watch
 
 from hack.localcluster import controlplane
-from hack.localcluster.controller_process import ControllerProcess, service_account_kubeconfig
+from hack.localcluster.controller_process import (
+    ControllerProcess,
+    metrics_reader_token,
+    service_account_kubeconfig,
+)
 from hack.localcluster.kubelet import Kubelet
 from hack.localcluster.sandbox_script import Fate, SandboxScript, timeline
 from tests.kube import wait_for
@@ -32,7 +36,8 @@ def prepare(cp: controlplane.ControlPlane) -> None:
     cp.kubectl_run("wait", "--for=condition=Established", "--timeout=60s",
                    "crd/deathwatches.deathwatch.dev", "crd/sandboxverdicts.deathwatch.dev")  # fmt: skip
     cp.kubectl_run("create", "namespace", "deathwatch-system")
-    cp.kubectl_run("apply", "-f", str(ROOT / "manifests" / "base" / "rbac" / "controller.yaml"))
+    for role in ("controller.yaml", "metrics-reader.yaml"):
+        cp.kubectl_run("apply", "-f", str(ROOT / "manifests" / "base" / "rbac" / role))
 
 
 def admin_api(cp: controlplane.ControlPlane) -> client.ApiClient:
@@ -82,6 +87,7 @@ class Env:
         self.kubeconfig = tmp / "controller.kubeconfig"
         self.forbidden_expected = False
         self.server: str | None = None  # the controller's way to the API (a proxy), if not direct
+        self._reader: str | None = None
 
     def bind_controller(self) -> None:
         rbac = client.RbacAuthorizationV1Api(self.api)
@@ -113,12 +119,23 @@ class Env:
             server=self.server,
         )
 
+    @property
+    def reader_token(self) -> str:
+        """A token that may read the controller's metrics and /readyz (a Prometheus's)."""
+        if self._reader is None:
+            self._reader = metrics_reader_token(self.api)
+        return self._reader
+
     def start_controller(
-        self, extra: list[str] | None = None, env: dict[str, str] | None = None
+        self,
+        extra: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        open_files: tuple[int, int] | None = None,
     ) -> ControllerProcess:
         self.controller = ControllerProcess(
-            self.kubeconfig, [self.ns], self.tmp / "controller.log", extra=extra, env=env
-        ).start()
+            self.kubeconfig, [self.ns], self.tmp / "controller.log", extra=extra, env=env,
+            reader_token=self.reader_token, open_files=open_files,
+        ).start()  # fmt: skip
         return self.controller
 
     def deathwatch(self, name: str = "sandboxes", **spec: Any) -> None:

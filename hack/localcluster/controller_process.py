@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import resource
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -48,7 +51,44 @@ def service_account_kubeconfig(
     return path
 
 
+READER = ("deathwatch-system", "deathwatch-metrics-test-reader")
+
+
+class MetricsRefused(RuntimeError):
+    """/metrics answered with a refusal, not the page."""
+
+
+def metrics_reader_token(api: client.ApiClient) -> str:
+    """A token that may read the controller's /metrics and /readyz: a ServiceAccount bound to
+    the ClusterRole deathwatch-metrics-reader (manifests/base/rbac/metrics-reader.yaml, which
+    must be applied), as Prometheus's would be."""
+    namespace, name = READER
+    core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+    with contextlib.suppress(client.ApiException):  # 409: made by an earlier test
+        core.create_namespaced_service_account(namespace, {"metadata": {"name": name}},
+                                               _request_timeout=30)  # fmt: skip
+    with contextlib.suppress(client.ApiException):
+        rbac.create_cluster_role_binding({
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": "deathwatch-metrics-reader"},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+        }, _request_timeout=30)  # fmt: skip
+    return service_account_token(api, namespace, name)
+
+
+def _unverified() -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # the controller's self-signed serving certificate
+    return context
+
+
 class ControllerProcess:
+    """`deathwatch controller` as a process: its metrics port (HTTPS: /metrics and /readyz's
+    details with `reader_token`) and its health port (HTTP: /healthz) on loopback.
+    `open_files`: its (soft, hard) RLIMIT_NOFILE, e.g. containerd 2.x's (1024, 524288)."""
+
     def __init__(
         self,
         kubeconfig_path: Path,
@@ -56,18 +96,28 @@ class ControllerProcess:
         log: Path,
         extra: list[str] | None = None,
         env: dict[str, str] | None = None,
+        reader_token: str | None = None,
+        open_files: tuple[int, int] | None = None,
     ) -> None:
         self.kubeconfig = kubeconfig_path
         self.namespaces = namespaces
         self.log = log
         self.extra = extra or []
         self.env = env or {}
-        self.port = free_port()
+        self.reader_token = reader_token
+        self.open_files = open_files
+        self.port = free_port()  # the metrics port (HTTPS)
+        self.health_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        """The metrics port."""
+        return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def health_url(self) -> str:
+        return f"http://127.0.0.1:{self.health_port}"
 
     def start(self, timeout: float = 30) -> ControllerProcess:
         args = [
@@ -78,17 +128,25 @@ class ControllerProcess:
             "--kubeconfig",
             str(self.kubeconfig),
         ]
-        args += ["--http-host", "127.0.0.1", "--http-port", str(self.port)]
+        args += ["--metrics-address", f"127.0.0.1:{self.port}",
+                 "--health-address", f"127.0.0.1:{self.health_port}"]  # fmt: skip
         for ns in self.namespaces:
             args += ["--namespace", ns]
         if not any("leader-elect" in a for a in self.extra):
             args.append("--no-leader-elect")  # the only writer, unless a test elects replicas
         args += self.extra
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        limits = self.open_files
+
+        def limited() -> None:
+            if limits is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+
         with self.log.open("ab") as logf:
             self.proc = subprocess.Popen(
-                args, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=ROOT
-            )
+                args, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                preexec_fn=limited if limits is not None else None,  # noqa: PLW1509 - setrlimit only
+            )  # fmt: skip
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -99,8 +157,18 @@ class ControllerProcess:
         raise RuntimeError(f"controller not healthy within {timeout}s:\n{self.tail()}")
 
     def get(self, path: str, status_only: bool = False) -> Any:
+        """/healthz from the health port; /metrics and /readyz from the metrics port, with
+        the reader's token (without one: what anyone gets)."""
+        if path == "/healthz":
+            request = urllib.request.Request(self.health_url + path)  # noqa: S310 - loopback
+            context = None
+        else:
+            request = urllib.request.Request(self.url + path)  # noqa: S310 - loopback
+            if self.reader_token:
+                request.add_header("Authorization", f"Bearer {self.reader_token}")
+            context = _unverified()
         try:
-            with urllib.request.urlopen(self.url + path, timeout=5) as resp:  # noqa: S310 - loopback
+            with urllib.request.urlopen(request, timeout=5, context=context) as resp:  # noqa: S310
                 body = resp.read()
                 status = resp.status
         except urllib.error.HTTPError as exc:
@@ -110,14 +178,18 @@ class ControllerProcess:
         if status_only:
             return status
         text = body.decode()
-        return json.loads(text) if path == "/readyz" else text
+        return json.loads(text) if path == "/readyz" and self.reader_token else text
 
     def metric(self, name: str, **labels: str) -> float:
         """The sum of a sample's values (e.g. `deathwatch_api_writes_total`) over the series
-        whose labels include `labels` (0 if none)."""
+        whose labels include `labels` (0 if none). A page that is not the metrics (a refusal:
+        401, 403, 503) raises, saying what came instead."""
+        page = self.get("/metrics") or ""
+        if page and not page.startswith("#"):
+            raise MetricsRefused(f"/metrics answered: {page.strip()[:200]}")
         return sum(
             sample.value
-            for family in text_string_to_metric_families(self.get("/metrics") or "")
+            for family in text_string_to_metric_families(page)
             for sample in family.samples
             if sample.name == name and labels.items() <= sample.labels.items()
         )

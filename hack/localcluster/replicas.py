@@ -21,7 +21,11 @@ from typing import Any
 from kubernetes import client
 
 from hack.localcluster.chaosproxy import ChaosProxy
-from hack.localcluster.controller_process import ControllerProcess, service_account_kubeconfig
+from hack.localcluster.controller_process import (
+    ControllerProcess,
+    metrics_reader_token,
+    service_account_kubeconfig,
+)
 from hack.localcluster.controlplane import ControlPlane
 
 LEASE = ("deathwatch-system", "deathwatch-controller")
@@ -52,8 +56,11 @@ class Replicas:
     tmp: Path
     timings: tuple[float, float, float] = (15.0, 10.0, 2.0)  # controller-runtime's defaults
     members: dict[str, Replica] = field(default_factory=dict)
+    reader: str | None = None  # a token that may read the replicas' /readyz and /metrics
 
     def start(self, identity: str) -> Replica:
+        if self.reader is None:
+            self.reader = metrics_reader_token(self.api)
         proxy = ChaosProxy(self.cp.apiserver_port).start()
         kubeconfig = service_account_kubeconfig(
             self.cp, self.api, "deathwatch-system", "deathwatch-controller",
@@ -64,6 +71,7 @@ class Replicas:
             kubeconfig, [self.namespace], self.tmp / f"{identity}.log",
             extra=["--leader-elect", f"--identity={identity}", f"--lease-duration={lease}",
                    f"--renew-deadline={renew}", f"--retry-period={retry}"],
+            reader_token=self.reader,
         ).start()  # fmt: skip
         replica = self.members[identity] = Replica(identity, proxy, process)
         return replica

@@ -135,7 +135,10 @@ def test_controller_deployment_is_locked_down_and_probed_as_documented() -> None
         False,
         {"drop": ["ALL"]},
     )
-    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    # liveness on the health port, a listener of its own (ADR 0020); metrics on HTTPS
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": 8443, "health": 8081}
+    assert "--metrics-address=:8443" in c["args"] and "--health-address=:8081" in c["args"]
     assert "readinessProbe" not in c  # /readyz is for people (see the comment in the manifest)
     assert c["resources"]["requests"]
     assert c["resources"]["limits"]
@@ -279,6 +282,9 @@ def test_firewall_rbac_reads_pods_and_nodes_and_keeps_its_coverage_leases_only(
         ("get", *lease),
         ("create", *lease),
         ("update", *lease),
+        # who may read its metrics (system:auth-delegator)
+        ("create", "tokenreviews", "authentication.k8s.io", None),
+        ("create", "subjectaccessreviews", "authorization.k8s.io", None),
     ):
         assert _allowed(api, verb, resource, group, namespace, user=user), (verb, resource)
     for verb, resource, group, namespace in (
@@ -320,6 +326,9 @@ def test_controller_rbac_allows_its_job_and_refuses_everything_else(
     ]
     for verb, resource, group in needed:
         assert _allowed(api, verb, resource, group), (verb, resource)
+    # who may read its metrics: asked of the API (system:auth-delegator, cluster-wide)
+    assert _allowed(api, "create", "tokenreviews", "authentication.k8s.io", None)
+    assert _allowed(api, "create", "subjectaccessreviews", "authorization.k8s.io", None)
     assert _allowed(api, "update", "sandboxverdicts", "deathwatch.dev", subresource="status")
     assert _allowed(api, "update", "deathwatches", "deathwatch.dev", subresource="status")
     assert _allowed(

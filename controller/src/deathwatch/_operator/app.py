@@ -18,18 +18,21 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import kopf
 import structlog
 
+from deathwatch._kube.ports import Heartbeat
+from deathwatch._kube.serving import Limits
 from deathwatch._operator import gcpauses, readiness, reads, timers
 from deathwatch._operator.adoption import Adoption
 from deathwatch._operator.agent_sandboxes import AgentSandboxes
 from deathwatch._operator.controller import Controller, Firewall
 from deathwatch._operator.coverage import Coverage
 from deathwatch._operator.deathwatches import DeathWatches
-from deathwatch._operator.endpoints import serve
+from deathwatch._operator.endpoints import Address, Endpoints
 from deathwatch._operator.kube import ApiLease, ApiWrites, load_configuration
 from deathwatch._operator.leader import Elector, LeaseTimings
 from deathwatch._operator.metrics import Metrics
@@ -55,8 +58,10 @@ SANDBOXES_WAIT = 30.0  # seconds start-up waits for the Sandboxes' first listing
 class Config:
     namespaces: tuple[str, ...] = ()  # empty: all namespaces
     kubeconfig: str | None = None
-    http_host: str = "0.0.0.0"  # noqa: S104 - the probe and Prometheus reach it from outside
-    http_port: int = 8080
+    metrics_address: Address = ("0.0.0.0", 8443)  # noqa: S104 - HTTPS, /metrics authorized
+    health_address: Address = ("0.0.0.0", 8081)  # noqa: S104 - HTTP, the kubelet's probes
+    metrics_cert_dir: Path | None = None  # tls.crt and tls.key (cert-manager); None: self-signed
+    port_limits: Limits = field(default_factory=Limits)  # what a client may hold of a port
     firewall_daemonset: str | None = None  # "namespace/name"
     pod_label_selector: str | None = None  # optional server-side prefilter of watched pods
     agent_sandbox: bool = True  # watch agent-sandbox's Sandboxes (if and once installed)
@@ -85,9 +90,11 @@ class App:
         self.supervisor = Supervisor(self.metrics)
         self.readiness = Readiness()
         self.streams = Streams(config.stream_stale_after)
+        self.heartbeat = Heartbeat()
         self.built = False
         self.started = False
-        self.runner: Any = None
+        self.endpoints: Endpoints | None = None
+        self.listening = False
         self.gc_pauses: gcpauses.PauseLog | None = None
         self.elector: Elector | None = None
         self.rests: list[Rest] = []
@@ -110,6 +117,12 @@ class App:
         writes = rest("writes", cfg.writers + 2)
         self.watches = rest("watches", 2 * len(cfg.scopes) + 2)
         self.probe = rest("probe", 2)
+        self.endpoints = Endpoints(
+            metrics_address=cfg.metrics_address, health_address=cfg.health_address,
+            cert_dir=cfg.metrics_cert_dir, names=[cfg.identity, "localhost"],
+            limits=cfg.port_limits, metrics=metrics, reviews=rest("reviews", 2),
+            readiness=self.readyz, heartbeat=self.heartbeat,
+        )  # fmt: skip
         may_write: Callable[[], bool] = lambda: True  # noqa: E731 - the only writer
         if cfg.leader_elect:
             lease = ApiLease(rest("lease", 2), cfg.lease_name, cfg.lease_namespace,
@@ -168,9 +181,12 @@ class App:
         if not self.built:
             self.build()
         cfg, s, sup = self.config, self.streams, self.supervisor
-        if self.runner is None:
-            self.runner = await serve(cfg.http_host, cfg.http_port, sup, self.readyz,
-                                      self.metrics)  # fmt: skip
+        if not self.listening and self.endpoints is not None:
+            await self.endpoints.start()
+            self.listening = True
+            sup.start("heartbeat", lambda: self.heartbeat.beating(self._pulse))
+            if cfg.metrics_cert_dir is not None:
+                sup.start("certificates", self.endpoints.certificates)
         if self.started:
             return
         self.started = True
@@ -224,8 +240,8 @@ class App:
         await self.supervisor.stop()
         if self.gc_pauses is not None:
             gcpauses.uninstall(self.gc_pauses)
-        if self.runner is not None:
-            await self.runner.cleanup()
+        if self.endpoints is not None and self.listening:
+            await self.endpoints.stop()
         for client in self.rests:
             await client.close()
 
@@ -244,6 +260,12 @@ class App:
         if events:
             log.info("reconciling sandboxdead events", count=len(events))
             self.writer.reconcile(events)
+
+    def _pulse(self) -> tuple[tuple[str, ...], bool]:
+        """What the health port says, once a second: the tasks that keep crashing, and
+        whether the controller is ready."""
+        failing = tuple(f"{n}: {e}"[:200] for n, e in self.supervisor.failing().items())
+        return failing, self.readyz()[0]
 
     def readyz(self) -> tuple[bool, dict[str, Any]]:
         """/readyz, from what the parts keep (readiness.py)."""

@@ -6,6 +6,7 @@ import argparse
 import os
 import socket
 import sys
+from pathlib import Path
 
 EXIT_BAD_CONFIG = 2
 
@@ -27,10 +28,38 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument(
         "--kubeconfig", default=None, help="kubeconfig (default: in-cluster, else $KUBECONFIG)"
     )
-    p.add_argument(
-        "--http-port", type=int, default=8080, help="/healthz, /readyz, /metrics (default 8080)"
+    ports = p.add_argument_group(
+        "ports", "what the controller serves, to whom, and what a client may hold (ADR 0020)"
     )
-    p.add_argument("--http-host", default="0.0.0.0")  # noqa: S104 - probes and Prometheus
+    ports.add_argument(
+        "--metrics-address",
+        default=":8443",
+        metavar="HOST:PORT",
+        help="HTTPS: /metrics to whom RBAC lets get it (TokenReview + SubjectAccessReview), "
+        "/readyz (its details to the same), /healthz (default :8443)",
+    )
+    ports.add_argument(
+        "--health-address",
+        default=":8081",
+        metavar="HOST:PORT",
+        help="HTTP, for the kubelet: /healthz and /readyz, up or down (default :8081)",
+    )
+    ports.add_argument(
+        "--metrics-cert-dir",
+        default=None,
+        metavar="DIR",
+        help="tls.crt and tls.key for the metrics port (e.g. a cert-manager Secret), read again "
+        "when they change; default: a self-signed certificate made at start",
+    )
+    ports.add_argument(
+        "--max-connections",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="connections the metrics port holds at once, at most half the open-files limit "
+        "(raised to its hard limit at start); past it, one that has waited 2 s unanswered is "
+        "closed for the newcomer, else the newcomer is (default 1024)",
+    )
     p.add_argument(
         "--firewall-daemonset",
         default=None,
@@ -91,9 +120,13 @@ def run(args: argparse.Namespace) -> int:
     import asyncio  # here, not at the top: `deathwatch replay` and `--help` never need it
 
     import kopf
+    import structlog
 
+    from deathwatch._kube.serving import Limits, connection_cap, raise_open_files
+    from deathwatch._kube.tls import CertificateError
     from deathwatch._operator import logs
     from deathwatch._operator.app import App, Config, register
+    from deathwatch._operator.endpoints import address
     from deathwatch._operator.leader import LeaseTimings
 
     if args.firewall_daemonset is not None and args.firewall_daemonset.count("/") != 1:
@@ -110,10 +143,19 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_BAD_CONFIG
-    if not 0 < args.http_port < 65536:
-        print(
-            f"deathwatch controller: --http-port: not a TCP port: {args.http_port}", file=sys.stderr
-        )
+    try:
+        flag = "--metrics-address"
+        metrics_address = address(args.metrics_address)
+        flag = "--health-address"
+        health_address = address(args.health_address)
+        flag = "--max-connections"
+        Limits(connections=args.max_connections)  # the value checked before anything starts
+    except ValueError as exc:
+        print(f"deathwatch controller: {flag}: {exc}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    if args.metrics_cert_dir is not None and not os.path.isdir(args.metrics_cert_dir):
+        print(f"deathwatch controller: --metrics-cert-dir: no such directory: "
+              f"{args.metrics_cert_dir}", file=sys.stderr)  # fmt: skip
         return EXIT_BAD_CONFIG
     if args.kubeconfig:
         if not os.path.exists(args.kubeconfig):
@@ -132,11 +174,19 @@ def run(args: argparse.Namespace) -> int:
         print("deathwatch controller: --identity: empty", file=sys.stderr)
         return EXIT_BAD_CONFIG
     logs.configure(args.log_level)
+    # as Go's runtime does: containerd 2.x leaves a Python process 1,024 descriptors, which a
+    # neighbour holding connections to our ports would take from the API's (ADR 0020)
+    soft, hard = raise_open_files()
+    limits = Limits(connections=connection_cap(args.max_connections, soft), evict_after=2.0)
+    structlog.get_logger("deathwatch").info("open files", limit=soft, hard_limit=hard,
+                                            metrics_connections=limits.connections)  # fmt: skip
     config = Config(
         namespaces=tuple(dict.fromkeys(args.namespace)),
         kubeconfig=args.kubeconfig,
-        http_host=args.http_host,
-        http_port=args.http_port,
+        metrics_address=metrics_address,
+        health_address=health_address,
+        metrics_cert_dir=Path(args.metrics_cert_dir) if args.metrics_cert_dir else None,
+        port_limits=limits,
         firewall_daemonset=args.firewall_daemonset,
         coverage_interval=args.coverage_interval,
         pod_label_selector=args.pod_label_selector,
@@ -147,7 +197,12 @@ def run(args: argparse.Namespace) -> int:
         lease_namespace=args.lease_namespace,
         lease_timings=timings,
     )
-    app = App(config)
+    try:
+        app = App(config)
+        app.build()
+    except CertificateError as exc:
+        print(f"deathwatch controller: --metrics-cert-dir: {exc}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
     registry = kopf.OperatorRegistry()
     register(registry, app)
     asyncio.run(

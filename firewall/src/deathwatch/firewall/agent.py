@@ -25,6 +25,7 @@ from pathlib import Path
 import structlog
 
 from deathwatch._kube.errors import KubeError, describe
+from deathwatch._kube.ports import Heartbeat
 from deathwatch.firewall.config import ConfigError, FirewallConfig, load_config
 from deathwatch.firewall.coverage import NodeState, lease_body, publish
 from deathwatch.firewall.hosts import Hosts, NodeAddresses, host_addresses
@@ -57,11 +58,13 @@ class Agent:
         link: ClusterLink | None = None,
         sandboxes: Sequence[Address] = (),
         hosts: Sequence[Address] = (),
+        heartbeat: Heartbeat | None = None,
     ) -> None:
         self.path = Path(config_path)
         self.nft = nft
         self.metrics = metrics or FirewallMetrics()
         self.link = link
+        self.heartbeat = heartbeat or Heartbeat(stalled_after=300.0)  # /healthz on its port
         self.config: FirewallConfig | None = None
         # the sandboxes of this node: listed from the API in a cluster, else as given
         self.sandboxes: tuple[Address, ...] = tuple(sandboxes)
@@ -262,6 +265,7 @@ class Agent:
             self.nodes.start()
         while not stop.is_set():
             self.step()
+            self.heartbeat.beat(ready=self._in_force)
             interval = self.config.resync_seconds if self.config else 10.0
             self.wake.wait(interval)  # a resync, a sandbox change, or stop
             self.wake.clear()

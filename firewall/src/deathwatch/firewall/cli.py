@@ -79,9 +79,18 @@ def build_parser() -> argparse.ArgumentParser:
             a.add_argument("--kube-token-file", help="bearer token file (with --kube-api)")
             a.add_argument("--kube-ca-file", help="CA bundle (with --kube-api)")
             a.add_argument(
-                "--metrics-port", type=int, default=9101, help="Prometheus /metrics port (0: off)"
-            )
-            a.add_argument("--metrics-host", default="0.0.0.0")  # noqa: S104 - Prometheus scrapes it
+                "--metrics-port", type=int, default=9101,
+                help="the /metrics port (0: off): HTTPS, to whom RBAC lets get /metrics",
+            )  # fmt: skip
+            a.add_argument(
+                "--metrics-host", default=None,
+                help="its address (default: every address in a cluster; 127.0.0.1 without "
+                "one, where plain HTTP and loopback only)",
+            )  # fmt: skip
+            a.add_argument(
+                "--metrics-cert-dir", default=None,
+                help="tls.crt and tls.key for the metrics port (default: self-signed)",
+            )  # fmt: skip
             a.add_argument(
                 "--log-level", default="info", choices=("debug", "info", "warning", "error")
             )
@@ -163,10 +172,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _agent(args: argparse.Namespace) -> int:
-    from prometheus_client import start_http_server
-
+    from deathwatch._kube.ports import Heartbeat
+    from deathwatch._kube.serving import Limits, connection_cap, raise_open_files
+    from deathwatch._kube.tls import CertificateError
     from deathwatch.firewall import logs
     from deathwatch.firewall.agent import Agent, ClusterLink
+    from deathwatch.firewall.endpoint import OpenPort, listener
     from deathwatch.firewall.kubeapi import KubeApi, NotInCluster
     from deathwatch.firewall.metrics import FirewallMetrics
     from deathwatch.firewall.nft import SystemNft
@@ -193,10 +204,26 @@ def _agent(args: argparse.Namespace) -> int:
             return EXIT_BAD_CONFIG
         link = ClusterLink(api, args.node_name, args.identity, args.namespace)
     metrics = FirewallMetrics()
+    heartbeat = Heartbeat(stalled_after=300.0)
+    # a neighbour holding connections must not take the descriptors the API's calls need
+    soft, _ = raise_open_files()
+    limits = Limits(connections=connection_cap(1024, soft), evict_after=2.0)
+    port = None
     if args.metrics_port:
-        start_http_server(args.metrics_port, args.metrics_host, registry=metrics.registry)
+        host = args.metrics_host or ("0.0.0.0" if link else "127.0.0.1")  # noqa: S104
+        try:
+            port = listener(host, args.metrics_port, metrics.registry, heartbeat,
+                            link.api if link else None,
+                            Path(args.metrics_cert_dir) if args.metrics_cert_dir else None,
+                            (args.identity or "", args.node_name or ""), limits)  # fmt: skip
+            port.start()
+        except (OpenPort, CertificateError, OSError) as exc:
+            print(f"deathwatch-firewall agent: --metrics-host/--metrics-port: {exc}",
+                  file=sys.stderr)  # fmt: skip
+            return EXIT_BAD_CONFIG
     stop = threading.Event()
-    agent = Agent(args.config, SystemNft(args.nft), metrics, link, args.sandbox, args.host_address)
+    agent = Agent(args.config, SystemNft(args.nft), metrics, link, args.sandbox, args.host_address,
+                  heartbeat=heartbeat)  # fmt: skip
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()  # the loop ends; the table stays (a rollout must never open the hole)
@@ -205,6 +232,8 @@ def _agent(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     agent.run(stop)
+    if port is not None:
+        port.stop()
     return EXIT_OK
 
 
