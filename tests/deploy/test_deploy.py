@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import json
+import ssl
 import threading
 import time
 import urllib.request
@@ -30,6 +31,7 @@ from deathwatch.firewall.nft import SystemNft
 from deathwatch.firewall.ruleset import desired
 from hack.localcluster import cluster
 from hack.localcluster.agentpods import AGENT_PORT, EXEC_PROBE, OTHER_PORT, agent_pod
+from hack.localcluster.controller_process import metrics_reader_token
 from hack.localcluster.netns_tool import connect_once
 from tests.conftest import _binaries_or_skip
 from tests.kube import wait_for
@@ -44,6 +46,7 @@ NS, SYSTEM = "sandboxes", "deathwatch-system"
 class Deployed:
     c: cluster.Cluster
     api: client.ApiClient
+    reader: str  # a token of a ServiceAccount bound to deathwatch-metrics-reader
 
     @property
     def core(self) -> client.CoreV1Api:
@@ -125,11 +128,16 @@ class Deployed:
         svc = self.core.read_namespaced_service(
             "deathwatch-controller-metrics", SYSTEM, _request_timeout=10
         )
-        return _metric(f"http://{svc.spec.cluster_ip}:8080/metrics", name, **labels)
+        return _metric(f"https://{svc.spec.cluster_ip}:8443/metrics", self.reader, name, **labels)
 
 
-def _metric(url: str, name: str, **labels: str) -> float:
-    with urllib.request.urlopen(url, timeout=10) as r:  # noqa: S310 - http:// built here
+def _metric(url: str, token: str, name: str, **labels: str) -> float:
+    """A sample's sum, scraped as Prometheus does: HTTPS (the self-signed certificate
+    unverified), a reader's bearer token."""
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})  # noqa: S310
+    with urllib.request.urlopen(request, timeout=10, context=context) as r:  # noqa: S310
         text = r.read().decode()
     return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
                if s.name == name and labels.items() <= s.labels.items())  # fmt: skip
@@ -167,7 +175,7 @@ def deployed() -> Iterator[Deployed]:
                      "execProbe": {"windowMultiplier": 1}},
         }))  # fmt: skip
         try:
-            yield Deployed(c, api)
+            yield Deployed(c, api, metrics_reader_token(api))
         finally:
             api.close()
             print("\ndeploy lane measurements:", json.dumps(RESULTS, indent=1))
@@ -312,7 +320,7 @@ def test_two_replicas_one_leader_and_a_warm_standby(deployed: Deployed) -> None:
     wait_for(lambda: d.custom.get_namespaced_custom_object(
         "deathwatch.dev", "v1alpha1", NS, "deathwatches", "sandboxes", _request_timeout=10,
     ).get("status", {}).get("leader") == holder, what="DeathWatch status names the leader")  # fmt: skip
-    leading = {name: _metric(f"http://{p.status.pod_ip}:8080/metrics", "deathwatch_leader")
+    leading = {name: _metric(f"https://{p.status.pod_ip}:8443/metrics", d.reader, "deathwatch_leader")
                for name, p in pods.items()}  # fmt: skip
     assert leading == {n: float(n == holder) for n in pods}, leading
     RESULTS["controller_replicas"] = {"pods": sorted(pods), "leader": holder,

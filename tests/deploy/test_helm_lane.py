@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import tempfile
 import threading
@@ -45,6 +46,8 @@ from kubernetes import client, config
 from deathwatch.firewall.nft import SystemNft
 from hack.localcluster import cluster
 from hack.localcluster.agentpods import AGENT_PORT, EXEC_PROBE, agent_pod
+from hack.localcluster.attacks import Attack
+from hack.localcluster.controller_process import service_account_token
 from hack.localcluster.controlplane import free_port
 from hack.localcluster.netns_tool import connect_once
 from hack.localcluster.node import BRIDGE, NODE_NAME, POD_SUBNET
@@ -55,6 +58,7 @@ from tests.kube import WaitTimeout, wait_for
 pytestmark = [pytest.mark.deploy, pytest.mark.monitoring]
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEM, NS, PLUGIN_NS = "deathwatch-system", "sandboxes", "plugin-sandboxes"
+SCRAPER = ("monitoring", "prometheus")  # whose token Prometheus scrapes with
 RESULTS: dict[str, Any] = {"alerts_fired_after_seconds": {}}
 # as an operator tunes them for a test cluster: every `for:` short, a low death threshold, the
 # stale-watch threshold just above the API server's bookmark interval and the controller's own
@@ -62,7 +66,7 @@ RESULTS: dict[str, Any] = {"alerts_fired_after_seconds": {}}
 FOR_KEYS = (
     "controllerDown", "noLeader", "watchStale", "taskCrashLooping", "apiErrors", "policyErrors",
     "writesRefused", "writesRetrying", "deathBurst", "uncoveredNodes", "firewallDown",
-    "firewallSyncFailing", "verdictLatency",
+    "firewallSyncFailing", "verdictLatency", "portPressure",
 )  # fmt: skip
 LANE_RULES = [
     *(f"prometheusRule.for.{k}=5s" for k in FOR_KEYS),
@@ -185,6 +189,9 @@ def values(tmp: Path) -> Path:
         },
         "firewall": {"image": {"repository": "deathwatch.local/firewall", "tag": "dev"},
                      "podCIDRs": [POD_SUBNET]},
+        # Prometheus scrapes with this ServiceAccount's token (README "Monitoring")
+        "metrics": {"readers": [{"kind": "ServiceAccount", "name": SCRAPER[1],
+                                 "namespace": SCRAPER[0]}]},
     }))  # fmt: skip
     return path
 
@@ -233,6 +240,7 @@ class Discovery:
                     groups.append({
                         "targets": [f"{address.ip}:{notes['prometheus.io/port']}"],
                         "labels": {"__metrics_path__": notes.get("prometheus.io/path", "/metrics"),
+                                   "__scheme__": notes.get("prometheus.io/scheme", "http"),
                                    "__meta_service": svc.metadata.name, "__meta_pod": pod},
                     })  # fmt: skip
         return groups
@@ -350,6 +358,9 @@ def prometheus_config(c: cluster.Cluster, tmp: Path, discovery: str) -> Path:
         "scrape_configs": [{
             "job_name": "kubernetes-service-endpoints",
             "scrape_timeout": "2s",
+            # HTTPS (each process signs its own certificate), with a metrics reader's token
+            "tls_config": {"insecure_skip_verify": True},
+            "authorization": {"type": "Bearer", "credentials_file": str(tmp / "scraper.token")},
             "http_sd_configs": [{"url": discovery, "refresh_interval": "2s"}],
             "relabel_configs": [
                 {"source_labels": ["__meta_service"], "target_label": "job"},
@@ -379,6 +390,10 @@ def lane() -> Iterator[Lane]:
             config_file=str(c.cp.kubeconfig), client_configuration=configuration
         )
         api = client.ApiClient(configuration)
+        # Prometheus's identity, as a cluster's monitoring namespace holds it
+        c.kubectl("create", "namespace", SCRAPER[0])
+        c.kubectl("create", "serviceaccount", SCRAPER[1], "-n", SCRAPER[0])
+        (tmp / "scraper.token").write_text(service_account_token(api, *SCRAPER))
         port = free_port()
         discovery = Discovery(api, SYSTEM)
         prometheus = subprocess.Popen(
@@ -426,8 +441,13 @@ def test_prometheus_finds_both_controller_replicas_and_the_agent(lane: Lane) -> 
 def test_each_components_metrics_pass_promtool(lane: Lane) -> None:
     targets = [s["metric"]["instance"] for s in lane.query("up == 1")]
     assert len(targets) == 3
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    token = (lane.tmp / "scraper.token").read_text()
     for instance in targets:
-        with urllib.request.urlopen(f"http://{instance}/metrics", timeout=10) as r:
+        request = urllib.request.Request(f"https://{instance}/metrics",
+                                         headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+        with urllib.request.urlopen(request, timeout=10, context=context) as r:  # noqa: S310
             text = r.read()
         done = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True,
                               timeout=30, check=False)  # fmt: skip
@@ -676,6 +696,27 @@ def test_the_agent_unable_to_list_its_sandboxes_fires_sync_failing(lane: Lane) -
         assert SystemNft().list_table() is not None
     finally:
         lane.put("create", binding)
+
+
+def test_a_neighbour_holding_a_controllers_port_fires_port_under_pressure(lane: Lane) -> None:
+    """A slowloris from the node (as any pod could) against one replica's metrics port: its
+    connections are cut at the head deadline and counted; the alert names that replica;
+    Prometheus still scrapes it (its decision cached, the port has room) and a death is
+    still judged meanwhile."""
+    pods = lane.core.list_namespaced_pod(
+        SYSTEM, label_selector="app.kubernetes.io/component=controller", _request_timeout=10
+    ).items
+    ip = pods[0].status.pod_ip
+    name = lane.sandbox("pressured")
+    wait_for(lambda: lane.state(name) == "Alive", timeout=60, what=f"{name} Alive")
+    started = time.monotonic()
+    with Attack("slowloris", f"https://{ip}:8443", 200) as attack:
+        alert = lane.fires("DeathwatchPortUnderPressure", started)
+        assert alert["labels"]["instance"] == f"{ip}:8443"
+        (lane.ctl(NS, name) / "exit").write_text("3")
+        wait_for(lambda: lane.state(name) == "Dead", timeout=30, what=f"{name} Dead")
+        assert lane.query(f'up{{instance="{ip}:8443"}} == 1')  # still scraped
+    RESULTS["slowloris_on_the_lane"] = attack.said
 
 
 def test_helm_uninstall_and_the_cleanup_release_leave_no_table(lane: Lane) -> None:

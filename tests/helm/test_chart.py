@@ -117,6 +117,16 @@ def test_the_namespaced_scope_is_the_namespaced_overlay() -> None:
         (["controller.logLevel=loud"], "at '/controller/logLevel'"),
         (["scope.clusterWide=false"], "scope.namespaces: name at least one namespace"),
         (["controller.image.digest=latest"], "at '/controller/image/digest'"),
+        (
+            ["metrics.readers[0].kind=ServiceAccount", "metrics.readers[0].name=prometheus"],
+            "metrics.readers: a ServiceAccount needs its namespace",
+        ),
+        (
+            ["metrics.readers[0].kind=Robot", "metrics.readers[0].name=x"],
+            "at '/metrics/readers/0/kind'",
+        ),
+        (["networkPolicy.apiServer.cidrs={10.0.0.1}"], "at '/networkPolicy/apiServer/cidrs/0'"),
+        (["controller.ports.health=0"], "at '/controller/ports/health'"),
     ],
 )
 def test_a_bad_value_is_refused_naming_its_field(sets: list[str], message: str) -> None:
@@ -162,13 +172,81 @@ def test_monitoring_is_opt_in_and_complete() -> None:
                         "metrics.serviceMonitor.labels.release=kube-prometheus")  # fmt: skip
     monitor = rendered[("ServiceMonitor", NAMESPACE, "deathwatch")]
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus"
-    assert {e["port"] for e in monitor["spec"]["endpoints"]} == {"http", "metrics"}
+    (endpoint,) = monitor["spec"]["endpoints"]  # both components name their port `metrics`
+    assert (endpoint["port"], endpoint["scheme"]) == ("metrics", "https")
+    assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    pods = rendered[("PodMonitor", NAMESPACE, "deathwatch")]
+    (endpoint,) = pods["spec"]["podMetricsEndpoints"]
+    assert endpoint["authorization"]["credentials"]["name"] == "deathwatch-metrics-scraper-token"
+    assert rendered[("Secret", NAMESPACE, "deathwatch-metrics-scraper-token")]["type"] == (
+        "kubernetes.io/service-account-token"
+    )
     rule = rendered[("PrometheusRule", NAMESPACE, "deathwatch")]
     plain = yaml.safe_load((ROOT / "monitoring" / "deathwatch.rules.yaml").read_text())
     assert rule["spec"] == plain  # the plain rules file is the PrometheusRule's, exactly
     dashboard = rendered[("ConfigMap", NAMESPACE, "deathwatch-dashboard")]
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert yaml.safe_load(dashboard["data"]["deathwatch.json"])["uid"] == "deathwatch"
+
+
+def test_who_reads_the_metrics_and_how_they_are_served() -> None:
+    """ADR 0020: both components ask the API server about every token (auth-delegator), the
+    reader role names the two URLs, the readers given are bound to it; cert-manager's
+    certificate replaces the self-signed ones when asked for."""
+    rendered = template("metrics.readers[0].kind=ServiceAccount",
+                        "metrics.readers[0].name=prometheus-k8s",
+                        "metrics.readers[0].namespace=monitoring")  # fmt: skip
+    role = rendered[("ClusterRole", "", "deathwatch-metrics-reader")]
+    assert role["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    binding = rendered[("ClusterRoleBinding", "", "deathwatch-metrics-reader")]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"}
+    ]
+    delegator = rendered[("ClusterRoleBinding", "", "deathwatch-auth-delegator")]
+    assert delegator["roleRef"]["name"] == "system:auth-delegator"
+    assert {s["name"] for s in delegator["subjects"]} == {"deathwatch-controller",
+                                                          "deathwatch-firewall"}  # fmt: skip
+    assert ("Certificate", NAMESPACE, "deathwatch-metrics") not in rendered
+    tls = template("metrics.tls.certManager.enabled=true")
+    assert tls[("Certificate", NAMESPACE, "deathwatch-metrics")]["spec"]["issuerRef"] == {
+        "kind": "Issuer", "name": "deathwatch-metrics"}  # fmt: skip
+    assert ("Issuer", NAMESPACE, "deathwatch-metrics") in tls
+    for kind, name in (
+        ("Deployment", "deathwatch-controller"),
+        ("DaemonSet", "deathwatch-firewall"),
+    ):
+        pod = tls[(kind, NAMESPACE, name)]["spec"]["template"]["spec"]
+        assert "--metrics-cert-dir=/etc/deathwatch/tls" in pod["containers"][0]["args"]
+        assert {"name": "metrics-tls", "secret": {"secretName": "deathwatch-metrics-tls"}} in pod[
+            "volumes"
+        ]
+    issued = template("metrics.tls.certManager.enabled=true",
+                      "metrics.tls.certManager.issuerRef.kind=ClusterIssuer",
+                      "metrics.tls.certManager.issuerRef.name=corp-ca")  # fmt: skip
+    assert ("Issuer", NAMESPACE, "deathwatch-metrics") not in issued
+    assert issued[("Certificate", NAMESPACE, "deathwatch-metrics")]["spec"]["issuerRef"] == {
+        "kind": "ClusterIssuer", "name": "corp-ca"}  # fmt: skip
+
+
+def test_network_policies_admit_the_scrapers_and_reach_only_the_api_server() -> None:
+    rendered = template()
+    for component, port in (("controller", 8443), ("firewall", 9101)):
+        policy = rendered[("NetworkPolicy", NAMESPACE, f"deathwatch-{component}")]["spec"]
+        assert policy["policyTypes"] == ["Ingress", "Egress"]
+        (ingress,) = policy["ingress"]
+        assert ingress["ports"] == [{"port": port, "protocol": "TCP"}]
+        (selector,) = ingress["from"]
+        assert selector["namespaceSelector"]["matchExpressions"][0]["values"] == ["monitoring"]
+        (egress,) = policy["egress"]
+        assert egress == {"ports": [{"port": 443, "protocol": "TCP"},
+                                    {"port": 6443, "protocol": "TCP"}]}  # fmt: skip
+    narrowed = template("networkPolicy.apiServer.cidrs={192.0.2.10/32}",
+                        "networkPolicy.metricsFrom={observability}")  # fmt: skip
+    policy = narrowed[("NetworkPolicy", NAMESPACE, "deathwatch-controller")]["spec"]
+    assert policy["egress"][0]["to"] == [{"ipBlock": {"cidr": "192.0.2.10/32"}}]
+    assert policy["ingress"][0]["from"][0]["namespaceSelector"]["matchExpressions"][0][
+        "values"] == ["observability"]  # fmt: skip
+    assert not [k for k in template("networkPolicy.enabled=false") if k[0] == "NetworkPolicy"]
 
 
 def test_the_chart_packages_for_an_oci_registry(tmp_path: Path) -> None:

@@ -204,4 +204,21 @@ groups:
             The live table on {{`{{ $labels.instance }}`}} has not matched its rule for
             {{ $for.firewallSyncFailing }}: the sandboxes on that node may be reachable.
           runbook_url: {{ $runbook }}#deathwatchfirewallrulemissing
+  - name: deathwatch.ports
+    rules:
+      - alert: DeathwatchPortUnderPressure
+        expr: >-
+          sum by (job, instance) (
+          rate(deathwatch_http_refused_total{reason=~"evicted|busy|head_timeout|handshake|idle"}[5m])
+          or rate(deathwatch_firewall_http_refused_total{reason=~"evicted|busy|head_timeout|handshake|idle"}[5m])
+          ) > {{ $r.portPressurePerSecond }}
+        for: {{ $for.portPressure }}
+        labels: {severity: warning}
+        annotations:
+          summary: Something holds or floods a deathwatch port
+          description: >-
+            {{`{{ $labels.instance }}`}} closes {{`{{ $value | printf "%.1f" }}`}}
+            connections a second that held it without asking (slowloris) or past its cap.
+            Its work and its liveness probe are unaffected by design; its metrics may not be.
+          runbook_url: {{ $runbook }}#deathwatchportunderpressure
 {{- end }}
