@@ -32,7 +32,7 @@ from kubernetes import client, config, watch
 from bench.stats import percentile
 from deathwatch._engine.timeutil import format_time
 from hack.localcluster import controlplane
-from hack.localcluster.controller_process import ControllerProcess
+from hack.localcluster.controller_process import ControllerProcess, metrics_reader_token
 from hack.localcluster.sandbox_script import Fate, SandboxScript, pod_manifest, timeline
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -144,7 +144,10 @@ def main() -> int:
                 break
             except client.ApiException:
                 time.sleep(0.1)
-        ctrl = ControllerProcess(cp.kubeconfig, [NS], work / "controller.log").start()
+        cp.kubectl_run("create", "namespace", "deathwatch-system", check=False)
+        cp.kubectl_run("apply", "-f", str(ROOT / "manifests/base/rbac/metrics-reader.yaml"))
+        ctrl = ControllerProcess(cp.kubeconfig, [NS], work / "controller.log",
+                                 reader_token=metrics_reader_token(api)).start()  # fmt: skip
         time.sleep(2)  # settle before the idle measurement
         idle_rss = rss_mib(ctrl.proc.pid)  # type: ignore[union-attr]
         cp.kubectl_run(

@@ -174,6 +174,7 @@ def setup(cp: controlplane.ControlPlane, api: client.ApiClient, work: Path) -> N
                    "crd/deathwatches.deathwatch.dev", "crd/sandboxverdicts.deathwatch.dev")  # fmt: skip
     cp.kubectl_run("create", "namespace", "deathwatch-system")
     cp.kubectl_run("apply", "-f", str(ROOT / "manifests" / "base" / "rbac" / "controller.yaml"))
+    cp.kubectl_run("apply", "-f", str(ROOT / "manifests" / "base" / "rbac" / "metrics-reader.yaml"))
     cp.kubectl_run("create", "namespace", NS)
     cp.kubectl_run("create", "rolebinding", "deathwatch-controller", "-n", NS,
                    "--clusterrole=deathwatch-controller",

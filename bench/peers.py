@@ -465,7 +465,8 @@ class Run:
                     tool.procs[identity] = spawn([
                         sys.executable, "-m", "deathwatch._cli", "controller", "--kubeconfig", str(kc),
                         "--namespace", NS, "--pod-label-selector", "app=sandbox",
-                        "--http-host", "127.0.0.1", "--http-port", str(port),
+                        "--metrics-address", f"127.0.0.1:{free_port()}",
+                        "--health-address", f"127.0.0.1:{port}",
                         "--leader-elect", f"--identity={identity}",
                     ], logs / f"{identity}.log")  # fmt: skip
                     wait_http(port, "/healthz", 60, tool.procs[identity])
