@@ -104,9 +104,17 @@ def test_the_local_node_overlay_changes_only_image_names_and_the_pod_range() -> 
 def test_namespaced_overlay_binds_only_the_chosen_namespaces() -> None:
     objs = kustomize(MANIFESTS / "overlays" / "namespaced")
     # the controller's reach ends at the chosen namespaces; the firewall's node agent still
-    # reads its own node's pods in any namespace (pods list/watch, nothing else)
+    # reads its own node's pods in any namespace (pods list/watch, nothing else); both ask
+    # the API who reads their metrics (TokenReview, SubjectAccessReview: cluster-scoped
+    # reviews, and all system:auth-delegator grants)
     cluster_bindings = [o for o in objs if o["kind"] == "ClusterRoleBinding"]
-    assert [b["roleRef"]["name"] for b in cluster_bindings] == ["deathwatch-firewall"]
+    assert sorted(b["roleRef"]["name"] for b in cluster_bindings) == [
+        "deathwatch-firewall",
+        "system:auth-delegator",
+    ]
+    delegator = next(b for b in cluster_bindings if b["roleRef"]["name"] == "system:auth-delegator")
+    assert {s["name"] for s in delegator["subjects"]} == {"deathwatch-controller",
+                                                         "deathwatch-firewall"}  # fmt: skip
     bindings = [
         o
         for o in objs
