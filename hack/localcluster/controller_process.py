@@ -152,9 +152,17 @@ class ControllerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"controller exited with {self.proc.returncode}:\n{self.tail()}")
             if self.get("/healthz", status_only=True) == 200:
-                return self
+                break
             time.sleep(0.05)
-        raise RuntimeError(f"controller not healthy within {timeout}s:\n{self.tail()}")
+        else:
+            raise RuntimeError(f"controller not healthy within {timeout}s:\n{self.tail()}")
+        # the reader scrapes once, as Prometheus does from the start: a known reader, whose
+        # later reads never wait on a review (ADR 0020)
+        while self.reader_token and self.get("/metrics", status_only=True) != 200:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"/metrics not readable within {timeout}s:\n{self.tail()}")
+            time.sleep(0.1)
+        return self
 
     def get(self, path: str, status_only: bool = False) -> Any:
         """/healthz from the health port; /metrics and /readyz from the metrics port, with

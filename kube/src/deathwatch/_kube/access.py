@@ -14,10 +14,13 @@ become a flood on the API server:
   of `burst`). A check that would need a review beyond it is `BUSY` at once (503; not cached),
   so an attack costs the API at most `per_second` reviews a second, and a caller whose
   decision is cached (Prometheus, every scrape after its first) is not held up at all;
-- a token allowed before (a known reader: the last `readers` of them) is reviewed again, when
-  its decision expires, from a budget of its own (`renewals` a second, one at a time): a
-  flood of made-up tokens spends the shared budget, never Prometheus's next review. (A
-  reader never allowed before still competes for the shared one during a flood.)
+- a token allowed before (a known reader: the last `readers` of them) is never held up by its
+  decision expiring: it is answered from the expired allowance while it is reviewed again in
+  the background (stale-while-revalidate), from a budget of its own (`renewals` a second,
+  one at a time), so a flood of made-up tokens cannot starve Prometheus's next review. A
+  refusal ends the allowance at once; an API server that does not answer extends it, for at
+  most `stale_for` seconds past its expiry: an outage of the API is when its metrics matter
+  most. (A reader never allowed before competes for the shared budget during a flood.)
 - a review the API does not answer is `UNAVAILABLE` (503; not cached).
 
 A request with no bearer token is `UNAUTHENTICATED` without any call. The review's I/O is
@@ -118,6 +121,7 @@ class Access:
         burst: int = 10,
         readers: int = 64,
         renewals: float = 1.0,
+        stale_for: float = 3600.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.post, self.verb, self.clock = post, verb, clock
@@ -126,8 +130,10 @@ class Access:
         self._pending: dict[tuple[bytes, str], asyncio.Future[Decision]] = {}
         self._shared = _Budget(concurrent, per_second, burst, clock)
         self._renewals = _Budget(1, renewals, max(1, int(renewals * 4)), clock)
-        self._readers: OrderedDict[tuple[bytes, str], None] = OrderedDict()
-        self.readers = readers
+        # known readers: when each was last allowed by a review
+        self._readers: OrderedDict[tuple[bytes, str], float] = OrderedDict()
+        self.readers, self.stale_for = readers, stale_for
+        self._renewing: set[asyncio.Task[None]] = set()
         self.decisions: Counter[str] = Counter()  # by outcome, and `reviewed` per review made
         self.last_failure: str | None = None  # the last review the API did not answer, said
 
@@ -149,10 +155,15 @@ class Access:
                 self._cache.move_to_end(key)
                 return decision
             del self._cache[key]
+        allowed_at = self._readers.get(key)
+        if allowed_at is not None and self.clock() < allowed_at + self.allowed_for + self.stale_for:
+            self._renew(token, key, path)
+            self.decisions["stale"] += 1
+            return Decision.ALLOWED
         pending = self._pending.get(key)
         if pending is not None:
             return await asyncio.shield(pending)
-        budget = self._renewals if key in self._readers else self._shared
+        budget = self._shared
         if not budget.spend():
             return Decision.BUSY
         future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
@@ -170,6 +181,36 @@ class Access:
             self._remember(key, decision)
         future.set_result(decision)
         return decision
+
+    async def settled(self) -> None:
+        """Wait for the renewals under way (tests, and a port closing)."""
+        while self._renewing:
+            await asyncio.gather(*self._renewing, return_exceptions=True)
+
+    def _renew(self, token: str, key: tuple[bytes, str], path: str) -> None:
+        """Review a known reader again in the background, one at a time, from its budget."""
+        if key in self._pending or not self._renewals.spend():
+            return
+        future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+        self._pending[key] = future
+
+        async def renew() -> None:
+            decision = Decision.UNAVAILABLE
+            try:
+                decision = await self._review(token, path)
+            except Exception as exc:  # a bug: counted and said (/readyz), the allowance kept
+                self.decisions["error"] += 1
+                self.last_failure = f"renewal: {type(exc).__name__}: {exc}"
+            finally:  # cancelled too: whoever waits on it is answered
+                self._renewals.done()
+                del self._pending[key]
+                if decision is not Decision.UNAVAILABLE:
+                    self._remember(key, decision)
+                future.set_result(decision)
+
+        task = asyncio.get_running_loop().create_task(renew())
+        self._renewing.add(task)
+        task.add_done_callback(self._renewing.discard)
 
     async def _review(self, token: str, path: str) -> Decision:
         self.decisions["reviewed"] += 1
@@ -190,7 +231,7 @@ class Access:
         while len(self._cache) > self.entries:
             self._cache.popitem(last=False)
         if decision is Decision.ALLOWED:
-            self._readers[key] = None
+            self._readers[key] = self.clock()
             self._readers.move_to_end(key)
             while len(self._readers) > self.readers:
                 self._readers.popitem(last=False)
