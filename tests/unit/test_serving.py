@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import tempfile
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -19,7 +20,7 @@ from deathwatch._kube.serving import (
     Server,
     raise_open_files,
 )
-from deathwatch._kube.tls import Serving
+from deathwatch._kube.tls import CertificateError, Serving
 
 FAST = Limits(connections=4, head_timeout=0.3, idle_timeout=0.3, head_bytes=512,
               answer_timeout=1.0)  # fmt: skip
@@ -197,6 +198,16 @@ async def test_tls_with_a_self_signed_certificate() -> None:
         reader, writer = await connect(port)
         writer.write(b"\x16\x03\x01")  # the start of a ClientHello, and nothing more
         assert await closed(reader) == b""
+
+
+def test_no_writable_temporary_directory_is_a_certificate_error_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A read-only root filesystem without a /tmp mount: one line, not an OSError."""
+    monkeypatch.setattr(tempfile, "tempdir", "/proc/deathwatch-nowhere")
+    with pytest.raises(CertificateError, match=r"cannot stage the serving certificate in "
+                       r"/proc/deathwatch-nowhere: .*mount a writable /tmp"):  # fmt: skip
+        Serving(None, ["127.0.0.1"])
 
 
 def test_the_open_files_soft_limit_is_raised_to_the_hard_one() -> None:

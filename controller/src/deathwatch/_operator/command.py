@@ -201,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
         app = App(config)
         app.build()
     except CertificateError as exc:
-        print(f"deathwatch controller: --metrics-cert-dir: {exc}", file=sys.stderr)
+        print(f"deathwatch controller: metrics TLS: {exc}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     registry = kopf.OperatorRegistry()
     register(registry, app)

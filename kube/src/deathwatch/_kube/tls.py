@@ -102,11 +102,19 @@ class Serving:
 
 
 def _load_pem(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
-    """ssl loads a chain from files only: written to a private directory, loaded, removed."""
-    with tempfile.TemporaryDirectory(prefix="deathwatch-tls-") as tmp:
-        os.chmod(tmp, 0o700)
-        cert_path, key_path = Path(tmp) / CERT, Path(tmp) / KEY
-        cert_path.write_bytes(cert)
-        key_path.touch(0o600)
-        key_path.write_bytes(key)
-        context.load_cert_chain(cert_path, key_path)
+    """ssl loads a chain from files only: written to a private directory, loaded, removed.
+    A read-only root filesystem needs a writable temporary directory (the charts mount an
+    in-memory /tmp): said as a CertificateError naming it, not an OSError traceback."""
+    try:
+        with tempfile.TemporaryDirectory(prefix="deathwatch-tls-") as tmp:
+            os.chmod(tmp, 0o700)
+            cert_path, key_path = Path(tmp) / CERT, Path(tmp) / KEY
+            cert_path.write_bytes(cert)
+            key_path.touch(0o600)
+            key_path.write_bytes(key)
+            context.load_cert_chain(cert_path, key_path)
+    except OSError as exc:
+        raise CertificateError(
+            f"cannot stage the serving certificate in {tempfile.gettempdir()}: "
+            f"{exc.strerror or exc} (mount a writable /tmp, or give a certificate directory)"
+        ) from exc
