@@ -23,6 +23,9 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
+from deathwatch._kube.errors import ApiError
+from deathwatch._operator.kubeconfig import load
+from deathwatch._operator.rest import Rest
 from deathwatch.client import Change, Client, State, Unreachable, get_verdict, wait_for_verdict
 from hack.localcluster import controlplane
 from hack.localcluster.chaosproxy import ChaosProxy
@@ -273,7 +276,7 @@ def test_deathwatch_wait_and_explain_exit_codes_and_output(
     text = cli("explain", f"{ns}/s1", "--kubeconfig", kc)
     assert text.returncode == 0 and text.stdout.startswith(f"{ns}/s1: Dead (OOMKilled)")
     missing = cli("explain", f"{ns}/nobody", "--kubeconfig", kc)
-    assert missing.returncode == 1 and "has no verdict" in missing.stderr
+    assert missing.returncode == 1 and f"pod {ns}/nobody not found" in missing.stderr
 
 
 def test_kubectl_deathwatch_plugin_and_kubectl_wait(
@@ -363,3 +366,68 @@ def test_tenants_read_the_verdicts_of_their_namespace_and_write_nothing(
         assert denied.returncode != 0 and "forbidden" in denied.stderr.lower()
     finally:
         core.delete_namespace(other, _request_timeout=10)
+
+
+def test_each_refusal_is_one_line_naming_what_is_missing_or_refused(
+    cp: controlplane.ControlPlane, api: client.ApiClient, ns: str, tmp_path: Path
+) -> None:
+    """The API server's own answers, as `deathwatch wait|explain` say them: 401 (exit 5), 403
+    (exit 6), a pod or only its verdict missing (exit 1, which one said), deathwatch's CRDs
+    not served (told apart from a missing object by the real 404's body), and -n from the
+    kubeconfig context, as kubectl."""
+    Verdicts(api, ns).put("s1", "Dead", cause="OOMKilled")
+    core = client.CoreV1Api(api)
+
+    def one_line(done: subprocess.CompletedProcess[str], code: int, said: str) -> None:
+        assert done.returncode == code, done.stderr
+        assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+        assert said in done.stderr, done.stderr
+
+    forged = tmp_path / "forged.kubeconfig"
+    forged.write_text(controlplane.kubeconfig(cp.server, cp.certs / "ca.crt", None, None,
+                                              token="not-a-token", user="someone"))  # noqa: S106  # fmt: skip
+    one_line(cli("wait", f"{ns}/s1", "--for", "dead", "--kubeconfig", str(forged)), 5,
+             f"the API server at {cp.server} (kubeconfig {forged}, context 'local') does not "
+             "accept these credentials (401)")  # fmt: skip
+    core.create_namespaced_service_account(ns, {"metadata": {"name": "nobody"}},
+                                           _request_timeout=10)  # fmt: skip
+    bare = tmp_path / "bare.kubeconfig"
+    bare.write_text(controlplane.kubeconfig(cp.server, cp.certs / "ca.crt", None, None,
+                    token=service_account_token(api, ns, "nobody"), user="nobody"))  # fmt: skip
+    for command in (["wait", "--for", "dead"], ["explain"]):
+        one_line(cli(*command, f"{ns}/s1", "--kubeconfig", str(bare)), 6,
+                 f"does not let nobody read SandboxVerdicts in namespace {ns} (403)")  # fmt: skip
+    kc = str(cp.kubeconfig)
+    one_line(cli("explain", f"{ns}/nobody", "--kubeconfig", kc), 1,
+             f"pod {ns}/nobody not found, and no verdict for it")  # fmt: skip
+    core.create_namespaced_pod(ns, {"metadata": {"name": "lonely"}, "spec": {"containers": [
+        {"name": "c", "image": "busybox"}]}}, _request_timeout=10)  # fmt: skip
+    one_line(cli("explain", f"{ns}/lonely", "--kubeconfig", kc), 1,
+             f"pod {ns}/lonely has no verdict: no DeathWatch in namespace {ns} selects it")  # fmt: skip
+    # -n defaults to the context's namespace
+    with_ns = json.loads(cp.kubeconfig.read_text())
+    with_ns["contexts"][0]["context"]["namespace"] = ns
+    in_ns = tmp_path / "in-ns.kubeconfig"
+    in_ns.write_text(json.dumps(with_ns))
+    found = cli("wait", "s1", "--for", "dead", "--kubeconfig", str(in_ns))
+    assert (found.returncode, found.stdout) == (0, f"{ns}/s1 Dead (OOMKilled)\n"), found.stderr
+
+    # a missing object and a missing kind of object, as the real API server says them
+    async def refusals() -> list[ApiError]:
+        rest = Rest(load(kc).configuration, identity="test", purpose="404s")
+        caught = []
+        try:
+            for path in (f"/apis/{SV[0]}/{SV[1]}/namespaces/{ns}/{SV[2]}/nobody",
+                         f"/apis/{SV[0]}/{SV[1]}/namespaces/{ns}/nosuchthings/nobody",
+                         f"/apis/nosuch.example/v1/namespaces/{ns}/things/x"):  # fmt: skip
+                try:
+                    await rest.request("GET", path)
+                except ApiError as e:
+                    caught.append(e)
+        finally:
+            await rest.close()
+        return caught
+
+    object_404, kind_404, group_404 = asyncio.run(refusals())
+    assert object_404.not_found and not object_404.missing_resource, object_404.body
+    assert kind_404.missing_resource and group_404.missing_resource, (kind_404, group_404)

@@ -78,6 +78,17 @@ def test_exec_flaps_are_counted_and_the_hang_dies_at_the_window(
     )
 
 
+def test_pods_whose_probe_the_firewall_refuses_are_listed_by_name(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = [str(DATA / "exec-probe-flaps.jsonl"), "--agent-port", "49983"]
+    assert main(["replay", *args]) == 0
+    text = capsys.readouterr().out
+    assert "1 pod(s) have a network readiness probe on an agent port" in text
+    assert "\n  sandboxes/tcp-blocked\n" in text
+    assert replay_json(*args, capsys=capsys)["probe_blocked_pods"] == ["sandboxes/tcp-blocked"]
+
+
 def test_no_probe_policy_on_flapping_pods_turns_every_first_flap_into_a_death(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

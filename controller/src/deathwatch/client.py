@@ -47,7 +47,12 @@ from deathwatch._engine.verdict import Cause, Origin, State
 from deathwatch._kube.errors import ApiError, describe
 from deathwatch._kube.errors import Unreachable as NoAnswer
 from deathwatch._kube.listwatch import LISTED, Item, Listed, Listing, ListWatch, outputs
-from deathwatch._operator import kube
+from deathwatch._operator.kubeconfig import (
+    CredentialError,
+    KubeconfigError,
+    Loaded,
+)
+from deathwatch._operator.kubeconfig import load as load_kubeconfig
 from deathwatch._operator.resources import (
     GROUP,
     SANDBOX_LABEL,
@@ -67,7 +72,9 @@ __all__ = [
     "Change",
     "Client",
     "Condition",
+    "CredentialError",
     "DisruptionStatus",
+    "KubeconfigError",
     "NoAnswer",
     "Origin",
     "State",
@@ -199,11 +206,15 @@ class Client:
         self.reconnects = 0  # watches resumed after a dropped connection
 
     @classmethod
-    def from_kubeconfig(cls, kubeconfig: str | None = None) -> Client:
+    def from_kubeconfig(cls, kubeconfig: str | None = None, context: str | None = None) -> Client:
         """--kubeconfig if given, else in a pod its ServiceAccount, else $KUBECONFIG or
-        ~/.kube/config."""
-        configuration = kube.load_configuration(kubeconfig)
-        return cls(Rest(configuration, identity="client", purpose="verdicts", connections=2))
+        ~/.kube/config. Raises `KubeconfigError` or `CredentialError` (one line each, naming
+        the file, context and field)."""
+        return cls.from_loaded(load_kubeconfig(kubeconfig, context))
+
+    @classmethod
+    def from_loaded(cls, loaded: Loaded) -> Client:
+        return cls(Rest(loaded.configuration, identity="client", purpose="verdicts", connections=2))
 
     async def __aenter__(self) -> Client:
         return self
@@ -217,14 +228,29 @@ class Client:
         await self._rest.close()
 
     async def get(self, namespace: str, pod: str) -> Verdict | None:
-        """The verdict of `pod` in `namespace`, or None if it has none (yet)."""
+        """The verdict of `pod` in `namespace`, or None if it has none (yet). Where the API
+        server does not serve SandboxVerdicts at all (deathwatch's CRDs not installed), the
+        404 is raised: `ApiError.missing_resource`."""
         try:
             body = await self._rest.request("GET", _path(namespace, pod))
         except ApiError as e:
-            if e.status == 404:
+            if e.not_found and not e.missing_resource:
                 return None
             raise
         return _verdict(_decode_object(body))
+
+    async def pod_exists(self, namespace: str, pod: str) -> bool | None:
+        """Whether the pod is there; None when the caller may not read pods (a tenant's
+        read-only role need not grant it)."""
+        try:
+            await self._rest.request("GET", f"/api/v1/namespaces/{namespace}/pods/{pod}")
+        except ApiError as e:
+            if e.not_found:
+                return False
+            if e.forbidden:
+                return None
+            raise
+        return True
 
     async def verdicts(
         self, namespace: str | None = None, label_selector: str | None = None

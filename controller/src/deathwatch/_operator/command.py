@@ -127,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
     from deathwatch._operator import logs
     from deathwatch._operator.app import App, Config, register
     from deathwatch._operator.endpoints import address
+    from deathwatch._operator.kubeconfig import CredentialError, KubeconfigError
+    from deathwatch._operator.kubeconfig import load as load_kubeconfig
     from deathwatch._operator.leader import LeaseTimings
 
     if args.firewall_daemonset is not None and args.firewall_daemonset.count("/") != 1:
@@ -157,13 +159,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"deathwatch controller: --metrics-cert-dir: no such directory: "
               f"{args.metrics_cert_dir}", file=sys.stderr)  # fmt: skip
         return EXIT_BAD_CONFIG
+    try:
+        # before anything starts or logs: the file, context and field, in one line
+        load_kubeconfig(args.kubeconfig)
+    except (KubeconfigError, CredentialError) as exc:
+        print(f"deathwatch controller: {exc}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
     if args.kubeconfig:
-        if not os.path.exists(args.kubeconfig):
-            print(
-                f"deathwatch controller: --kubeconfig: no such file: {args.kubeconfig}",
-                file=sys.stderr,
-            )
-            return EXIT_BAD_CONFIG
         os.environ["KUBECONFIG"] = args.kubeconfig  # for kopf's own login as well
     try:
         timings = LeaseTimings(args.lease_duration, args.renew_deadline, args.retry_period)
@@ -203,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
     except CertificateError as exc:
         print(f"deathwatch controller: metrics TLS: {exc}", file=sys.stderr)
         return EXIT_BAD_CONFIG
+
     registry = kopf.OperatorRegistry()
     register(registry, app)
     asyncio.run(

@@ -10,14 +10,14 @@ leader sends nothing more, not even what was already on its way.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from typing import Any, Final
 
 import msgspec
-from kubernetes import client, config
+from kubernetes import client
 
 from deathwatch._kube.errors import ApiError
+from deathwatch._operator.kubeconfig import load as load_kubeconfig
 from deathwatch._operator.resources import API_VERSION, GROUP, KINDS, VERSION
 from deathwatch._operator.rest import API_TIMEOUT, Rest
 
@@ -26,15 +26,9 @@ LEASES: Final = "/apis/coordination.k8s.io/v1"
 
 def load_configuration(kubeconfig: str | None) -> client.Configuration:
     """--kubeconfig if given, else in a pod the ServiceAccount (its token re-read as it
-    rotates), else $KUBECONFIG or ~/.kube/config."""
-    configuration = client.Configuration()
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config(client_configuration=configuration)
-    else:
-        config.load_kube_config(client_configuration=configuration)
-    return configuration
+    rotates), else $KUBECONFIG or ~/.kube/config. Raises `KubeconfigError` or
+    `CredentialError`, each one line naming the file, context and field."""
+    return load_kubeconfig(kubeconfig).configuration
 
 
 class Fenced(Exception):

@@ -44,8 +44,8 @@ _NO_ANSWER = (aiohttp.ClientError, TimeoutError, asyncio.TimeoutError, OSError)
 
 def _unreachable(method: str, path: str, exc: BaseException) -> Unreachable:
     timeout = isinstance(exc, TimeoutError | asyncio.TimeoutError | aiohttp.ServerTimeoutError)
-    said = str(exc) or type(exc).__name__
-    return Unreachable(f"{method} {path}: {said}", timeout=timeout)
+    said = "no answer in time" if timeout and not str(exc) else str(exc) or type(exc).__name__
+    return Unreachable(f"{method} {path}: {said}", timeout=timeout, reason=said)
 
 
 class Rest:

@@ -100,9 +100,10 @@ def render_table(report: Report, source: str) -> str:
     )
     if report.probe_blocked:
         out.append(
-            f"{report.probe_blocked} pod(s) have a network readiness probe on an agent port "
-            "(ProbeBlockedByFirewall)"
+            f"{len(report.probe_blocked)} pod(s) have a network readiness probe on an agent port "
+            "(ProbeBlockedByFirewall: the firewall refuses it; give them an exec probe):"
         )
+        out.extend(f"  {pod}" for pod in report.probe_blocked)
     if report.dead:
         out.append("")
         out.extend(

@@ -52,7 +52,7 @@ class Report:
     verdicts: dict[str, int]
     policies: dict[str, int]
     dead: list[Evidence]
-    probe_blocked: int
+    probe_blocked: list[str]  # NS/NAME of pods whose network readiness probe the firewall refuses
     clock: datetime | None
     skipped: SkipLog
     per_policy: dict[str, dict[str, int]]
@@ -89,7 +89,8 @@ class Report:
                 for e in self.dead
             ],
             "deaths_by_origin": self.origins,
-            "probe_blocked_by_firewall": self.probe_blocked,
+            "probe_blocked_by_firewall": len(self.probe_blocked),
+            "probe_blocked_pods": self.probe_blocked,
             "events": self.events,
             "skipped": {
                 "count": self.skipped.count,
@@ -202,7 +203,7 @@ class Replay:
             verdicts={str(s): n for s in State if (n := sum(1 for t in tracks if t.state is s))},
             policies=dict(Counter(t.policy for t in sandboxes)),
             dead=dead,
-            probe_blocked=sum(1 for t in tracks if t.probe_blocked),
+            probe_blocked=sorted({f"{t.namespace}/{t.name}" for t in tracks if t.probe_blocked}),
             clock=self.clock,
             skipped=replace(self.skipped),
             per_policy={p: dict(c) for p, c in sorted(per_policy.items())},

@@ -10,14 +10,18 @@ import sys
 from typing import Any, TextIO
 
 import structlog
-from kubernetes.config import ConfigException
 
+from deathwatch._operator.kubeconfig import CredentialError, KubeconfigError, Loaded, load
+from deathwatch._operator.resources import GROUP, VERSION
 from deathwatch._verdicts import explain as explaining
 from deathwatch._verdicts.command import (
-    EXIT_API,
     EXIT_BAD_INPUT,
+    EXIT_CREDENTIALS,
+    EXIT_KUBECONFIG,
     EXIT_NOT_REACHED,
     EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_UNREACHABLE,
     FOR,
     _target,
 )
@@ -30,36 +34,62 @@ class _CannotAsk(Exception):
         self.error = error
 
 
-def _api_failure(command: str, exc: BaseException, err: TextIO) -> int:
+def _api_failure(
+    command: str, exc: BaseException, loaded: Loaded, namespace: str, err: TextIO
+) -> int:
+    """One line for what the API server or the network did, and its exit code."""
+    say = f"deathwatch {command}:"
+    at = f"the API server at {loaded.server} ({loaded.source})"
     if isinstance(exc, ApiError):
-        err.write(f"deathwatch {command}: the API server refused ({exc.status}): {exc.message}\n")
-    else:
-        err.write(f"deathwatch {command}: cannot reach the API server: {exc!r}\n")
-    return EXIT_API
+        if exc.unauthorized:
+            err.write(f"{say} {at} does not accept these credentials (401): {exc.message}\n")
+            return EXIT_CREDENTIALS
+        if exc.missing_resource:
+            err.write(
+                f"{say} {at} does not serve SandboxVerdicts ({GROUP}/{VERSION}): "
+                "deathwatch's CRDs are not installed\n"
+            )
+            return EXIT_REFUSED
+        if exc.forbidden:
+            err.write(
+                f"{say} {at} does not let {loaded.user or 'this user'} read SandboxVerdicts in "
+                f"namespace {namespace} (403): {exc.message}\n"
+            )
+            return EXIT_REFUSED
+        err.write(f"{say} {at} refused ({exc.status}): {exc.message}\n")
+        return EXIT_REFUSED
+    reason = exc.reason if isinstance(exc, NoAnswer) else (str(exc) or type(exc).__name__)
+    err.write(f"{say} cannot reach {at}: {reason}\n")
+    return EXIT_UNREACHABLE
 
 
-def _prepare(args: argparse.Namespace, command: str, err: TextIO) -> tuple[str, str, Client] | int:
-    """The target and a client, or the exit code of bad input (said in one line)."""
+def _prepare(
+    args: argparse.Namespace, command: str, err: TextIO
+) -> tuple[str, str, Loaded, Client] | int:
+    """The target and a client, or the exit code of what stopped it (said in one line)."""
     try:
-        namespace, pod = _target(args)
+        _target(args)  # the names first: a typo is bad input whatever the kubeconfig says
     except ValueError as exc:
         err.write(f"deathwatch {command}: {exc}\n")
         return EXIT_BAD_INPUT
-    client = _client(args, command, err)
-    return EXIT_BAD_INPUT if client is None else (namespace, pod, client)
-
-
-def _client(args: argparse.Namespace, command: str, err: TextIO) -> Client | None:
     # a command's output is its answer: the client's retry logs only as warnings, on stderr
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
         logger_factory=structlog.PrintLoggerFactory(err),
     )
     try:
-        return Client.from_kubeconfig(args.kubeconfig)
-    except (ConfigException, OSError, TypeError, ValueError) as exc:
-        err.write(f"deathwatch {command}: no usable kubeconfig: {exc}\n")
-        return None
+        loaded = load(args.kubeconfig, args.context)
+    except KubeconfigError as exc:
+        err.write(f"deathwatch {command}: {exc}\n")
+        return EXIT_KUBECONFIG
+    except CredentialError as exc:
+        err.write(f"deathwatch {command}: {exc}\n")
+        return EXIT_CREDENTIALS
+    namespace, pod = _target(args, loaded.namespace)
+    return namespace, pod, loaded, Client.from_loaded(loaded)
+
+
+_FAILED = (ApiError, NoAnswer, OSError, TimeoutError)
 
 
 def wait(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
@@ -67,7 +97,7 @@ def wait(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None
     ready = _prepare(args, "wait", err)
     if isinstance(ready, int):
         return ready
-    namespace, pod, client = ready
+    namespace, pod, loaded, client = ready
     wanted = FOR[args.wanted]
 
     async def wait() -> Verdict:
@@ -76,7 +106,7 @@ def wait(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None
             # not a wait that retries until its deadline
             try:
                 await client.get(namespace, pod)
-            except (ApiError, NoAnswer, OSError, TimeoutError) as exc:
+            except _FAILED as exc:
                 raise _CannotAsk(exc) from exc
             if args.sandbox:
                 return await client.wait_for_sandbox(namespace, pod, wanted, args.timeout)
@@ -85,15 +115,15 @@ def wait(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None
     try:
         verdict = asyncio.run(wait())
     except _CannotAsk as exc:
-        return _api_failure("wait", exc.error, err)
+        return _api_failure("wait", exc.error, loaded, namespace, err)
     except Unreachable as exc:
         err.write(f"deathwatch wait: {exc}\n")
         return EXIT_NOT_REACHED
     except TimeoutError:
         err.write(f"deathwatch wait: {namespace}/{pod} not {args.wanted} after {args.timeout:g}s\n")
         return EXIT_NOT_REACHED
-    except (ApiError, NoAnswer, OSError) as exc:
-        return _api_failure("wait", exc, err)
+    except _FAILED as exc:
+        return _api_failure("wait", exc, loaded, namespace, err)
     cause = f" ({verdict.cause.value})" if verdict.cause else ""
     out.write(f"{namespace}/{verdict.pod} {verdict.state.value}{cause}\n")
     return EXIT_OK
@@ -104,26 +134,45 @@ def explain(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | N
     ready = _prepare(args, "explain", err)
     if isinstance(ready, int):
         return ready
-    namespace, pod, client = ready
+    namespace, pod, loaded, client = ready
 
-    async def read() -> tuple[Verdict | None, list[dict[str, Any]]]:
+    async def read() -> tuple[Verdict | None, list[dict[str, Any]], bool | None]:
         async with client:
             if args.sandbox:
                 verdict = await client.of_sandbox(namespace, pod)
             else:
                 verdict = await client.get(namespace, pod)
-            events = await client.events(namespace, verdict.pod) if verdict else []
-            return verdict, events
+            if verdict is None:
+                exists = None if args.sandbox else await client.pod_exists(namespace, pod)
+                return None, [], exists
+            return verdict, await client.events(namespace, verdict.pod), True
 
     try:
-        verdict, events = asyncio.run(read())
-    except (ApiError, NoAnswer, OSError, TimeoutError) as exc:
-        return _api_failure("explain", exc, err)
+        verdict, events, exists = asyncio.run(read())
+    except _FAILED as exc:
+        return _api_failure("explain", exc, loaded, namespace, err)
     if verdict is None:
-        what = f"Sandbox {namespace}/{pod}" if args.sandbox else f"{namespace}/{pod}"
-        err.write(f"deathwatch explain: {what} has no verdict (no DeathWatch selects it)\n")
+        err.write(f"deathwatch explain: {_no_verdict(args, namespace, pod, exists)}\n")
         return EXIT_NOT_REACHED
     doc = explaining.document(verdict, events)
     text = json.dumps(doc, indent=2) if args.output == "json" else explaining.text(doc)
     out.write(text + "\n")
     return EXIT_OK
+
+
+def _no_verdict(args: argparse.Namespace, namespace: str, name: str, exists: bool | None) -> str:
+    """Which object is missing: the pod, or only its verdict (and what selects one)."""
+    selects = (
+        f"no DeathWatch in namespace {namespace} selects it "
+        f"(kubectl get deathwatches -n {namespace})"
+    )
+    if args.sandbox:
+        return f"Sandbox {namespace}/{name} has no verdict: no pod of it is judged, or {selects}"
+    if exists is False:
+        return (
+            f"pod {namespace}/{name} not found, and no verdict for it (a verdict outlives its pod "
+            "by the DeathWatch's verdictRetention, 1h by default)"
+        )
+    if exists is None:
+        return f"{namespace}/{name} has no verdict: no such pod, or {selects}"
+    return f"pod {namespace}/{name} has no verdict: {selects}, or it is too new to be judged"

@@ -1,9 +1,11 @@
 """`deathwatch wait` and `deathwatch explain` (also `kubectl deathwatch ...`): their arguments.
 
-wait exits 0 when the verdict reaches one of the states asked for, 1 when it timed out or
-can no longer (a Gone pod can never be Dead), 2 on bad input, 3 when the API server could not
-be asked (unreachable, or it refused: the message names its code). Always one line on stderr,
-never a traceback. The work is act.py's, imported only when a command runs: the API client
+Exit codes (`EXITS`, said in --help): 0 the verdict reached a state asked for (explain: shown);
+1 it timed out or can no longer (a Gone pod can never be Dead; explain: no verdict); 2 bad
+input; 3 the API server cannot be reached; 4 the kubeconfig cannot be used; 5 the credentials
+cannot be had or are not accepted (401); 6 the API server refused (403, deathwatch's CRDs not
+installed, any other status). Always one line on stderr naming the file, context, address or
+object, never a traceback. The work is act.py's, imported only when a command runs: the API client
 (aiohttp, the kubernetes configuration loader) costs half a second to import, and `deathwatch
 replay` and `--help` must not pay it.
 """
@@ -16,7 +18,14 @@ from typing import TextIO
 
 from deathwatch._engine.verdict import State
 
-EXIT_OK, EXIT_NOT_REACHED, EXIT_BAD_INPUT, EXIT_API = 0, 1, 2, 3
+EXIT_OK, EXIT_NOT_REACHED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_UNREACHABLE, EXIT_KUBECONFIG, EXIT_CREDENTIALS, EXIT_REFUSED = 3, 4, 5, 6
+EXITS = (
+    "Exit 0 when reached, 1 when timed out or no longer reachable (a Gone pod can never be "
+    "Dead), 2 on bad input, 3 when the API server cannot be reached, 4 when the kubeconfig "
+    "cannot be used, 5 when the credentials cannot be had or are refused (401), 6 when the API "
+    "server refuses (403, deathwatch's CRDs not installed)."
+)
 FOR: dict[str, frozenset[State]] = {
     **{s.value.lower(): frozenset({s}) for s in State},
     "ended": frozenset({State.DEAD, State.GONE}),
@@ -37,13 +46,13 @@ def duration(text: str) -> float:
     return seconds
 
 
-def _target(args: argparse.Namespace) -> tuple[str, str]:
-    """NS/POD, or POD with -n NS, or --sandbox NAME with -n NS; the names checked so a typo
-    is one line, not a 404."""
+def _target(args: argparse.Namespace, default_namespace: str = "default") -> tuple[str, str]:
+    """NS/POD, or POD with -n NS, or --sandbox NAME with -n NS (else the kubeconfig context's
+    namespace, as kubectl); the names checked so a typo is one line, not a 404."""
     if (args.target is None) == (args.sandbox is None):
         raise ValueError("name one pod (NS/POD) or one agent-sandbox Sandbox (--sandbox NAME)")
     namespace, _, pod = (args.target or args.sandbox).rpartition("/")
-    namespace = namespace or args.namespace
+    namespace = namespace or args.namespace or default_namespace
     what_pod = "sandbox" if args.sandbox else "pod"
     for what, value in (("namespace", namespace), (what_pod, pod)):
         if not _NAME.match(value) or len(value) > 253:
@@ -57,17 +66,15 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
                         help="the sandbox pod (or POD with -n)")  # fmt: skip
     common.add_argument("--sandbox", metavar="NAME", default=None,
                         help="an agent-sandbox Sandbox: its current pod's verdict")  # fmt: skip
-    common.add_argument("-n", "--namespace", default="default", help="when not in NS/POD")
+    common.add_argument("-n", "--namespace", default=None,
+                        help="when not in NS/POD (default: the context's namespace)")  # fmt: skip
     common.add_argument("--kubeconfig", default=None, help="else in-cluster, $KUBECONFIG, ~/.kube")
+    common.add_argument("--context", default=None, help="a kubeconfig context, not the current")
     w = subparsers.add_parser(
         "wait",
         parents=[common],
         help="wait until a pod's verdict reaches a state",
-        description=(
-            "Exit 0 when the verdict reaches the state, 1 when it timed out or can no longer "
-            "(a Gone pod can never be Dead), 2 on bad input, 3 when the API server could not be "
-            "asked."
-        ),
+        description=EXITS,
     )
     w.add_argument("--for", dest="wanted", required=True, choices=sorted(FOR),
                    help="ended: Dead or Gone")  # fmt: skip
@@ -77,6 +84,10 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         "explain",
         parents=[common],
         help="a pod's verdict: cause, evidence, timeline, policy, shield and Events",
+        description=EXITS.replace("when reached", "when shown").replace(
+            "when timed out or no longer reachable (a Gone pod can never be Dead)",
+            "when there is no verdict (the message says whether the pod exists)",
+        ),
     )
     e.add_argument("-o", "--output", choices=("text", "json"), default="text")
     e.set_defaults(run=run_explain)

@@ -36,9 +36,14 @@ class KubeError(Exception):
         return type(self).__name__
 
 
+class _Details(msgspec.Struct):
+    name: str = ""
+
+
 class _Status(msgspec.Struct):
     message: str = ""
     reason: str = ""
+    details: _Details | None = None
 
 
 class ApiError(KubeError):
@@ -52,14 +57,28 @@ class ApiError(KubeError):
             f"{status} {reason}: {self.message}" if reason else f"{status}: {self.message}"
         )
 
+    def _status(self) -> _Status | None:
+        try:
+            return msgspec.json.decode(self.body, type=_Status)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None
+
     @property
     def message(self) -> str:
         """The Status object's message, else the body as it came (cut short)."""
-        try:
-            said = msgspec.json.decode(self.body, type=_Status)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        said = self._status()
+        if said is None:
             return self.body[:300]
         return said.message or said.reason or self.body[:300]
+
+    @property
+    def missing_resource(self) -> bool:
+        """A 404 for the kind of object, not for one object: the API server does not serve
+        that resource at all (a CRD not installed). Its Status then names no object."""
+        if not self.not_found:
+            return False
+        said = self._status()
+        return said is None or not (said.details and said.details.name)
 
     @property
     def conflict(self) -> bool:
@@ -85,6 +104,11 @@ class ApiError(KubeError):
         return self.status == 403
 
     @property
+    def unauthorized(self) -> bool:
+        """401: the API server does not know who this is (no credentials, or expired ones)."""
+        return self.status == 401
+
+    @property
     def server_error(self) -> bool:
         return self.status >= 500
 
@@ -100,9 +124,10 @@ class ApiError(KubeError):
 class Unreachable(KubeError):
     """No answer: the connection was refused, reset or cut, or a deadline passed."""
 
-    def __init__(self, what: str, *, timeout: bool = False) -> None:
+    def __init__(self, what: str, *, timeout: bool = False, reason: str = "") -> None:
         super().__init__(what)
         self.timeout = timeout
+        self.reason = reason or what  # what the network said, without the request
 
     @property
     def retryable(self) -> bool:
