@@ -33,6 +33,7 @@ from hack.localcluster import cluster
 from hack.localcluster.agentpods import AGENT_PORT, EXEC_PROBE, OTHER_PORT, agent_pod
 from hack.localcluster.controller_process import metrics_reader_token
 from hack.localcluster.netns_tool import connect_once
+from hack.localcluster.node import POD_SUBNET
 from tests.conftest import _binaries_or_skip
 from tests.kube import wait_for
 
@@ -190,10 +191,13 @@ def test_the_firewall_is_ready_once_its_rule_is_in_force_and_shuts_the_host_out(
     )
     import yaml
 
-    # the node's host addresses in its podCIDR (10.88.0.0/24: .0, and .1 the bridge's
-    # gateway), learned from its Node object, are not pod sources (ADR 0012)
+    # the node's pod range (10.88.0.0/24), learned from its Node object (podCIDRs is left at
+    # its default, empty), and its host addresses there (.0, and .1 the bridge's gateway),
+    # which are not pod sources (ADR 0012)
+    config = parse_config(yaml.safe_load(configmap.data["config.yaml"]))
+    assert config.pod_cidrs == ()
     hosts = [ipaddress.ip_address("10.88.0.0"), ipaddress.ip_address("10.88.0.1")]
-    want = desired(parse_config(yaml.safe_load(configmap.data["config.yaml"])), hosts=hosts)
+    want = desired(config.with_pod_ranges((ipaddress.ip_network(POD_SUBNET),)), hosts=hosts)
     # the DaemonSet rolled out: its pod is Ready, which its probe (`deathwatch-firewall
     # check`) allows only while the live table is exactly the configured one
     assert SystemNft().list_table() == want

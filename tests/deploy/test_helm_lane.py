@@ -50,7 +50,7 @@ from hack.localcluster.attacks import Attack
 from hack.localcluster.controller_process import service_account_token
 from hack.localcluster.controlplane import free_port
 from hack.localcluster.netns_tool import connect_once
-from hack.localcluster.node import BRIDGE, NODE_NAME, POD_SUBNET
+from hack.localcluster.node import BRIDGE, NODE_NAME
 from hack.render_manifests import CHART, helm_bin
 from tests.conftest import _binaries_or_skip
 from tests.kube import WaitTimeout, wait_for
@@ -187,8 +187,8 @@ def values(tmp: Path) -> Path:
                 {"key": "entry_points.txt", "path": f"{info}/entry_points.txt"}]}}],
             "extraVolumeMounts": [{"name": "plugins", "mountPath": "/plugins", "readOnly": True}],
         },
-        "firewall": {"image": {"repository": "deathwatch.local/firewall", "tag": "dev"},
-                     "podCIDRs": [POD_SUBNET]},
+        # podCIDRs left at its default: the agents learn the node's from its Node object
+        "firewall": {"image": {"repository": "deathwatch.local/firewall", "tag": "dev"}},
         # Prometheus scrapes with this ServiceAccount's token (README "Monitoring")
         "metrics": {"readers": [{"kind": "ServiceAccount", "name": SCRAPER[1],
                                  "namespace": SCRAPER[0]}]},
@@ -681,7 +681,7 @@ def test_helm_upgrade_with_new_values_rolls_the_agents_and_lets_nothing_through(
     assert [h["revision"] for h in history] == [1, 2] and history[-1]["status"] == "deployed"
     config = yaml.safe_load(lane.core.read_namespaced_config_map(
         "deathwatch-firewall", SYSTEM, _request_timeout=10).data["config.yaml"])  # fmt: skip
-    assert config["allowedSources"] == ["192.0.2.10/32"] and config["podCIDRs"] == [POD_SUBNET]
+    assert config["allowedSources"] == ["192.0.2.10/32"] and config["podCIDRs"] == []
 
 
 def test_the_agent_unable_to_list_its_sandboxes_fires_sync_failing(lane: Lane) -> None:

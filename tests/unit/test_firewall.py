@@ -46,7 +46,8 @@ GOOD = {"podCIDRs": ["10.244.0.0/16", "fd00:10:244::/56"], "agentPorts": [49983]
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        ({"podCIDRs": [], "agentPorts": [1]}, "podCIDRs: expected a non-empty list"),
+        ({"podCIDRs": "10.0.0.0/8", "agentPorts": [1]}, "podCIDRs: expected a list of CIDRs"),
+        ({"podCIDRs": [], "agentPorts": []}, "agentPorts: expected a non-empty list"),
         (
             {"podCIDRs": ["10.244.0.1/16"], "agentPorts": [1]},
             "podCIDRs[0]: invalid CIDR '10.244.0.1/16'",
@@ -329,7 +330,7 @@ def test_agent_counts_refusals_across_replacements(tmp_path: Path) -> None:
 
 def test_agent_with_no_valid_config_leaves_the_table_alone(tmp_path: Path) -> None:
     path = tmp_path / "fw.yaml"
-    path.write_text("agentPorts: [1]\n")
+    path.write_text("podCIDRs: [10.0.0.0/8]\n")  # no agentPorts
     previous = desired(parse_config(GOOD))  # a previous agent's rule, during a rollout
     nft = FakeNft()
     nft.table = previous
@@ -528,3 +529,45 @@ def test_the_pod_watch_survives_any_failure_counted_and_wakes_the_agent() -> Non
     assert len(failed) == 2
     assert len(woken) == 3  # two lists and the change
     assert [m for m, _ in api.requests] == ["GET", "WATCH", "GET", "WATCH", "WATCH"]
+
+
+class Nodes:
+    """The Node objects as the agent's watch last saw them."""
+
+    def __init__(self, *nodes: tuple[str, list[str]]) -> None:
+        self.nodes = [{"metadata": {"name": n}, "spec": {"podCIDRs": r}} for n, r in nodes]
+
+    def snapshot(self) -> list[Mapping[str, Any]] | None:
+        return list(self.nodes)
+
+
+def test_pod_ranges_are_learned_from_the_nodes_and_the_inbound_rule_waits_for_all_of_them(
+    tmp_path: Path,
+) -> None:
+    """No podCIDRs configured (the default): the ranges come from every Node's spec.podCIDRs.
+    A node without one could hold the platform's gateway: its address would be in no range
+    and refused, so the inbound rule waits (the output rule does not). A sandbox in no known
+    range is left out of the inbound rule, never refused its clients."""
+    path = tmp_path / "fw.yaml"
+    path.write_text(json.dumps({"agentPorts": [49983]}))
+    nft = FakeNft()
+    agent = Agent(path, nft, sandboxes=[ip_address("10.42.0.7"), ip_address("192.168.9.9")])
+    nodes = Nodes(("node-a", ["10.42.0.0/24"]), ("node-b", ["10.42.1.0/24"]))
+    agent.nodes = nodes  # type: ignore[assignment]
+    agent.step()
+    assert nft.table is not None
+    sets = {s.name: s.elements for s in nft.table.sets}
+    assert sets["pod_v4"] == ("10.42.0.0/23",)
+    assert sets["sandbox_v4"] == ("10.42.0.7",)  # 192.168.9.9: in no range, not guarded
+    assert sets["podsrc_v4"] == ("10.42.0.2-10.42.0.255", "10.42.1.2-10.42.1.255")  # hosts out
+    assert agent.metrics.inbound_enforced._value.get() == 1
+    nodes.nodes.append({"metadata": {"name": "node-c"}, "spec": {}})
+    agent.step()
+    assert [c.name for c in nft.table.chains] == ["output"]  # the inbound rule waits
+    assert agent.metrics.inbound_enforced._value.get() == 0
+    # the operator's ranges are complete by their word; the nodes' are added to them
+    path.write_text(json.dumps({"agentPorts": [49983], "podCIDRs": ["10.43.0.0/16"]}))
+    agent.step()
+    assert [c.name for c in nft.table.chains] == ["output", "inbound"]
+    assert {s.name: s.elements for s in nft.table.sets}["pod_v4"] == ("10.42.0.0/23",
+                                                                     "10.43.0.0/16")  # fmt: skip

@@ -4,6 +4,7 @@ whole path on real nftables and the real control plane: tests/netns/test_shield.
 
 from __future__ import annotations
 
+import ipaddress
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from deathwatch._operator.shield import (
     read_lease,
     sight,
 )
-from deathwatch.firewall.config import parse_config
+from deathwatch.firewall.config import FirewallConfig, parse_config
 from deathwatch.firewall.coverage import LABELS, NodeState, lease_body, lease_name
 from deathwatch.firewall.hosts import Hosts
 
@@ -56,6 +57,8 @@ def test_the_agents_lease_reads_back_as_the_controller_expects() -> None:
         pod_cidrs=config.pod_cidrs,
         agent_ports=frozenset({49983}),
         inbound=True,
+        hosts_unknown="",
+        pod_ranges_unknown="",
     )
     assert read_lease({"metadata": {"name": "someone-elses-lease"}}) is None
     assert len(lease_name("n" * 300)) <= 253
@@ -82,7 +85,7 @@ def test_judge_names_why_a_sandbox_is_not_shielded() -> None:
     assert reason(coverage=None) == (f, ShieldReason.NO_AGENT)
     assert reason(claim(rule_in_force=False)) == (f, ShieldReason.RULE_MISSING)
     assert reason(claim(config_file="invalid")) == (f, ShieldReason.CONFIG_MISMATCH)
-    assert reason(ips=("10.9.0.1",)) == (f, ShieldReason.CONFIG_MISMATCH)
+    assert reason(ips=("10.9.0.1",)) == (f, ShieldReason.OUTSIDE_POD_RANGES)
     assert reason(ports=(49983, 8000)) == (f, ShieldReason.CONFIG_MISMATCH)
     assert reason(node=None) == (u, ShieldReason.NOT_SCHEDULED)
     assert reason(observed=False) == (u, ShieldReason.NOT_OBSERVED)
@@ -90,6 +93,8 @@ def test_judge_names_why_a_sandbox_is_not_shielded() -> None:
     assert reason(claim(hosts_unknown="*")) == (f, ShieldReason.HOSTS_UNKNOWN)
     # with inbound off, the hosts of other nodes are their own output rules' business
     assert reason(claim(hosts_unknown="node-b", inbound=False)) == (t, ShieldReason.IN_FORCE)
+    assert reason(claim(pod_ranges_unknown="node-b")) == (f, ShieldReason.POD_RANGES_UNKNOWN)
+    assert reason(claim(pod_ranges_unknown="*")) == (f, ShieldReason.POD_RANGES_UNKNOWN)
 
 
 def test_hosts_the_agent_cannot_tell_from_pods_are_said_on_its_lease() -> None:
@@ -126,3 +131,41 @@ def test_staleness_is_timed_on_our_clock_not_the_agents() -> None:
     renewed = sight(first, claim(renew_time="later", renewed_at=NOW + timedelta(seconds=4)),
                     NOW + timedelta(seconds=4), 54.0, cap=6.0)  # fmt: skip
     assert (renewed.seen_at, renewed.age_then) == (54.0, 0.0)
+
+
+def test_pod_ranges_learned_from_the_nodes_and_when_the_inbound_rule_waits_for_them() -> None:
+    """podCIDRs is optional: the ranges the Node objects were given are added to it, and the
+    lease says which nodes have none (the agent then holds the inbound rule back)."""
+    bare = parse_config({"agentPorts": [49983]})
+    learned = (ipaddress.ip_network("10.42.0.0/24"), ipaddress.ip_network("10.42.1.0/24"))
+
+    def read(config: FirewallConfig, hosts: Hosts) -> NodeCoverage:
+        body = lease_body("node-a", "fw-a", "deathwatch-system",
+                          NodeState(config, config.digest(), True, 2, hosts), NOW)  # fmt: skip
+        coverage = read_lease(body)
+        assert coverage is not None
+        return coverage
+
+    every = read(bare, Hosts((), (), learned, ()))
+    assert every.pod_cidrs == (ipaddress.ip_network("10.42.0.0/23"),)  # collapsed
+    assert every.pod_ranges_unknown == "" and every.config == bare.digest()
+    some = read(bare, Hosts((), (), learned, ("node-c",)))
+    assert some.pod_ranges_unknown == "node-c"
+    assert read(bare, Hosts((), None, (), None)).pod_ranges_unknown == "*"  # not listed
+    # configured ranges are the operator's word: complete, with the learned ones added
+    given = parse_config({"agentPorts": [49983], "podCIDRs": ["10.244.0.0/16"]})
+    both = read(given, Hosts((), (), learned, ("node-c",)))
+    assert both.pod_ranges_unknown == ""
+    assert set(both.pod_cidrs) == {ipaddress.ip_network("10.244.0.0/16"),
+                                   ipaddress.ip_network("10.42.0.0/23")}  # fmt: skip
+    shield = judge("node-a", ("10.42.0.7",), (49983,), some, Sighting("t", 100.0, 1.0), 101.0,
+                   True)  # fmt: skip
+    assert shield.reason == ShieldReason.POD_RANGES_UNKNOWN
+    assert "nodes without spec.podCIDRs: node-c" in shield.message
+    assert "set firewall.podCIDRs" in shield.message
+    outside = judge("node-a", ("192.168.3.4",), (49983,), every, Sighting("t", 100.0, 1.0),
+                    101.0, True)  # fmt: skip
+    assert outside.reason == ShieldReason.OUTSIDE_POD_RANGES
+    assert "192.168.3.4 is in no pod range the firewall on node-a knows (10.42.0.0/23)" in (
+        outside.message
+    )

@@ -29,6 +29,9 @@ NODE, CONFIG, CONFIG_FILE, RULE = (
 )
 POD_CIDRS, AGENT_PORTS, INBOUND = (f"{PREFIX}{k}" for k in ("pod-cidrs", "agent-ports", "inbound"))
 HOSTS_UNKNOWN = f"{PREFIX}hosts-unknown"  # nodes whose hosts' pod-range addresses are unknown
+# nodes with no spec.podCIDRs while podCIDRs is not configured ("*": not listed): the agent
+# then holds the inbound rule back (a range missing would refuse real pods)
+POD_RANGES_UNKNOWN = f"{PREFIX}pod-ranges-unknown"
 SELECTOR = "app.kubernetes.io/component=firewall-coverage"
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -45,6 +48,8 @@ class ShieldReason:
     NOT_SCHEDULED = "NotScheduled"
     NOT_OBSERVED = "NotObserved"
     HOSTS_UNKNOWN = "HostAddressesUnknown"  # the inbound rule cannot tell some hosts from pods
+    POD_RANGES_UNKNOWN = "PodRangesUnknown"  # the inbound rule waits for complete pod ranges
+    OUTSIDE_POD_RANGES = "OutsidePodRanges"  # the sandbox's address is in no known pod range
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +70,8 @@ class NodeCoverage:
     # nodes whose hosts' addresses in the pod ranges the agent does not know ("*": nodes not
     # listed at all): their hosts could pass the inbound rule from a tunnel address
     hosts_unknown: str = ""
+    # nodes with no pod range while none is configured ("*": not listed): inbound waits
+    pod_ranges_unknown: str = ""
 
 
 def read_lease(lease: Mapping[str, Any]) -> NodeCoverage | None:
@@ -98,6 +105,7 @@ def read_lease(lease: Mapping[str, Any]) -> NodeCoverage | None:
         agent_ports=ports,
         inbound=notes.get(INBOUND) == "true",
         hosts_unknown=str(notes.get(HOSTS_UNKNOWN, "")),
+        pod_ranges_unknown=str(notes.get(POD_RANGES_UNKNOWN, "")),
     )
 
 
@@ -168,12 +176,26 @@ def judge(
             ShieldReason.CONFIG_MISMATCH,
             f"the firewall agent on {node} refused its new config and enforces the previous one",
         )
-    outside = [ip for ip in pod_ips if not _within(ip, coverage.pod_cidrs)]
-    if outside:
+    if coverage.inbound and coverage.pod_ranges_unknown:
+        which = (
+            "no node with a spec.podCIDRs was listed"
+            if coverage.pod_ranges_unknown == "*"
+            else f"nodes without spec.podCIDRs: {coverage.pod_ranges_unknown.replace(',', ', ')}"
+        )
         return Shield(
             f,
-            ShieldReason.CONFIG_MISMATCH,
-            f"address {outside[0]} is outside the firewall's podCIDRs on {node}",
+            ShieldReason.POD_RANGES_UNKNOWN,
+            f"the firewall agent on {node} holds the inbound rule back: the pod ranges are not "
+            f"known to be complete ({which}); set firewall.podCIDRs to the cluster's pod ranges",
+        )
+    outside = [ip for ip in pod_ips if not _within(ip, coverage.pod_cidrs)]
+    if outside:
+        known = ", ".join(str(n) for n in coverage.pod_cidrs) or "none"
+        return Shield(
+            f,
+            ShieldReason.OUTSIDE_POD_RANGES,
+            f"address {outside[0]} is in no pod range the firewall on {node} knows ({known}): "
+            "the rules leave it out; add its range to firewall.podCIDRs",
         )
     unguarded = sorted(set(agent_ports) - coverage.agent_ports)
     if unguarded:

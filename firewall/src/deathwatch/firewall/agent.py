@@ -18,7 +18,7 @@ import hashlib
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -26,9 +26,9 @@ import structlog
 
 from deathwatch._kube.errors import KubeError, describe
 from deathwatch._kube.ports import Heartbeat
-from deathwatch.firewall.config import ConfigError, FirewallConfig, load_config
+from deathwatch.firewall.config import ConfigError, FirewallConfig, Network, load_config
 from deathwatch.firewall.coverage import NodeState, lease_body, publish
-from deathwatch.firewall.hosts import Hosts, NodeAddresses, host_addresses
+from deathwatch.firewall.hosts import Hosts, NodeAddresses, host_addresses, ranges_unknown
 from deathwatch.firewall.kubeapi import Api
 from deathwatch.firewall.metrics import FirewallMetrics
 from deathwatch.firewall.nft import Nft, NftError
@@ -72,7 +72,8 @@ class Agent:
         # every node's host addresses inside the pod ranges: learned from the Node objects in
         # a cluster (unknown until they are listed), else as given
         self._given_hosts = tuple(hosts)
-        self.hosts = Hosts(self._given_hosts, () if link is None else None)
+        outside = () if link is None else None  # outside a cluster: no node to learn from
+        self.hosts = Hosts(self._given_hosts, outside, (), outside)
         self.nodes: NodeAddresses | None = None
         self._file_digest = "invalid"  # the config the mounted file asks for
         self._in_force = False
@@ -81,6 +82,7 @@ class Agent:
         self._rejected_seen = 0
         self._applied_once = False
         self._config_changed = False  # the next apply is for a new config, not a repair
+        self._ranges_said: tuple[Network, ...] | None = None  # the pod ranges last logged
 
     def reload(self) -> bool:
         """Pick up a changed config file. True when a new valid config took effect."""
@@ -147,9 +149,20 @@ class Agent:
         addresses in the pod ranges. One place, for the sync and for its failure path alike
         (the failure path once judged presence without the hosts, and called the table
         missing on overlay CNIs while it was in force: false SandboxUnshielded)."""
+        enforced = self.enforced()
+        if enforced is None:
+            return None
+        return desired(enforced, self.sandboxes, self.hosts.addresses)
+
+    def enforced(self) -> FirewallConfig | None:
+        """The config as enforced now: its pod ranges and the nodes'; the inbound rule only
+        once those are complete (a range missing would refuse real pods: config.py)."""
         if self.config is None:
             return None
-        return desired(self.config, self.sandboxes, self.hosts.addresses)
+        config = self.config.with_pod_ranges(self.hosts.ranges)
+        if config.inbound and ranges_unknown(self.config, self.hosts) != ():
+            config = replace(config, inbound=False)
+        return config
 
     def _count_rejected(self, have: Table | None) -> None:
         now = have.rejected_packets if have else 0
@@ -183,17 +196,38 @@ class Agent:
             return
         nodes = self.nodes.snapshot() if self.nodes is not None else []
         if nodes is None:
-            self.hosts = Hosts(self._given_hosts, None)
+            self.hosts = Hosts(self._given_hosts, None, (), None)
+            self._count_ranges()
             return
         found = host_addresses(nodes, self.config)
         hosts = Hosts(tuple(sorted({*found.addresses, *self._given_hosts},
-                                   key=lambda a: (a.version, int(a)))), found.unknown)  # fmt: skip
-        if hosts != self.hosts:
+                                   key=lambda a: (a.version, int(a)))), found.unknown,
+                      found.ranges, found.unranged)  # fmt: skip
+        if hosts.addresses != self.hosts.addresses or hosts.unknown != self.hosts.unknown:
             unknown = "not listed" if hosts.unknown is None else list(hosts.unknown)
             log.info("host addresses in the pod ranges", count=len(hosts.addresses),
                      unknown=unknown)  # fmt: skip
+        before = ranges_unknown(self.config, self.hosts)
         self.hosts = hosts
+        after = ranges_unknown(self.config, hosts)
+        if after != before or self._ranges_said != hosts.ranges:
+            self._ranges_said = hosts.ranges
+            if after == () or not self.config.inbound:
+                log.info("pod ranges", learned=[str(n) for n in hosts.ranges],
+                         configured=[str(n) for n in self.config.pod_cidrs])  # fmt: skip
+            else:
+                log.warning(
+                    "pod ranges incomplete: the inbound rule waits (give firewall.podCIDRs)",
+                    learned=[str(n) for n in hosts.ranges],
+                    nodes_without_podCIDRs="not listed" if after is None else list(after[:20]),
+                )
         self.metrics.host_addresses.set(len(hosts.addresses))
+        self._count_ranges()
+
+    def _count_ranges(self) -> None:
+        enforced = self.enforced()
+        self.metrics.inbound_enforced.set(1 if enforced is not None and enforced.inbound else 0)
+        self.metrics.pod_ranges.set(len(enforced.pod_cidrs) if enforced is not None else 0)
 
     def publish(self) -> None:
         """Renew this node's coverage Lease with what is in force now."""

@@ -1,6 +1,8 @@
 """The firewall agent's configuration: the file the DaemonSet mounts from a ConfigMap.
 
-    podCIDRs: ["10.244.0.0/16", "fd00:10:244::/56"]   # IPv4 and/or IPv6 pod ranges (all nodes)
+    podCIDRs: []   # optional: pod ranges (IPv4, IPv6) added to those learned from every
+                   # Node's spec.podCIDRs; give them when the CNI's IPAM is not the nodes'
+                   # (Calico IP pools, a VPC CNI): see `pod ranges` below
     agentPorts: [49983]                                # TCP ports of the sandbox agent
     resyncSeconds: 10                                  # how often the live table is checked
     inbound: true                  # also refuse, on the sandbox's own node, connections from
@@ -12,6 +14,14 @@
     hostPodCIDROffsets: [0, 1]     # addresses of each node's spec.podCIDRs the host takes
                                    # (flannel's VXLAN device .0, a bridge CNI's gateway .1)
     extraHostAddresses: []         # any other host addresses inside the pod ranges
+
+Pod ranges: the agent learns them from the Node objects (`spec.podCIDRs`, what the node IPAM
+of kube-controller-manager assigns and bridge, flannel, kindnet, Cilium's kubernetes IPAM
+and k3s use) and adds `podCIDRs`. The inbound rule refuses every source outside them, so it
+is enforced only while they are complete: `podCIDRs` given, or every node listed with a
+podCIDR. Otherwise only the output rule is enforced, and the coverage Lease says why (a
+wrong range would refuse real pods, the platform's gateway among them). A sandbox whose
+address is in no known range is left out of the inbound rule for the same reason.
 
 YAML or JSON, decoded through a typed model (`ConfigFile`: types and bounds declared once).
 Validated strictly: an unknown key, a wrong type or a bad value is an error that names the
@@ -25,7 +35,7 @@ import hashlib
 import ipaddress
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -59,8 +69,8 @@ class ConfigError(ValueError):
     pass
 
 
-class ConfigFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    pod_cidrs: Annotated[list[str], msgspec.Meta(min_length=1)] = msgspec.field(name="podCIDRs")
+class ConfigFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    pod_cidrs: list[str] = msgspec.field(name="podCIDRs", default_factory=list)
     agent_ports: Annotated[
         list[Annotated[int, msgspec.Meta(ge=1, le=65535)]], msgspec.Meta(min_length=1)
     ] = msgspec.field(name="agentPorts")
@@ -92,7 +102,7 @@ _SELECTOR = re.compile(
 )
 # what each field must be, in words, for messages that name the field and the value
 _EXPECTED = {
-    "podCIDRs": "a non-empty list of CIDRs",
+    "podCIDRs": "a list of CIDRs (optional: learned from the Node objects)",
     "podCIDRs[]": "a CIDR string",
     "agentPorts": "a non-empty list of TCP ports",
     "agentPorts[]": "a TCP port 1-65535",
@@ -129,6 +139,15 @@ class FirewallConfig:
     @property
     def v6(self) -> tuple[ipaddress.IPv6Network, ...]:
         return _collapsed(self.pod_cidrs, ipaddress.IPv6Network)
+
+    def with_pod_ranges(self, learned: tuple[Network, ...]) -> FirewallConfig:
+        """This config with the ranges learned from the Node objects added to its own."""
+        if not learned:
+            return self
+        pods = (*self.pod_cidrs, *learned)
+        v4: tuple[Network, ...] = _collapsed(pods, ipaddress.IPv4Network)
+        both = v4 + _collapsed(pods, ipaddress.IPv6Network)
+        return replace(self, pod_cidrs=both)
 
     def allowed(self, version: int) -> tuple[Network, ...]:
         if version == 4:

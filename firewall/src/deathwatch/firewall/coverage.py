@@ -22,7 +22,7 @@ from typing import Any
 
 from deathwatch._kube.errors import ApiError
 from deathwatch.firewall.config import FirewallConfig
-from deathwatch.firewall.hosts import Hosts
+from deathwatch.firewall.hosts import Hosts, ranges_unknown
 from deathwatch.firewall.kubeapi import Api
 
 PREFIX = "deathwatch.dev/"
@@ -35,6 +35,9 @@ POD_CIDRS, AGENT_PORTS, INBOUND, SANDBOXES = (
 # every node's host addresses inside the pod ranges, as the inbound rule refuses them: how
 # many, and the nodes whose addresses could not be learned ("*": the nodes were not listed)
 HOST_ADDRESSES, HOSTS_UNKNOWN = f"{PREFIX}host-addresses", f"{PREFIX}hosts-unknown"
+# why the inbound rule waits for complete pod ranges: "" it does not, "*" the nodes were not
+# listed (or none has a podCIDR), else the nodes with no spec.podCIDRs (podCIDRs not given)
+POD_RANGES_UNKNOWN = f"{PREFIX}pod-ranges-unknown"
 UNKNOWN_SHOWN = 20  # nodes named in the annotation; more are counted
 LABELS = {
     "app.kubernetes.io/name": "deathwatch",
@@ -52,7 +55,7 @@ def lease_name(node: str) -> str:
     return name
 
 
-KNOWN_NONE = Hosts((), ())  # outside a cluster: no other node, nothing to learn
+KNOWN_NONE = Hosts((), (), (), ())  # outside a cluster: no other node, nothing to learn
 
 
 @dataclass(frozen=True)
@@ -68,10 +71,14 @@ class NodeState:
 
 def unknown_hosts(hosts: Hosts) -> str:
     """The nodes whose host addresses are not in the rule: "" none, "*" not listed at all."""
-    if hosts.unknown is None:
+    return _nodes(hosts.unknown)
+
+
+def _nodes(nodes: tuple[str, ...] | None) -> str:
+    if nodes is None:
         return "*"
-    shown = ",".join(hosts.unknown[:UNKNOWN_SHOWN])
-    more = len(hosts.unknown) - UNKNOWN_SHOWN
+    shown = ",".join(nodes[:UNKNOWN_SHOWN])
+    more = len(nodes) - UNKNOWN_SHOWN
     return f"{shown},+{more}" if more > 0 else shown
 
 
@@ -79,6 +86,8 @@ def lease_body(
     node: str, identity: str, namespace: str, state: NodeState, now: datetime
 ) -> dict[str, Any]:
     config = state.config
+    ranges = config.with_pod_ranges(state.hosts.ranges).pod_cidrs
+    waits = ranges_unknown(config, state.hosts) if config.inbound else ()
     stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     return {
         "apiVersion": "coordination.k8s.io/v1",
@@ -92,12 +101,13 @@ def lease_body(
                 CONFIG: config.digest(),
                 CONFIG_FILE: state.config_file,
                 RULE: "in-force" if state.rule_in_force else "missing",
-                POD_CIDRS: ",".join(str(n) for n in config.pod_cidrs),
+                POD_CIDRS: ",".join(str(n) for n in ranges),
                 AGENT_PORTS: ",".join(str(p) for p in config.agent_ports),
                 INBOUND: "true" if config.inbound else "false",
                 SANDBOXES: "unknown" if state.sandboxes is None else str(state.sandboxes),
                 HOST_ADDRESSES: str(len(state.hosts.addresses)),
                 HOSTS_UNKNOWN: unknown_hosts(state.hosts) if config.inbound else "",
+                POD_RANGES_UNKNOWN: "" if waits == () else _nodes(waits),
             },
         },
         "spec": {

@@ -27,7 +27,7 @@ import structlog
 
 from deathwatch._kube.errors import describe
 from deathwatch._kube.listwatch import LISTED, Item, Listed, Listing, ListWatch, Noted, Output
-from deathwatch.firewall.config import Address, FirewallConfig
+from deathwatch.firewall.config import Address, FirewallConfig, Network
 from deathwatch.firewall.kubeapi import Api, ThreadTransport, follow
 
 log = structlog.get_logger("deathwatch.firewall")
@@ -37,15 +37,52 @@ BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0)
 
 @dataclass(frozen=True)
 class Hosts:
-    """What is known of every node's hosts: their addresses inside the pod ranges, and the
-    nodes whose addresses could not be learned (None: the nodes were never listed)."""
+    """What is known of every node: its host's addresses inside the pod ranges and the nodes
+    whose addresses could not be learned; the pod ranges the nodes were given
+    (`spec.podCIDRs`) and the nodes that have none. None: the nodes were never listed."""
 
     addresses: tuple[Address, ...] = ()
     unknown: tuple[str, ...] | None = None
+    ranges: tuple[Network, ...] = ()
+    unranged: tuple[str, ...] | None = None
 
     @property
     def complete(self) -> bool:
         return self.unknown == ()
+
+
+def ranges_unknown(config: FirewallConfig, hosts: Hosts) -> tuple[str, ...] | None:
+    """Why the pod ranges are not known to be complete, or () when they are: `podCIDRs`
+    given (the operator's word), or every node listed with a podCIDR. None: the nodes were
+    not listed (or none has a range); else the nodes with no podCIDR. The inbound rule
+    refuses every source outside the ranges, so it waits for this to be ()."""
+    if config.pod_cidrs:
+        return ()
+    if hosts.unranged is None or not hosts.ranges:
+        return None
+    return hosts.unranged
+
+
+def pod_ranges(nodes: Iterable[Mapping[str, Any]]) -> tuple[tuple[Network, ...], tuple[str, ...]]:
+    """The pod ranges the nodes were given (`spec.podCIDRs`, else the older `podCIDR`), and
+    the nodes that have none (their pods' addresses are in no range we know)."""
+    ranges: set[Network] = set()
+    unranged: list[str] = []
+    for node in nodes:
+        spec = node.get("spec") or {}
+        found = False
+        for cidr in spec.get("podCIDRs") or [spec.get("podCIDR")]:
+            if not isinstance(cidr, str):
+                continue
+            try:
+                ranges.add(ipaddress.ip_network(cidr, strict=False))
+                found = True
+            except ValueError:
+                continue
+        if not found:
+            unranged.append(str((node.get("metadata") or {}).get("name")))
+    ordered = tuple(sorted(ranges, key=lambda n: (n.version, int(n.network_address), n.prefixlen)))
+    return ordered, tuple(sorted(unranged))
 
 
 def node_addresses(node: Mapping[str, Any], config: FirewallConfig) -> tuple[set[Address], bool]:
@@ -78,8 +115,11 @@ def node_addresses(node: Mapping[str, Any], config: FirewallConfig) -> tuple[set
 
 
 def host_addresses(nodes: Iterable[Mapping[str, Any]], config: FirewallConfig) -> Hosts:
-    """Every node's host addresses inside the pod ranges, plus `extraHostAddresses`."""
-    pods = config.pod_cidrs
+    """Every node's host addresses inside the pod ranges (configured and learned), plus
+    `extraHostAddresses`; the ranges learned, and the nodes without one."""
+    nodes = list(nodes)
+    ranges, unranged = pod_ranges(nodes)
+    pods = config.with_pod_ranges(ranges).pod_cidrs
     found: set[Address] = set(config.extra_host_addresses)
     unknown: list[str] = []
     for node in nodes:
@@ -88,7 +128,8 @@ def host_addresses(nodes: Iterable[Mapping[str, Any]], config: FirewallConfig) -
         if not learned:
             unknown.append(str((node.get("metadata") or {}).get("name")))
     inside = {a for a in found if any(a in n for n in pods if n.version == a.version)}
-    return Hosts(tuple(sorted(inside, key=lambda a: (a.version, int(a)))), tuple(sorted(unknown)))
+    return Hosts(tuple(sorted(inside, key=lambda a: (a.version, int(a)))), tuple(sorted(unknown)),
+                 ranges, unranged)  # fmt: skip
 
 
 class NodeAddresses:

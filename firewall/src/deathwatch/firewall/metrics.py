@@ -58,6 +58,17 @@ class FirewallMetrics:
             "Hosts' own addresses inside the pod ranges (overlay tunnels), refused inbound",
             registry=r,
         )
+        self.inbound_enforced = Gauge(
+            "deathwatch_firewall_inbound_enforced",
+            "1 when the inbound rule is in the table; 0 while it waits for complete pod ranges "
+            "(podCIDRs not given and a node without spec.podCIDRs) or is turned off",
+            registry=r,
+        )
+        self.pod_ranges = Gauge(
+            "deathwatch_firewall_pod_ranges",
+            "Pod ranges the rules use: configured podCIDRs and the nodes' spec.podCIDRs",
+            registry=r,
+        )
         self.coverage_published = Gauge(
             "deathwatch_firewall_coverage_published_timestamp_seconds",
             "When this node's coverage Lease was last renewed",

@@ -86,7 +86,9 @@ def desired(
         # lookup); then the source, against the pod ranges without the hosts' own addresses
         sources = _without(pods, {a for a in host if a.version == version})
         sets.append(Set(f"podsrc_{suffix}", kind, ("interval",), sources))
-        mine = sorted(str(a) for a in local if a.version == version)
+        # a sandbox in no known pod range is not guarded: its clients' addresses are likely
+        # outside the ranges too, and would be refused (the coverage Lease says why)
+        mine = sorted(str(a) for a in local if a.version == version and any(a in n for n in pods))
         sets.append(Set(f"sandbox_{suffix}", kind, (), tuple(mine)))
         matches = [
             agent,
