@@ -16,7 +16,11 @@ cache=${DEATHWATCH_CACHE:-$HOME/.cache/deathwatch}
 top=$cache/helm/$HELM_VERSION
 log() { printf '[build-helm] %s\n' "$*" >&2; }
 
-if [ -x "$top/bin/helm" ] && "$top/bin/helm" version --template '{{.Version}}' 2>/dev/null | grep -qx "$HELM_VERSION"; then
+# a binary built as Helm's Makefile builds it: with the Kubernetes version of its client-go as
+# the default of `helm template` and `helm lint` (without it, v1.20.0: a chart's kubeVersion
+# then fails every render); the stamp says the binary was built so
+if [ -x "$top/bin/helm" ] && [ -f "$top/bin/.k8s-version" ] \
+    && "$top/bin/helm" version --template '{{.Version}}' 2>/dev/null | grep -qx "$HELM_VERSION"; then
   log "helm $HELM_VERSION cached in $top/bin"
   exit 0
 fi
@@ -28,10 +32,16 @@ dir=$(cd "$top" && go mod download -json "helm.sh/helm/v3@$HELM_VERSION" | sed -
 [ -d "$dir" ] || { log "go mod download gave no directory for helm.sh/helm/v3@$HELM_VERSION"; exit 1; }
 rm -rf "$top/src" && cp -r "$dir" "$top/src" && chmod -R u+w "$top/src"
 log "building helm $HELM_VERSION (first build takes a few minutes)"
-(cd "$top/src" && go build -trimpath \
-  -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean" \
-  -o "$top/bin/helm.tmp" ./cmd/helm)
+client_go=$(cd "$top/src" && go list -f '{{.Version}}' -m k8s.io/client-go)  # v0.35.1
+k8s_minor=$(echo "$client_go" | cut -d. -f2)
+ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+ldflags="$ldflags -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+  ldflags="$ldflags -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$k8s_minor"
+done
+(cd "$top/src" && go build -trimpath -ldflags "$ldflags" -o "$top/bin/helm.tmp" ./cmd/helm)
 mv "$top/bin/helm.tmp" "$top/bin/helm"
+echo "1.$k8s_minor" > "$top/bin/.k8s-version"
 got=$("$top/bin/helm" version --template '{{.Version}}')
 [ "$got" = "$HELM_VERSION" ] || { log "helm reports '$got', wanted $HELM_VERSION"; exit 1; }
 log "helm $got built in $(($(date +%s) - start))s"

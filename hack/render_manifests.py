@@ -4,8 +4,9 @@
     python3 -m hack.render_manifests --check   # exit 1, naming each file that is stale
 
 From charts/deathwatch, with real Helm (hack/build-helm.sh):
-- manifests/base/**: `helm template` with the default values, one file per template, and the
-  CRDs (charts/deathwatch/crds). `kubectl kustomize manifests/overlays/cluster` is then the
+- manifests/base/**: `helm template` with the default values, one file per template (without
+  the two labels only a Helm release may claim: HELM_ONLY_LABELS), and the CRDs
+  (charts/deathwatch/crds). `kubectl kustomize manifests/overlays/cluster` is then the
   chart's default render plus the Namespace (tests/helm/test_chart.py compares them object by object);
 - manifests/uninstall/cleanup-daemonset.yaml: the chart with `cleanup=true`;
 - monitoring/deathwatch.rules.yaml: the alerting rules of the PrometheusRule, as a plain rules
@@ -53,10 +54,20 @@ def helm(*args: str) -> str:
     return done.stdout
 
 
+# Kubernetes' recommended labels that say Helm installed the object: true of a release, not of
+# the kustomize manifests rendered from the chart
+HELM_ONLY_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
+
+
+def without_helm_labels(text: str) -> str:
+    said = tuple(f"{label}: " for label in HELM_ONLY_LABELS)
+    return "\n".join(line for line in text.split("\n") if not line.lstrip().startswith(said))
+
+
 def by_template(rendered: str) -> dict[str, str]:
     """`helm template` output, split into its templates' documents (path below templates/)."""
     files: dict[str, list[str]] = {}
-    for doc in rendered.split("\n---\n"):
+    for doc in without_helm_labels(rendered).split("\n---\n"):
         lines = doc.strip("\n").splitlines()
         source = next((line for line in lines if line.startswith("# Source: ")), None)
         if source is None:

@@ -14,8 +14,17 @@ from typing import Any
 import pytest
 import yaml
 
+from hack import chart_readme
 from hack.localcluster import controlplane
-from hack.render_manifests import CHART, NAMESPACE, helm, helm_bin, main
+from hack.render_manifests import (
+    CHART,
+    HELM_ONLY_LABELS,
+    NAMESPACE,
+    helm,
+    helm_bin,
+    main,
+    without_helm_labels,
+)
 
 pytestmark = pytest.mark.helm
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,9 +53,9 @@ def kustomize(overlay: str) -> dict[Key, Any]:
 
 def template(*sets: str) -> dict[Key, Any]:
     args = [a for s in sets for a in ("--set", s)]
-    return objects(
+    return objects(without_helm_labels(
         helm("template", "deathwatch", str(CHART), "-n", NAMESPACE, "--include-crds", *args)
-    )
+    ))  # fmt: skip
 
 
 def test_helm_is_the_pinned_one() -> None:
@@ -265,3 +274,79 @@ def test_the_chart_packages_for_an_oci_registry(tmp_path: Path) -> None:
 
 def template_without_crds() -> dict[Key, Any]:
     return objects(helm("template", "deathwatch", str(CHART), "-n", NAMESPACE))
+
+
+def test_every_object_carries_the_recommended_labels_and_selectors_never_change() -> None:
+    """Kubernetes' recommended labels on every object and pod a release makes; selectors by
+    name and component only (immutable: every release of the chart selects the same way)."""
+    rendered = objects(helm("template", "dw-a", str(CHART), "-n", NAMESPACE))
+    for key, obj in rendered.items():
+        labels = obj["metadata"].get("labels") or {}
+        assert labels.get("app.kubernetes.io/instance") == "dw-a", key
+        assert labels.get("app.kubernetes.io/part-of") == "deathwatch", key
+        assert labels.get("app.kubernetes.io/managed-by") == "Helm", key
+        assert labels.get("helm.sh/chart", "").startswith("deathwatch-"), key
+        assert labels.get("app.kubernetes.io/version"), key
+        spec: dict[str, Any] = obj.get("spec") or {}
+        selector: dict[str, Any] = spec.get("selector") or {}
+        if obj["kind"] in ("Deployment", "DaemonSet", "PodDisruptionBudget", "Service"):
+            keys = set(selector.get("matchLabels") or selector)
+            assert keys == {"app.kubernetes.io/name", "app.kubernetes.io/component"}, key
+        pod = (spec.get("template") or {}).get("metadata")
+        if pod:
+            assert pod["labels"]["app.kubernetes.io/instance"] == "dw-a", key
+    # the kustomize manifests claim no Helm release
+    for path in (ROOT / "manifests").rglob("*.yaml"):
+        assert not any(label in path.read_text() for label in HELM_ONLY_LABELS), path
+
+
+def test_conventions_of_a_chart_platform_teams_expect() -> None:
+    """Accepted as a subchart (global), behind a private registry (imagePullSecrets), with
+    the pod settings other charts have; two writers refused by the schema; kubeVersion."""
+    custom = template("global.registry=example", "imagePullSecrets[0].name=regcred",
+                      "controller.priorityClassName=platform-critical",
+                      "controller.podLabels.team=sandboxes", "firewall.podLabels.team=sandboxes",
+                      "controller.extraArgs={--log-level=debug}",
+                      "firewall.extraArgs={--resync-jitter=0}",
+                      "controller.serviceAccount.annotations.example\\.com/role=reader",
+                      "firewall.serviceAccount.annotations.example\\.com/role=agent")  # fmt: skip
+    deploy = custom[("Deployment", NAMESPACE, "deathwatch-controller")]["spec"]["template"]
+    agent = custom[("DaemonSet", NAMESPACE, "deathwatch-firewall")]["spec"]["template"]
+    for pod in (deploy, agent):
+        assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+        assert pod["metadata"]["labels"]["team"] == "sandboxes"
+    assert deploy["spec"]["priorityClassName"] == "platform-critical"
+    assert deploy["spec"]["containers"][0]["args"][-1] == "--log-level=debug"
+    assert agent["spec"]["containers"][0]["args"][-1] == "--resync-jitter=0"
+    for name, role in (("deathwatch-controller", "reader"), ("deathwatch-firewall", "agent")):
+        sa = custom[("ServiceAccount", NAMESPACE, name)]
+        assert sa["metadata"]["annotations"] == {"example.com/role": role}
+    cleanup = template("cleanup=true", "imagePullSecrets[0].name=regcred")
+    [ds] = [o for k, o in cleanup.items() if k[0] == "DaemonSet"]
+    assert ds["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    with pytest.raises(SystemExit, match=r"/controller/replicas.*maximum: got 2, want 1"):
+        template("controller.leaderElection.enabled=false")
+    assert template("controller.leaderElection.enabled=false", "controller.replicas=1")
+    with pytest.raises(SystemExit, match=r"requires kubeVersion: >=1.31.0-0"):
+        helm("template", "deathwatch", str(CHART), "--kube-version", "1.30.0")
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["kubeVersion"] == ">=1.31.0-0"
+
+
+def test_every_value_is_documented_inline_and_in_the_charts_readme() -> None:
+    """Each value (or its section) has a `# --` comment in values.yaml; the chart's README
+    table is rendered from them and up to date."""
+    text = (CHART / "values.yaml").read_text()
+    said = {path for path, _ in chart_readme.documented(text)}
+
+    def leaves(node: Any, prefix: str = "") -> list[str]:
+        if isinstance(node, dict) and node:
+            return [p for k, v in node.items() for p in leaves(v, f"{prefix}.{k}" if prefix else k)]
+        return [prefix]
+
+    missing = [p for p in leaves(yaml.safe_load(text))
+               if not any(p == d or p.startswith(d + ".") for d in said)]  # fmt: skip
+    assert missing == [], f"undocumented values: {missing}"
+    assert chart_readme.main(["--check"]) == 0, "python3 -m hack.chart_readme"
+    readme = (CHART / "README.md").read_text()
+    assert "| `firewall.podCIDRs` | `[]` |" in readme
