@@ -33,6 +33,7 @@ from deathwatch.firewall.table import (
     Table,
     differences,
     from_json,
+    load_state,
     script,
 )
 from hack.make_recordings import NFT_CONFIG, NFT_HOSTS, NFT_SANDBOXES
@@ -571,3 +572,22 @@ def test_pod_ranges_are_learned_from_the_nodes_and_the_inbound_rule_waits_for_al
     assert [c.name for c in nft.table.chains] == ["output", "inbound"]
     assert {s.name: s.elements for s in nft.table.sets}["pod_v4"] == ("10.42.0.0/23",
                                                                      "10.43.0.0/16")  # fmt: skip
+
+
+def test_the_agent_writes_what_it_applied_for_its_readiness_probe(tmp_path: Path) -> None:
+    """`check --state-file` compares the live table with what the agent applied: the table
+    holds the pod ranges learned from the nodes, which the config alone does not say."""
+    path, state = tmp_path / "fw.yaml", tmp_path / "applied.json"
+    path.write_text(json.dumps({"agentPorts": [49983]}))
+    nft = FakeNft()
+    agent = Agent(path, nft, sandboxes=[ip_address("10.42.0.7")], state_file=state)
+    agent.nodes = Nodes(("node-a", ["10.42.0.0/24"]))  # type: ignore[assignment]
+    agent.step()
+    digest, table = load_state(state.read_bytes())
+    assert digest == load_config(path).digest() and table == nft.table
+    assert {s.name: s.elements for s in table.sets}["pod_v4"] == ("10.42.0.0/24",)
+    written = state.stat().st_mtime_ns
+    agent.step()  # nothing changed: nothing written
+    assert state.stat().st_mtime_ns == written
+    with pytest.raises(ValueError, match="not an agent's state"):
+        load_state(b'{"config": 1}')

@@ -15,6 +15,7 @@ explicit `cleanup` command (uninstall).
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -34,7 +35,7 @@ from deathwatch.firewall.metrics import FirewallMetrics
 from deathwatch.firewall.nft import Nft, NftError
 from deathwatch.firewall.ruleset import Address, desired
 from deathwatch.firewall.sandboxes import PodWatch, list_sandboxes
-from deathwatch.firewall.table import Table, differences
+from deathwatch.firewall.table import Table, differences, dump_state
 
 log = structlog.get_logger("deathwatch.firewall")
 
@@ -59,8 +60,13 @@ class Agent:
         sandboxes: Sequence[Address] = (),
         hosts: Sequence[Address] = (),
         heartbeat: Heartbeat | None = None,
+        state_file: Path | None = None,
     ) -> None:
         self.path = Path(config_path)
+        # what it last applied, for its readiness probe (`check --state-file`): the table
+        # holds what the config alone does not say (the nodes' pod ranges, the sandboxes)
+        self.state_file = state_file
+        self._state_written: bytes | None = None
         self.nft = nft
         self.metrics = metrics or FirewallMetrics()
         self.link = link
@@ -139,6 +145,7 @@ class Agent:
             self._rejected_seen = 0  # a replaced table starts its counters at zero
         self._applied_once = True
         self._config_changed = False
+        self._write_state(want)
         self.metrics.rule_present.set(1)
         self.metrics.syncs.labels(result).inc()
         self.metrics.last_sync.set(time.time())
@@ -153,6 +160,23 @@ class Agent:
         if enforced is None:
             return None
         return desired(enforced, self.sandboxes, self.hosts.addresses)
+
+    def _write_state(self, table: Table) -> None:
+        if self.state_file is None or self.config is None:
+            return
+        state = dump_state(self.config.digest(), table)
+        if state == self._state_written:
+            return
+        staged = self.state_file.with_name(self.state_file.name + ".new")
+        try:
+            staged.write_bytes(state)
+            os.replace(staged, self.state_file)  # the probe reads all of it or none
+        except OSError as exc:  # the probe then fails: said, counted
+            self.metrics.sync_failures.labels("state").inc()
+            log.error("cannot write the state file", path=str(self.state_file),
+                      error=exc.strerror or str(exc))  # fmt: skip
+            return
+        self._state_written = state
 
     def enforced(self) -> FirewallConfig | None:
         """The config as enforced now: its pod ranges and the nodes'; the inbound rule only

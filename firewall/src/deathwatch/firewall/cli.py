@@ -57,6 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
                 "inbound like a non-pod source (repeatable); in a cluster the agent learns them "
                 "from the Node objects",
             )
+        if name in ("check", "agent"):
+            a.add_argument(
+                "--state-file",
+                default=None,
+                help="agent: write what it applied there; check: compare the live table with "
+                "it, not with the config alone (the table also holds the pod ranges learned "
+                "from the nodes); missing: not applied yet",
+            )
         if name == "agent":
             a.add_argument(
                 "--node-name",
@@ -124,8 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     from deathwatch.firewall.config import ConfigError, load_config
     from deathwatch.firewall.nft import NftError, SystemNft
-    from deathwatch.firewall.ruleset import SANDBOX_SETS, desired
-    from deathwatch.firewall.table import differences, script
+    from deathwatch.firewall.ruleset import POD_SETS, SANDBOX_SETS, desired
+    from deathwatch.firewall.table import differences, load_state, script
 
     nft = SystemNft()
     if args.action == "cleanup":
@@ -149,9 +157,24 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(script(want))
         return EXIT_OK
     # the readiness probe knows no sandbox addresses: the agent keeps those sets
-    loose = (
+    loose: tuple[str, ...] = (
         SANDBOX_SETS if args.action == "check" and not (args.sandbox or args.host_address) else ()
     )
+    if args.action == "check" and args.state_file:
+        try:
+            applied, want = load_state(Path(args.state_file).read_bytes())
+        except FileNotFoundError:
+            print("deathwatch-firewall check: the agent has applied no table yet", file=sys.stderr)
+            return EXIT_FAILED
+        except (OSError, ValueError) as exc:
+            print(f"deathwatch-firewall check: --state-file: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        if applied != config.digest():
+            print("deathwatch-firewall check: the agent has not applied this config yet",
+                  file=sys.stderr)  # fmt: skip
+            return EXIT_FAILED
+        # its elements change with every sandbox and node: the agent's, between two probes
+        loose = (*SANDBOX_SETS, *POD_SETS)
     try:
         if args.action == "apply":
             nft.apply(want)
@@ -223,7 +246,8 @@ def _agent(args: argparse.Namespace) -> int:
             return EXIT_BAD_CONFIG
     stop = threading.Event()
     agent = Agent(args.config, SystemNft(args.nft), metrics, link, args.sandbox, args.host_address,
-                  heartbeat=heartbeat)  # fmt: skip
+                  heartbeat=heartbeat,
+                  state_file=Path(args.state_file) if args.state_file else None)  # fmt: skip
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()  # the loop ends; the table stays (a rollout must never open the hole)

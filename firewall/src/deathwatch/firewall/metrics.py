@@ -49,7 +49,7 @@ class FirewallMetrics:
             registry=r,
         )
         # finite label sets: their series exist, at 0, from the start (a rate is 0, not absent)
-        for reason in ("nft", "config", "sandboxes", "coverage", "watch", "nodes"):
+        for reason in ("nft", "config", "sandboxes", "coverage", "watch", "nodes", "state"):
             self.sync_failures.labels(reason)
         for result in ("unchanged", "applied", "repaired"):
             self.syncs.labels(result)

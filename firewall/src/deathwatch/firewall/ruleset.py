@@ -48,6 +48,8 @@ COMMENT = "deathwatch: refuse host and hostNetwork connections to sandbox agent 
 INBOUND_COMMENT = "deathwatch: refuse connections from outside the pod network to sandbox agents"
 # the sets the agent fills from the API at run time; `check` compares them without elements
 SANDBOX_SETS = ("sandbox_v4", "sandbox_v6", "podsrc_v4", "podsrc_v6")
+# the pod ranges: the config's and the nodes' (hosts.py), which the config alone does not say
+POD_SETS = ("pod_v4", "pod_v6")
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 _FAMILIES = (("ip", 4, "ipv4_addr", "v4"), ("ip6", 6, "ipv6_addr", "v6"))

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import msgspec
+
 FAMILY, NAME = "inet", "deathwatch"
 
 
@@ -238,3 +240,22 @@ def differences(want: Table, have: Table | None, any_elements: tuple[str, ...] =
             if w.get(name) != h.get(name):
                 out.append(f"{kind} {name}: want {w.get(name)}, have {h.get(name)}")
     return out
+
+
+class _State(msgspec.Struct, frozen=True):
+    config: str  # the digest of the config the table was made for
+    table: Table
+
+
+def dump_state(config: str, table: Table) -> bytes:
+    """What an agent last applied, for its readiness probe (`check --state-file`)."""
+    return msgspec.json.encode(_State(config, table))
+
+
+def load_state(data: bytes) -> tuple[str, Table]:
+    """(config digest, table) of `dump_state`; ValueError when it is not one."""
+    try:
+        state = msgspec.json.decode(data, type=_State)
+    except msgspec.DecodeError as exc:  # ValidationError included
+        raise ValueError(f"not an agent's state: {exc}") from None
+    return state.config, state.table
