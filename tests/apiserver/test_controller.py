@@ -340,8 +340,10 @@ def test_healthz_answers_from_the_process_and_readyz_reports_for_people(env: Env
     )
     assert set(report) >= {"api_reachable", "watches_fresh", "firewall_covered", "details"}
     assert report["firewall_covered"] is None  # no firewall DaemonSet configured
-    metrics = ctrl.get("/metrics")
-    assert 'deathwatch_verdicts_total{cause="",policy="no-probe",state="Alive"} 1.0' in metrics
+    # the page is rendered at most once a second and reused meanwhile (ADR 0020): the
+    # verdict's count is on the next one
+    alive = 'deathwatch_verdicts_total{cause="",policy="no-probe",state="Alive"} 1.0'
+    metrics = wait_for(lambda: (m := ctrl.get("/metrics")) and alive in m and m, what="metrics")
     assert "deathwatch_verdict_latency_seconds_bucket" in metrics
     # every policy's error counter exists at 0 before its first error (increase() skips a
     # series' first sample: an error that created its series would never fire an alert)

@@ -274,7 +274,8 @@ def test_the_controller_pod_judges_real_deaths_under_its_own_account(deployed: D
     RESULTS["kubectl_get_dw"] = d.c.kubectl("get", "dw", "-n", NS).stdout.splitlines()
     # under its ServiceAccount and the shipped RBAC: never refused (read via its Service)
     assert d.controller_metric("deathwatch_api_errors_total", code="403") == 0
-    assert d.controller_metric("deathwatch_verdicts_total", state="Dead") >= 3
+    wait_for(lambda: d.controller_metric("deathwatch_verdicts_total", state="Dead") >= 3,
+             what="three deaths counted")  # fmt: skip
 
 
 def test_a_firewall_rollout_never_opens_the_hole(deployed: Deployed) -> None:

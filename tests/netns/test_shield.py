@@ -125,7 +125,9 @@ def test_a_stopped_agent_unshields_its_nodes_sandboxes_within_two_resyncs(
         assert len(events) == 1, events
     assert env.events("on-2", "SandboxUnshielded") == []
     assert env.controller is not None
-    assert env.controller.metric("deathwatch_sandboxes_shielded", status="False") == 2
+    controller = env.controller  # the page is rendered at most once a second (ADR 0020)
+    wait_for(lambda: controller.metric("deathwatch_sandboxes_shielded", status="False") == 2,
+             what="two sandboxes counted unshielded")  # fmt: skip
 
     # the agent back: shielded again, the node no longer listed
     agents["node-1"].start()
