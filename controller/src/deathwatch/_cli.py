@@ -1,4 +1,5 @@
-"""The `deathwatch` command: one entry point, a subcommand per job (`replay`, `controller`).
+"""The `deathwatch` command: one entry point, a subcommand per job (`replay`, `controller`,
+`wait`, `explain`, `preflight`).
 
 The node firewall is its own distribution and command, `deathwatch-firewall`: the privileged
 agent image carries nothing of this one.
@@ -22,6 +23,7 @@ def _version() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     from deathwatch._operator import command as controller_command
+    from deathwatch._preflight import command as preflight_command
     from deathwatch._replay import command as replay_command
     from deathwatch._verdicts import command as verdicts_command
 
@@ -36,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay_command.add_parser(sub)
     controller_command.add_parser(sub)
     verdicts_command.add_parsers(sub)
+    preflight_command.add_parser(sub)
     return parser
 
 
