@@ -112,11 +112,16 @@ def test_selectors_count_what_each_deathwatch_picks_and_warn_of_an_empty_one() -
 
 def test_cilium_with_ebpf_host_routing_is_said_to_skip_the_inbound_rule() -> None:
     cilium = [ds("cilium")]
-    bypass = by_check(Cluster(daemonsets=cilium, cilium={"data": {}}))["cni"]
+    ebpf = {"data": {"kube-proxy-replacement": "true", "enable-bpf-masquerade": "true"}}
+    bypass = by_check(Cluster(daemonsets=cilium, cilium=ebpf))["cni"]
     assert bypass.level is Level.WARN and "eBPF host routing" in bypass.said
     assert "enable-host-legacy-routing" in bypass.fix
-    legacy = {"data": {"enable-host-legacy-routing": "true"}}
+    unknown = by_check(Cluster(daemonsets=cilium))["cni"]  # its ConfigMap not there: may
+    assert unknown.level is Level.WARN
+    legacy = {"data": {**ebpf["data"], "enable-host-legacy-routing": "true"}}
     assert by_check(Cluster(daemonsets=cilium, cilium=legacy))["cni"].level is Level.OK
+    kube_proxy = {"data": {"kube-proxy-replacement": "false"}}
+    assert by_check(Cluster(daemonsets=cilium, cilium=kube_proxy))["cni"].level is Level.OK
 
 
 def test_what_could_not_be_read_is_skipped_with_why() -> None:

@@ -306,9 +306,10 @@ def cni(cluster: Cluster) -> Finding:
     said = "; ".join(f"{name}: {note}" for name, _, note in found)
     if any(name == "Cilium" for name, _, _ in found) and _cilium_bypasses_netfilter(cluster):
         return Finding("cni", Level.WARN,
-                       f"{said}. Its eBPF host routing hands packets to pods past the host's "
-                       "netfilter forward hook: the inbound rule may never see them, while the "
-                       "verdicts say Shielded=True",
+                       f"{said}. With its kube-proxy replacement and BPF masquerading on a 5.10+ "
+                       "kernel, its eBPF host routing hands packets to pods past the host's "
+                       "netfilter: the inbound rule may never see them, while the verdicts say "
+                       "Shielded=True",
                        "set enable-host-legacy-routing: true in cilium-config, or count on the "
                        "output rule (each node's own hosts) alone")  # fmt: skip
     level = Level.OK if all(node_ipam for _, node_ipam, _ in found) else Level.WARN
@@ -317,11 +318,17 @@ def cni(cluster: Cluster) -> Finding:
 
 
 def _cilium_bypasses_netfilter(cluster: Cluster) -> bool:
-    data = (cluster.cilium or {}).get("data") or {}
-    legacy = str(data.get("enable-host-legacy-routing", "")).lower()
-    # eBPF host routing is Cilium's default where the kernel allows it, unless legacy routing
-    # is asked for (or implied by the tunnel-less iptables mode): assume it unless told not
-    return legacy != "true"
+    """Cilium's eBPF host routing (kernel 5.10+, with its kube-proxy replacement and BPF
+    masquerading: its upgrade notes) sends packets to pods past the host's netfilter; legacy
+    host routing (`enable-host-legacy-routing`, Helm `bpf.hostLegacyRouting`) keeps them on
+    it. Without its ConfigMap nothing rules it out."""
+    if cluster.cilium is None:
+        return True
+    data = cluster.cilium.get("data") or {}
+    if str(data.get("enable-host-legacy-routing", "")).lower() == "true":
+        return False
+    replaced = str(data.get("kube-proxy-replacement", "")).lower() in ("true", "strict")
+    return replaced and str(data.get("enable-bpf-masquerade", "")).lower() == "true"
 
 
 def _network_probes(pod: Mapping[str, Any]) -> Iterable[tuple[str, int]]:
