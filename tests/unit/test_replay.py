@@ -401,3 +401,32 @@ def test_pieces_end_between_values() -> None:
     for (_, end), (start, _) in itertools.pairwise(spans):
         assert end == start
         assert data[end - 2 : end + 1] == b"}\n{"
+
+
+def test_html_is_one_self_contained_page_of_plots(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--format html`: every plot an inline SVG made by matplotlib; no script and nothing
+    fetched from anywhere; each section there, the dead named, the policies side by side."""
+    assert main(["replay", str(DATA / "disruptions.json"), "--format", "html"]) == 0
+    page = capsys.readouterr().out
+    assert page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
+    for heading in ("Pods over time", "Each policy on this recording", "Detection delay",
+                    "Deaths per cause", "Deaths per node", "Deaths"):  # fmt: skip
+        assert f"<h2>{heading}</h2>" in page, heading
+    assert page.count("<svg") == 5 and "Matplotlib" in page  # made by the library
+    assert "<script" not in page and "src=" not in page and "<link" not in page
+    assert "disrupted/drained-0" in page and "Drained" in page and "node-drain" in page
+    for policy in ("no-probe", "exec-probe", "container-state"):
+        assert f"<tr><td>{policy}</td><td>14</td><td>10</td>" in page, policy
+
+
+def test_html_without_matplotlib_is_one_line_and_exit_2() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.modules['matplotlib'] = None; "
+         "from deathwatch._cli import main; sys.exit(main(sys.argv[1:]))",
+         "replay", str(DATA / "disruptions.json"), "--format", "html"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (
+        "deathwatch replay: --format html needs matplotlib: pip install 'deathwatch[report]'\n"
+    )

@@ -12,7 +12,9 @@ from typing import BinaryIO, TextIO
 
 from deathwatch._engine.selector import SelectorError, parse_selector
 from deathwatch._policies import AUTO, PolicySettings, UnknownPolicy, default_registry
+from deathwatch._policies.builtin import BUILTIN_ORDER
 from deathwatch._replay.events import DECODER, SkippedEvent, ViewEvent, view_events
+from deathwatch._replay.html import MissingPlotting, Timelines, page
 from deathwatch._replay.parallel import ParallelEvents, regular_file
 from deathwatch._replay.render import render_json, render_table
 from deathwatch._replay.run import Replay
@@ -53,7 +55,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         metavar="PORT",
         help="an agent port the node firewall refuses (flags network probes on it); repeatable",
     )
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--format", choices=("table", "json", "html"), default="table",
+                   help="html: one self-contained page of plots (pods over time, each "
+                   "policy side by side, delays, deaths per cause and node); needs "
+                   "deathwatch[report]")  # fmt: skip
     p.add_argument(
         "--jobs",
         type=_jobs,
@@ -172,6 +177,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         agent_ports=frozenset(args.agent_port),
     )
     replay = Replay(registry, args.policy, settings, selector)
+    # html: the same events judged by each built-in policy alone too, and the pods' timelines
+    others = {
+        name: Replay(registry, name, settings, selector)
+        for name in (p.name for p in BUILTIN_ORDER)
+    } if args.format == "html" else {}  # fmt: skip
+    timelines = Timelines() if args.format == "html" else None
     try:
         stream, size = _open(args.file)
     except OSError as exc:
@@ -193,7 +204,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         position = lambda: counting.count  # noqa: E731
     try:
         for n, event in enumerate(events):
-            replay.feed(event)
+            steps = replay.feed(event)
+            if timelines is not None:
+                timelines.observe(event, steps, replay.clock)
+                for other in others.values():
+                    other.feed(event)
             if n & 1023 == 0:
                 progress.update(position(), replay.events)
     except StreamError as exc:
@@ -210,7 +225,17 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     progress.done()
     report = replay.finish()
     name = "stdin" if args.file == "-" else args.file
-    out.write(render_json(report) + "\n" if args.format == "json" else render_table(report, name))
+    if timelines is not None:
+        try:
+            text = page(report, timelines, {k: r.finish() for k, r in others.items()}, name)
+        except MissingPlotting as exc:
+            err.write(f"deathwatch replay: {exc}\n")
+            return EXIT_BAD_INPUT
+        out.write(text)
+    else:
+        out.write(
+            render_json(report) + "\n" if args.format == "json" else render_table(report, name)
+        )
     if report.skipped.count:
         err.write(
             f"deathwatch replay: skipped {report.skipped.count} object(s) with missing or odd "
