@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from deathwatch._operator.coverage import Coverage
 from deathwatch._operator.resources import ConditionStatus
 from deathwatch._operator.shield import (
     SELECTOR,
@@ -169,3 +170,33 @@ def test_pod_ranges_learned_from_the_nodes_and_when_the_inbound_rule_waits_for_t
     assert "192.168.3.4 is in no pod range the firewall on node-a knows (10.42.0.0/23)" in (
         outside.message
     )
+
+
+def test_a_node_no_lease_was_read_for_since_its_first_sandbox_waits_for_the_next_read() -> None:
+    """The demo's first screen: its sandboxes were judged before the controller read the
+    agent's first Lease, and each got a false SandboxUnshielded. A node is judged NoAgent only
+    once a read after its first sandbox found no Lease for it."""
+    now = [100.0]
+    coverage = Coverage(interval=5.0, started=100.0, clock=lambda: now[0])
+    config = parse_config(CONFIG)
+    lease = lease_body("node-a", "fw-a", "deathwatch-system",
+                       NodeState(config, config.digest(), True, 1), NOW)  # fmt: skip
+    coverage.read([], NOW)  # the agent has not published yet
+    assert coverage.changed_nodes() is None  # readable now: everything
+    now[0] = 101.0
+    # nothing to say yet (a restored shield stands, a new sandbox has none for now)
+    assert coverage.judge("node-a", ("10.244.1.2",), frozenset({49983})) is None
+    now[0] = 105.0
+    coverage.read([lease], NOW + timedelta(seconds=5))  # its first Lease, read
+    assert "node-a" in (coverage.changed_nodes() or set())  # judged again
+    shield = coverage.judge("node-a", ("10.244.1.2",), frozenset({49983}))
+    assert shield is not None and shield.reason == ShieldReason.IN_FORCE
+    # a node with truly no agent: NoAgent after the read that follows its first sandbox
+    now[0] = 106.0
+    assert coverage.judge("node-b", ("10.244.2.2",), frozenset({49983})) is None
+    now[0] = 110.0
+    coverage.read([lease], NOW + timedelta(seconds=10))
+    assert "node-b" in (coverage.changed_nodes() or set())
+    alone = coverage.judge("node-b", ("10.244.2.2",), frozenset({49983}))
+    assert alone is not None and alone.reason == ShieldReason.NO_AGENT and alone.exposed
+    assert coverage.changed_nodes() == set()  # settled: not again

@@ -10,26 +10,45 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from deathwatch._operator.shield import NodeCoverage, Shield, Sighting, judge, read_lease, sight
+from deathwatch._operator.shield import (
+    NodeCoverage,
+    Shield,
+    Sighting,
+    judge,
+    read_lease,
+    sight,
+)
 
 
 class Coverage:
-    def __init__(self, interval: float, started: float | None = None) -> None:
+    def __init__(
+        self,
+        interval: float,
+        started: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.interval = interval  # how often the Leases are read
+        self.clock = clock
         self.claims: dict[str, NodeCoverage] = {}
         self.sightings: dict[str, Sighting] = {}
         self.read_at: float | None = None  # monotonic time of the last successful read
-        self.started = time.monotonic() if started is None else started
+        self.started = clock() if started is None else started
         self._node_keys: dict[str, tuple[NodeCoverage, bool] | None] = {}
         self._observed_last: bool | None = None
+        # when a node's first sandbox was judged: a node no Lease was read for *since then*
+        # is not yet known to have no agent (its agent may have renewed its first Lease
+        # after our last read: the demo's first screen was one false SandboxUnshielded per
+        # sandbox); it is judged again after the next read
+        self._first_judged: dict[str, float] = {}
+        self._pending: set[str] = set()
 
     def read(self, leases: Iterable[Mapping[str, Any]], now: datetime) -> None:
         """The coverage Leases as just listed: each node's renewal noted as first seen."""
-        now_mono = time.monotonic()
+        now_mono = self.clock()
         claims: dict[str, NodeCoverage] = {}
         for lease in leases:
             claim = read_lease(lease)
@@ -52,11 +71,19 @@ class Coverage:
         return now_mono - self.read_at <= grace
 
     def judge(self, node: str | None, ips: tuple[str, ...], ports: frozenset[int]) -> Shield | None:
-        """A sandbox's shield now; None while nothing has been read since start."""
-        now_mono = time.monotonic()
+        """A sandbox's shield now; None while nothing has been read since start, or since
+        its node's first sandbox when no Lease names that node (judged after the next read:
+        `changed_nodes` names it then)."""
+        now_mono = self.clock()
         observed = self.observed(now_mono)
         if observed is None:
             return None
+        if node and observed and node not in self.claims:
+            first = self._first_judged.setdefault(node, now_mono)
+            if self.read_at is not None and self.read_at < first:
+                # nothing to say of it yet: a restored shield stands, a new one waits
+                self._pending.add(node)
+                return None
         return judge(
             node, ips, ports, self.claims.get(node) if node else None,
             self.sightings.get(node) if node else None, now_mono, observed,
@@ -75,7 +102,7 @@ class Coverage:
     def changed_nodes(self) -> set[str | None] | None:
         """The nodes whose sandboxes must be judged again since the last call; None: every
         sandbox (the Leases became readable or unreadable). Empty: nothing changed."""
-        now_mono = time.monotonic()
+        now_mono = self.clock()
         observed = self.observed(now_mono)
         if observed is None:
             return set()  # not read yet since start: the restored shields stand
@@ -83,6 +110,10 @@ class Coverage:
         changed: set[str | None] = {
             n for n in keys.keys() | self._node_keys.keys() if keys.get(n) != self._node_keys.get(n)
         }
+        read = self.read_at
+        settled = {n for n in self._pending if read is not None and read >= self._first_judged[n]}
+        self._pending -= settled
+        changed |= settled
         everything = observed != self._observed_last
         self._node_keys, self._observed_last = keys, observed
         return None if everything else changed
