@@ -464,7 +464,8 @@ def test_a_burst_of_deaths_fires_the_death_rate_alert(lane: Lane) -> None:
     alert = lane.fires("DeathwatchNodeDeathBurst", killed)
     assert alert["labels"]["node"] == NODE_NAME
     lane.fires("DeathwatchDeathBurst", killed)  # the cluster-wide threshold, 3 in the lane
-    assert all(lane.state(n) == "Dead" for n in names)
+    for name in names:  # the alerts fire at 3 of the 4: the last may be a moment behind
+        wait_for(lambda name=name: lane.state(name) == "Dead", timeout=30, what=f"{name} Dead")  # type: ignore[misc]
 
 
 def test_evictions_through_the_eviction_api_fire_the_infrastructure_alert(lane: Lane) -> None:
