@@ -129,9 +129,19 @@ class Lane:
     def fires(
         self, alert: str, since: float, timeout: float = 180, fault: str = ""
     ) -> dict[str, Any]:
-        """Wait for `alert` to fire; note how long after the fault (`since`) it did."""
-        found = wait_for(lambda: self.firing(alert), timeout=timeout, interval=0.5,
-                         what=f"alert {alert} firing")  # fmt: skip
+        """Wait for `alert` to fire; note how long after the fault (`since`) it did. When it
+        does not, say what Prometheus saw: the alert's state, and each target's health."""
+        try:
+            found = wait_for(lambda: self.firing(alert), timeout=timeout, interval=0.5,
+                             what=f"alert {alert} firing")  # fmt: skip
+        except WaitTimeout as exc:
+            with urllib.request.urlopen(f"{self.prometheus}/api/v1/alerts", timeout=10) as r:  # noqa: S310
+                states = [a for a in json.load(r)["data"]["alerts"]
+                          if a["labels"]["alertname"] == alert]  # fmt: skip
+            with urllib.request.urlopen(f"{self.prometheus}/api/v1/targets", timeout=10) as r:  # noqa: S310
+                targets = [(t["labels"].get("pod"), t["health"], t.get("lastError"))
+                           for t in json.load(r)["data"]["activeTargets"]]  # fmt: skip
+            raise WaitTimeout(f"{exc}; the alert: {states}; targets: {targets}") from exc
         key = f"{alert} ({fault})" if fault else alert
         RESULTS["alerts_fired_after_seconds"][key] = round(time.monotonic() - since, 1)
         return found[0]
