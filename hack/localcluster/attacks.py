@@ -57,15 +57,22 @@ async def _open(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     return await asyncio.wait_for(asyncio.open_connection(parts.hostname, parts.port, ssl=tls), 10)
 
 
+async def _connect(
+    url: str, stats: Counter[str]
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection, tried again (counted) for as long as the port refuses."""
+    while True:
+        try:
+            return await _open(url)
+        except (OSError, TimeoutError, ssl.SSLError):
+            stats["connect_failed"] += 1
+            await asyncio.sleep(0.05)
+
+
 async def slowloris(url: str, connections: int, stats: Counter[str]) -> None:
     async def one() -> None:
         while True:
-            try:
-                reader, writer = await _open(url)
-            except (OSError, TimeoutError, ssl.SSLError):
-                stats["connect_failed"] += 1
-                await asyncio.sleep(0.05)
-                continue
+            reader, writer = await _connect(url, stats)
             stats["opened"] += 1
             try:
                 writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ")
@@ -83,12 +90,7 @@ async def slowloris(url: str, connections: int, stats: Counter[str]) -> None:
 async def _ask(url: str, paths: list[str], stats: Counter[str], token: bool) -> None:
     parts = urlsplit(url)
     while True:
-        try:
-            reader, writer = await _open(url)
-        except (OSError, TimeoutError, ssl.SSLError):
-            stats["connect_failed"] += 1
-            await asyncio.sleep(0.05)
-            continue
+        reader, writer = await _connect(url, stats)
         try:
             while True:
                 for path in paths:

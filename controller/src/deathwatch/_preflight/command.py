@@ -16,8 +16,7 @@ import json
 import sys
 from typing import Any, TextIO
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
-EXIT_UNREACHABLE, EXIT_KUBECONFIG, EXIT_CREDENTIALS, EXIT_REFUSED = 3, 4, 5, 6
+EXIT_OK, EXIT_FAILED = 0, 1  # and deathwatch._cli_api's, when the API cannot be asked
 PAGE = 500
 
 
@@ -43,21 +42,15 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    from deathwatch._kube.errors import ApiError, Unreachable
-    from deathwatch._operator.kubeconfig import CredentialError, KubeconfigError, load
+    from deathwatch._cli_api import cannot_ask, load
+    from deathwatch._kube.errors import KubeError
     from deathwatch._operator.rest import Rest
     from deathwatch._preflight.checks import Level, findings
 
     out, err = out or sys.stdout, err or sys.stderr
-    try:
-        loaded = load(args.kubeconfig, args.context)
-    except KubeconfigError as exc:
-        err.write(f"deathwatch preflight: {exc}\n")
-        return EXIT_KUBECONFIG
-    except CredentialError as exc:
-        err.write(f"deathwatch preflight: {exc}\n")
-        return EXIT_CREDENTIALS
-    at = f"the API server at {loaded.server} ({loaded.source})"
+    loaded = load("preflight", args.kubeconfig, args.context, err)
+    if isinstance(loaded, int):
+        return loaded
 
     async def read() -> Any:
         from deathwatch._preflight.reads import read_cluster
@@ -70,16 +63,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
 
     try:
         cluster = asyncio.run(read())
-    except ApiError as exc:
-        if exc.unauthorized:
-            err.write(f"deathwatch preflight: {at} does not accept these credentials (401)\n")
-            return EXIT_CREDENTIALS
-        err.write(f"deathwatch preflight: {at} refused ({exc.status}): {exc.message}\n")
-        return EXIT_REFUSED
-    except (Unreachable, OSError, TimeoutError) as exc:
-        reason = exc.reason if isinstance(exc, Unreachable) else str(exc) or type(exc).__name__
-        err.write(f"deathwatch preflight: cannot reach {at}: {reason}\n")
-        return EXIT_UNREACHABLE
+    except (KubeError, OSError, TimeoutError) as exc:
+        return cannot_ask("preflight", exc, loaded, err)
     found = findings(cluster, args.agent_port or [49983])
     if args.output == "json":
         doc = {"server": loaded.server, "findings": [f.as_dict() for f in found]}

@@ -11,17 +11,14 @@ from typing import Any, TextIO
 
 import structlog
 
-from deathwatch._operator.kubeconfig import CredentialError, KubeconfigError, Loaded, load
+from deathwatch._cli_api import cannot_ask, load
+from deathwatch._operator.kubeconfig import Loaded
 from deathwatch._operator.resources import GROUP, VERSION
 from deathwatch._verdicts import explain as explaining
 from deathwatch._verdicts.command import (
     EXIT_BAD_INPUT,
-    EXIT_CREDENTIALS,
-    EXIT_KUBECONFIG,
     EXIT_NOT_REACHED,
     EXIT_OK,
-    EXIT_REFUSED,
-    EXIT_UNREACHABLE,
     FOR,
     _target,
 )
@@ -37,30 +34,13 @@ class _CannotAsk(Exception):
 def _api_failure(
     command: str, exc: BaseException, loaded: Loaded, namespace: str, err: TextIO
 ) -> int:
-    """One line for what the API server or the network did, and its exit code."""
-    say = f"deathwatch {command}:"
-    at = f"the API server at {loaded.server} ({loaded.source})"
-    if isinstance(exc, ApiError):
-        if exc.unauthorized:
-            err.write(f"{say} {at} does not accept these credentials (401): {exc.message}\n")
-            return EXIT_CREDENTIALS
-        if exc.missing_resource:
-            err.write(
-                f"{say} {at} does not serve SandboxVerdicts ({GROUP}/{VERSION}): "
-                "deathwatch's CRDs are not installed\n"
-            )
-            return EXIT_REFUSED
-        if exc.forbidden:
-            err.write(
-                f"{say} {at} does not let {loaded.user or 'this user'} read SandboxVerdicts in "
-                f"namespace {namespace} (403): {exc.message}\n"
-            )
-            return EXIT_REFUSED
-        err.write(f"{say} {at} refused ({exc.status}): {exc.message}\n")
-        return EXIT_REFUSED
-    reason = exc.reason if isinstance(exc, NoAnswer) else (str(exc) or type(exc).__name__)
-    err.write(f"{say} cannot reach {at}: {reason}\n")
-    return EXIT_UNREACHABLE
+    return cannot_ask(
+        command, exc, loaded, err,
+        forbidden=f"does not let {loaded.user or 'this user'} read SandboxVerdicts in "
+        f"namespace {namespace}",
+        missing_resource=f"does not serve SandboxVerdicts ({GROUP}/{VERSION}): deathwatch's "
+        "CRDs are not installed",
+    )  # fmt: skip
 
 
 def _prepare(
@@ -77,14 +57,9 @@ def _prepare(
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
         logger_factory=structlog.PrintLoggerFactory(err),
     )
-    try:
-        loaded = load(args.kubeconfig, args.context)
-    except KubeconfigError as exc:
-        err.write(f"deathwatch {command}: {exc}\n")
-        return EXIT_KUBECONFIG
-    except CredentialError as exc:
-        err.write(f"deathwatch {command}: {exc}\n")
-        return EXIT_CREDENTIALS
+    loaded = load(command, args.kubeconfig, args.context, err)
+    if isinstance(loaded, int):
+        return loaded
     namespace, pod = _target(args, loaded.namespace)
     return namespace, pod, loaded, Client.from_loaded(loaded)
 

@@ -19,7 +19,6 @@ from typing import TextIO
 from deathwatch._engine.verdict import State
 
 EXIT_OK, EXIT_NOT_REACHED, EXIT_BAD_INPUT = 0, 1, 2
-EXIT_UNREACHABLE, EXIT_KUBECONFIG, EXIT_CREDENTIALS, EXIT_REFUSED = 3, 4, 5, 6
 EXITS = (
     "Exit 0 when reached, 1 when timed out or no longer reachable (a Gone pod can never be "
     "Dead), 2 on bad input, 3 when the API server cannot be reached, 4 when the kubeconfig "
