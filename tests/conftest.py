@@ -143,20 +143,12 @@ def namespace(control_plane: controlplane.ControlPlane, api: object) -> Iterator
     """A fresh namespace whose default ServiceAccount exists (pods can be created at once)."""
     from kubernetes import client
 
-    from tests.kube import wait_for
+    from tests.kube import fresh_namespace
 
     name = f"t-{uuid.uuid4().hex[:10]}"
-    core = client.CoreV1Api(api)
-    core.create_namespace(
-        client.V1Namespace(metadata=client.V1ObjectMeta(name=name)), _request_timeout=30
-    )
-    wait_for(
-        lambda: core.read_namespaced_service_account("default", name, _request_timeout=10),
-        what=f"ServiceAccount {name}/default",
-        ignore=(client.ApiException,),
-    )
+    fresh_namespace(api, name)
     yield name
-    core.delete_namespace(name, _request_timeout=30)
+    client.CoreV1Api(api).delete_namespace(name, _request_timeout=30)
 
 
 # --- the controller as a process under its ServiceAccount (tests/controller_env.py) ---------

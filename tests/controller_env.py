@@ -46,14 +46,6 @@ def admin_api(cp: controlplane.ControlPlane) -> client.ApiClient:
     return client.ApiClient(configuration)
 
 
-def fresh_namespace(api: client.ApiClient, name: str) -> None:
-    """A namespace whose default ServiceAccount exists (pods can be created at once)."""
-    core = client.CoreV1Api(api)
-    core.create_namespace({"metadata": {"name": name}}, _request_timeout=30)
-    wait_for(lambda: core.read_namespaced_service_account("default", name, _request_timeout=10),
-             what=f"ServiceAccount {name}/default", ignore=(client.ApiException,))  # fmt: skip
-
-
 def ready_status(script: SandboxScript) -> dict[str, Any]:
     """The status kubelet writes once the sandbox is Ready."""
     for m in timeline(script):

@@ -41,6 +41,17 @@ def wait_for(
         time.sleep(interval)
 
 
+def fresh_namespace(api: Any, name: str) -> None:
+    """A namespace whose default ServiceAccount exists: the ServiceAccount admission plugin
+    refuses a pod (403) until kube-controller-manager has made it, which can take seconds."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": name}}, _request_timeout=30)
+    wait_for(lambda: core.read_namespaced_service_account("default", name, _request_timeout=10),
+             what=f"ServiceAccount {name}/default", ignore=(client.ApiException,))  # fmt: skip
+
+
 def pod_body(
     name: str,
     labels: dict[str, str] | None = None,

@@ -16,8 +16,8 @@ from deathwatch._operator.agent_sandboxes import TRACKING_LABEL
 from hack.localcluster import agentsandbox, controlplane
 from hack.localcluster.sandbox_script import pod_manifest
 from tests.conftest import _binaries_or_skip
-from tests.controller_env import Env, admin_api, fresh_namespace, prepare, ready_status
-from tests.kube import wait_for
+from tests.controller_env import Env, admin_api, prepare, ready_status
+from tests.kube import fresh_namespace, wait_for
 
 pytestmark = pytest.mark.apiserver
 ROOT = Path(__file__).resolve().parents[2]

@@ -44,11 +44,10 @@ from tests.controller_env import (
     Env,
     Recording,
     admin_api,
-    fresh_namespace,
     prepare,
     ready_status,
 )
-from tests.kube import wait_for
+from tests.kube import fresh_namespace, wait_for
 
 pytestmark = pytest.mark.apiserver
 NS = "disrupted"

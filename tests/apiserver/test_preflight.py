@@ -17,7 +17,7 @@ from kubernetes import client
 
 from hack.localcluster import controlplane
 from hack.localcluster.controller_process import service_account_token
-from tests.kube import wait_for
+from tests.kube import fresh_namespace
 
 pytestmark = pytest.mark.apiserver
 
@@ -35,10 +35,7 @@ def seeded(api: client.ApiClient) -> Iterator[str]:
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     custom = client.CustomObjectsApi(api)
     ns = f"preflight-{time.monotonic_ns() % 10**8}"
-    core.create_namespace({"metadata": {"name": ns}}, _request_timeout=30)
-    # pods are admitted once the namespace's default ServiceAccount exists
-    wait_for(lambda: core.list_namespaced_service_account(ns, _request_timeout=10).items,
-             what="the default ServiceAccount")  # fmt: skip
+    fresh_namespace(api, ns)
     nodes = {f"{ns}-a": ["10.250.0.0/24"], f"{ns}-b": []}
     for name, cidrs in nodes.items():
         core.create_node({"metadata": {"name": name}, "spec": {"podCIDRs": cidrs} if cidrs else {}},

@@ -43,11 +43,10 @@ from tests.controller_env import (
     VerdictRecorder,
     admin_api,
     fate_status,
-    fresh_namespace,
     prepare,
     ready_status,
 )
-from tests.kube import wait_for
+from tests.kube import fresh_namespace, wait_for
 
 pytestmark = pytest.mark.chaos
 ROOT = Path(__file__).resolve().parents[2]

@@ -31,7 +31,7 @@ from hack.localcluster import controlplane
 from hack.localcluster.chaosproxy import ChaosProxy
 from hack.localcluster.controller_process import service_account_token
 from tests.conftest import _binaries_or_skip
-from tests.kube import wait_for
+from tests.kube import fresh_namespace, wait_for
 
 pytestmark = pytest.mark.chaos
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,11 +64,10 @@ def api(cp: controlplane.ControlPlane) -> client.ApiClient:
 
 @pytest.fixture
 def ns(api: client.ApiClient) -> Iterator[str]:
-    core = client.CoreV1Api(api)
     name = f"client-{time.monotonic_ns() % 10**8}"
-    core.create_namespace({"metadata": {"name": name}}, _request_timeout=30)
+    fresh_namespace(api, name)
     yield name
-    core.delete_namespace(name, _request_timeout=30)
+    client.CoreV1Api(api).delete_namespace(name, _request_timeout=30)
 
 
 def status(
@@ -358,7 +357,7 @@ def test_tenants_read_the_verdicts_of_their_namespace_and_write_nothing(
             assert done.returncode != 0 and "forbidden" in done.stderr.lower(), (role, what, done)
     # and nothing of another namespace
     other = f"{ns}-other"
-    core.create_namespace({"metadata": {"name": other}}, _request_timeout=10)
+    fresh_namespace(api, other)
     try:
         denied = subprocess.run([kubectl, "--kubeconfig", str(tmp_path / "view.kubeconfig"),
                                  "-n", other, "get", "sv"], text=True, capture_output=True,

@@ -30,7 +30,7 @@ from hack.localcluster.replicas import AuditLog, Replica, Replicas, Write
 from hack.localcluster.sandbox_script import SandboxScript
 from tests.conftest import _binaries_or_skip
 from tests.controller_env import Env, VerdictRecorder, fate_status, prepare
-from tests.kube import wait_for
+from tests.kube import fresh_namespace, wait_for
 
 pytestmark = pytest.mark.chaos
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,9 +145,7 @@ def ha(cp: controlplane.ControlPlane, tmp_path: Path) -> Iterator[HA]:
     api = client.ApiClient(configuration)
     core = client.CoreV1Api(api)
     ns = f"ha-{time.monotonic_ns() % 10**8}"
-    core.create_namespace({"metadata": {"name": ns}}, _request_timeout=30)
-    wait_for(lambda: core.read_namespaced_service_account("default", ns, _request_timeout=10),
-             what="default ServiceAccount", ignore=(client.ApiException,))  # fmt: skip
+    fresh_namespace(api, ns)
     env = Env(cp, api, ns, tmp_path)
     env.bind_controller()
     env.deathwatch()
