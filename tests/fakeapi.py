@@ -32,6 +32,7 @@ from deathwatch.firewall.kubeapi import query
 Key = tuple[str, str, str]  # (plural, namespace, name): "" for a cluster-scoped object
 LEASES = "leases"
 LEASE_PATH = "/apis/coordination.k8s.io/v1/namespaces/"
+DAEMONSET_PATH = "/apis/apps/v1/namespaces/"
 
 
 class FakeApi:
@@ -327,14 +328,19 @@ class FakeAgentApi:
 
     def call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
         self._called(method, path)
+        if path.startswith(DAEMONSET_PATH) and method == "GET":  # its own, as it stops
+            ds_namespace, ds_plural, ds_name = path[len(DAEMONSET_PATH) :].split("/")
+            assert ds_plural == "daemonsets", path
+            return self._found("daemonsets", ds_namespace, ds_name)
         assert path.startswith(LEASE_PATH), path  # the agent's only objects: its Lease
         namespace, plural, *name = path[len(LEASE_PATH) :].split("/")
         assert plural == LEASES, path
         if method == "GET":
-            found = self.api.get(LEASES, namespace, name[0])
-            if found is None:
-                raise ApiError(404, "NotFound")
-            return found
+            return self._found(LEASES, namespace, name[0])
+        if method == "DELETE":
+            self._found(LEASES, namespace, name[0])
+            del self.api.objects[(LEASES, namespace, name[0])]
+            return {}
         assert body is not None
         obj: dict[str, Any] = json.loads(json.dumps(body))
         key = (LEASES, namespace, obj["metadata"]["name"])
@@ -346,6 +352,12 @@ class FakeAgentApi:
             raise ApiError(404 if current is None else 409, "NotFound or Conflict")
         self.api.add(LEASES, namespace, obj)
         return self.api.get(*key)
+
+    def _found(self, plural: str, namespace: str, name: str) -> dict[str, Any]:
+        found = self.api.get(plural, namespace, name)
+        if found is None:
+            raise ApiError(404, "NotFound")
+        return found
 
     def get(self, path: str, params: Mapping[str, str | int]) -> bytes:
         self._called("GET", path + query(**params))

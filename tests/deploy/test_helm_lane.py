@@ -78,6 +78,31 @@ LANE_RULES = [
 WEBHOOK_DELAY = 4.0  # seconds an admission webhook holds each verdict status write
 
 
+class Prober:
+    """Connections from the node to a sandbox's agent port every ~2 ms while the block runs,
+    counted by outcome (none may get through while the firewall is installed)."""
+
+    def __init__(self, ip: str) -> None:
+        self.ip, self.stop = ip, threading.Event()
+        self.outcomes = {"connected": 0, "refused": 0, "other": 0}
+        self.thread = threading.Thread(target=self._probe, daemon=True)
+
+    def _probe(self) -> None:
+        while not self.stop.is_set():
+            outcome, _ = connect_once(self.ip, AGENT_PORT, 0.5)
+            self.outcomes[outcome if outcome in self.outcomes else "other"] += 1
+            time.sleep(0.002)
+
+    def __enter__(self) -> dict[str, int]:
+        self.thread.start()
+        return self.outcomes
+
+    def __exit__(self, *_: object) -> None:
+        time.sleep(1)  # and a moment past the new agents' readiness
+        self.stop.set()
+        self.thread.join(5)
+
+
 @dataclass
 class Lane:
     c: cluster.Cluster
@@ -96,6 +121,18 @@ class Lane:
         )  # fmt: skip
         assert done.returncode == 0, f"helm {' '.join(args[:2])}: {done.stderr}"
         return done.stdout
+
+    def agents(self) -> str:
+        """The firewall agent pods' uids: a rollout changes them."""
+        return self.c.kubectl("get", "pods", "-n", SYSTEM, "-l", "app.kubernetes.io/component=firewall",
+                              "-o", "jsonpath={.items[*].metadata.uid}").stdout  # fmt: skip
+
+    def upgrade(self, *values: str) -> float:
+        """`helm upgrade --reuse-values --set ...` until every agent is ready; its seconds."""
+        started = time.monotonic()
+        self.helm("upgrade", "deathwatch", str(CHART), "-n", SYSTEM, "--reuse-values",
+                  *(a for v in values for a in ("--set", v)), "--wait", "--timeout=5m")  # fmt: skip
+        return time.monotonic() - started
 
     def ctl(self, ns: str, name: str) -> Path:
         return self.c.node.ctl(f"{ns}-{name}")
@@ -662,30 +699,11 @@ def test_helm_upgrade_with_new_values_rolls_the_agents_and_lets_nothing_through(
     name = lane.sandbox("upgrade")
     wait_for(lambda: lane.state(name) == "Alive", timeout=60, what="upgrade Alive")
     ip = lane.core.read_namespaced_pod(name, NS, _request_timeout=10).status.pod_ip
-    stop, outcomes = threading.Event(), {"connected": 0, "refused": 0, "other": 0}
-
-    def probe() -> None:
-        while not stop.is_set():
-            outcome, _ = connect_once(ip, AGENT_PORT, 0.5)
-            outcomes[outcome if outcome in outcomes else "other"] += 1
-            time.sleep(0.002)
-
-    def agents() -> str:
-        return lane.c.kubectl("get", "pods", "-n", SYSTEM, "-l", "app.kubernetes.io/component=firewall",
-                              "-o", "jsonpath={.items[*].metadata.uid}").stdout  # fmt: skip
-
-    prober = threading.Thread(target=probe, daemon=True)
-    prober.start()
-    old, started = agents(), time.monotonic()
-    lane.helm("upgrade", "deathwatch", str(CHART), "-n", SYSTEM, "--reuse-values",
-              "--set", "firewall.allowedSources={192.0.2.10/32}", "--set", "firewall.resyncSeconds=5",
-              "--wait", "--timeout=5m")  # fmt: skip
-    took = time.monotonic() - started
-    time.sleep(1)  # and a moment past the new agent's readiness
-    stop.set()
-    prober.join(5)
+    old = lane.agents()
+    with Prober(ip) as outcomes:
+        took = lane.upgrade("firewall.allowedSources={192.0.2.10/32}", "firewall.resyncSeconds=5")
     RESULTS["helm_upgrade"] = {"seconds": round(took, 1), **outcomes}
-    assert agents() != old  # the config changed: the DaemonSet rolled
+    assert lane.agents() != old  # the config changed: the DaemonSet rolled
     assert outcomes["connected"] == 0, outcomes
     assert outcomes["refused"] > 100, outcomes
     history = json.loads(lane.helm("history", "deathwatch", "-n", SYSTEM, "-o", "json"))
@@ -730,21 +748,37 @@ def test_a_neighbour_holding_a_controllers_port_fires_port_under_pressure(lane: 
     RESULTS["slowloris_on_the_lane"] = attack.said
 
 
-def test_helm_uninstall_and_the_cleanup_release_leave_no_table(lane: Lane) -> None:
-    """Last: README "Uninstall": `helm uninstall` leaves the table on purpose (a stopping agent
-    cannot tell an uninstall from a rollout); the cleanup release removes it on every node."""
+def test_helm_uninstall_with_remove_table_on_uninstall_opens_the_node_and_cleanup_is_idempotent(
+    lane: Lane,
+) -> None:
+    """Last: `firewall.removeTableOnUninstall=true` turned on by an upgrade (a rollout of the
+    agents: nothing gets through it, the new agents leave the table to each other), then
+    `helm uninstall`: each stopping agent finds its DaemonSet gone, removes the table and its
+    coverage Lease. The default (the table stays on uninstall) is the kustomize lane's
+    (tests/deploy/test_deploy.py); the cleanup release still runs, on a node already clean."""
     name = lane.sandbox("uninstall")
     wait_for(lambda: lane.state(name) == "Alive", timeout=60, what="uninstall Alive")
     ip = lane.core.read_namespaced_pod(name, NS, _request_timeout=10).status.pod_ip
+    old = lane.agents()
+    with Prober(ip) as outcomes:
+        lane.upgrade("firewall.removeTableOnUninstall=true")
+    assert lane.agents() != old and outcomes["connected"] == 0, outcomes
+    assert SystemNft().list_table() is not None
+    lease = f"deathwatch-firewall.{NODE_NAME}"
+    assert lane.c.kubectl("get", "lease", "-n", SYSTEM, lease, check=False).returncode == 0
+    started = time.monotonic()
     lane.helm("uninstall", "deathwatch", "-n", SYSTEM, "--wait", "--timeout=3m")
-    assert SystemNft().list_table() is not None  # still shut, on purpose
-    assert connect_once(ip, AGENT_PORT, 2)[0] == "refused"
+    # the agent pod stops after its DaemonSet is gone (the garbage collector deletes it)
+    wait_for(lambda: SystemNft().list_table() is None, timeout=90, interval=0.2,
+             what="the table removed by the stopping agent")  # fmt: skip
+    RESULTS["uninstall_removed_table_after_seconds"] = round(time.monotonic() - started, 1)
+    assert connect_once(ip, AGENT_PORT, 2)[0] == "connected"
+    assert lane.c.kubectl("get", "lease", "-n", SYSTEM, lease, check=False).returncode != 0
     lane.helm("install", "deathwatch-cleanup", str(CHART), "-n", "deathwatch-uninstall",
               "--create-namespace", "--set", "cleanup=true", "--set",
               "firewall.image.repository=deathwatch.local/firewall", "--set", "firewall.image.tag=dev",
               "--wait", "--timeout=3m")  # fmt: skip
     assert SystemNft().list_table() is None
-    assert connect_once(ip, AGENT_PORT, 2)[0] == "connected"
     lane.helm(
         "uninstall", "deathwatch-cleanup", "-n", "deathwatch-uninstall", "--wait", "--timeout=3m"
     )

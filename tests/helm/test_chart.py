@@ -174,6 +174,26 @@ def test_values_reach_the_objects() -> None:
     )
 
 
+def test_remove_table_on_uninstall_is_opt_in_with_just_the_rbac_it_needs() -> None:
+    """Off: the agent never reads its DaemonSet, and may not. On: told its DaemonSet's name,
+    allowed to get, list and watch that one, and to delete its coverage Lease."""
+
+    def agent(rendered: dict[Key, Any]) -> tuple[list[str], list[dict[str, Any]]]:
+        ds = rendered[("DaemonSet", NAMESPACE, "deathwatch-firewall")]
+        role = rendered[("Role", NAMESPACE, "deathwatch-firewall-coverage")]
+        return ds["spec"]["template"]["spec"]["containers"][0]["args"], role["rules"]
+
+    args, rules = agent(template())
+    assert not [a for a in args if "uninstall" in a]
+    assert [r["resources"] for r in rules] == [["leases"]] and "delete" not in rules[0]["verbs"]
+    args, rules = agent(template("firewall.removeTableOnUninstall=true"))
+    assert "--remove-on-uninstall=deathwatch-firewall" in args
+    assert {"apiGroups": ["apps"], "resources": ["daemonsets"],
+            "resourceNames": ["deathwatch-firewall"], "verbs": ["get", "list", "watch"]} in rules  # fmt: skip
+    assert {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+            "verbs": ["delete"]} in rules  # fmt: skip
+
+
 def test_monitoring_is_opt_in_and_complete() -> None:
     assert not any(k[0] in ("ServiceMonitor", "PodMonitor", "PrometheusRule") for k in template())
     rendered = template("prometheusRule.enabled=true", "metrics.serviceMonitor.enabled=true",

@@ -456,3 +456,62 @@ def test_a_host_sending_from_its_tunnel_address_is_refused_by_the_sandboxs_node_
     path.write_text(json.dumps({**config, "allowedSources": [f"{GATEWAY}/32", f"{b4}/32"]}))
     assert firewall(a, "apply", "--config", str(path), *sandboxes, *hosts).returncode == 0
     assert a.connect(b.host, sbx.v4, AGENT_PORT) == "connected"
+
+
+# --- the agent measures its own output rule (selfcheck.py) ----------------------------------
+
+
+def run_agent(n: Node, tmp_path: Path, *args: str) -> tuple[subprocess.Popen[bytes], Path]:
+    log = tmp_path / "agent.log"
+    agent = subprocess.Popen(
+        ["ip", "netns", "exec", n.host, sys.executable, "-m", "deathwatch.firewall.cli", "agent",
+         "--metrics-port", "0", *args],
+        stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])},
+    )  # fmt: skip
+    return agent, log
+
+
+def measured(log: Path) -> list[str]:
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    return [e["outcome"] for e in lines if e.get("event") == "the output rule measured"]
+
+
+def test_the_agent_measures_its_rule_refusing_the_host_and_says_when_the_host_gets_through(
+    host: Node, tmp_path: Path
+) -> None:
+    """With its table in the host's path, the agent's own connection from the host to a
+    sandbox's agent port is refused, and by its rule (the counter moved): verified. With the
+    table applied where the host's packets never pass (another network namespace, as a
+    datapath that skips netfilter would leave it), the host gets through: bypassed."""
+    sbx, other = host.sandbox, host.ordinary
+    assert sbx is not None and other is not None
+    cfg = config_file(tmp_path, host, [AGENT_PORT], resync=0.5)
+    sandboxes = ["--sandbox", sbx.v4, "--sandbox", sbx.v6]
+    agent, log = run_agent(host, tmp_path, "--config", str(cfg), *sandboxes)
+    try:
+        wait_for(lambda: measured(log), timeout=15, what=f"a self-check: {log.read_text()[-600:]}")
+        assert measured(log)[0] == "verified"
+        assert host.connect(host.host, sbx.v4, AGENT_PORT) == "refused"
+    finally:
+        agent.terminate()
+        agent.wait(15)
+    assert firewall(host, "cleanup").returncode == 0
+    elsewhere = tmp_path / "nft-elsewhere"
+    elsewhere.write_text(f'#!/bin/sh\nexec ip netns exec {other.ns} nft "$@"\n')
+    elsewhere.chmod(0o755)
+    agent, log = run_agent(host, tmp_path, "--config", str(cfg), *sandboxes,
+                           "--nft", str(elsewhere))  # fmt: skip
+    try:
+        wait_for(lambda: measured(log), timeout=15, what=f"a self-check: {log.read_text()[-600:]}")
+        assert measured(log)[0] == "bypassed"
+        assert host.connect(host.host, sbx.v4, AGENT_PORT) == "connected"  # the hole, measured
+        assert other_table(host, other.ns)  # the table is in force, where it does no good
+    finally:
+        agent.terminate()
+        agent.wait(15)
+        host.ns_exec(other.ns, "nft", "delete", "table", "inet", "deathwatch", check=False)
+
+
+def other_table(n: Node, ns: str) -> bool:
+    return n.ns_exec(ns, "nft", "list", "table", "inet", "deathwatch", check=False).returncode == 0

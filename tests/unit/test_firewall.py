@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -591,3 +592,163 @@ def test_the_agent_writes_what_it_applied_for_its_readiness_probe(tmp_path: Path
     assert state.stat().st_mtime_ns == written
     with pytest.raises(ValueError, match="not an agent's state"):
         load_state(b'{"config": 1}')
+
+
+@pytest.mark.parametrize(
+    ("daemonset", "down", "removed"),
+    [
+        (None, False, True),  # gone: `helm uninstall` (background propagation), pruned
+        ({"deletionTimestamp": "2026-12-02T10:00:00Z"}, False, True),  # foreground deletion
+        ({}, False, False),  # standing: a rollout or a drain
+        (None, True, False),  # the API cannot say: the table stays (the safe side)
+    ],
+)
+def test_a_stopping_agent_removes_the_table_only_when_its_daemonset_is_uninstalled(
+    tmp_path: Path, daemonset: dict[str, Any] | None, down: bool, removed: bool
+) -> None:
+    path = tmp_path / "fw.yaml"
+    path.write_text(json.dumps(GOOD))
+    api, nft = FakeApi(), FakeNft()
+    if daemonset is not None:
+        api.add("daemonsets", "deathwatch-system",
+                {"metadata": {"name": "deathwatch-firewall", **daemonset}})  # fmt: skip
+    link = ClusterLink(api.agent(), "node-a", "fw-a", "deathwatch-system", "deathwatch-firewall")
+    agent = Agent(path, nft, link=link)
+    agent.step()
+    assert nft.table is not None and coverage_lease(api)
+    api.down = down
+    assert agent.leave() is removed
+    assert (nft.table is None) is removed
+    lease = api.get("leases", "deathwatch-system", lease_name("node-a"))
+    assert (lease is None) is removed  # the claim goes with the table, not left to go stale
+    asked = ("GET", "/apis/apps/v1/namespaces/deathwatch-system/daemonsets/deathwatch-firewall")
+    assert asked in api.requests
+
+
+def test_a_stopping_agent_not_told_to_remove_never_asks_and_keeps_the_table(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "fw.yaml"
+    path.write_text(json.dumps(GOOD))
+    api, nft = FakeApi(), FakeNft()
+    agent = Agent(path, nft, link=ClusterLink(api.agent(), "node-a", "fw-a", "deathwatch-system"))
+    agent.step()
+    assert agent.leave() is False and nft.table is not None
+    assert not [r for r in api.requests if "daemonsets" in r[1]]
+    done = subprocess.run([sys.executable, "-m", "deathwatch.firewall.cli", "agent", "--config",
+                           str(path), "--remove-on-uninstall", "deathwatch-firewall"],
+                          capture_output=True, text=True, timeout=30, check=False,
+                          env={k: v for k, v in os.environ.items() if k != "NODE_NAME"})  # fmt: skip
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "--remove-on-uninstall needs --node-name" in done.stderr
+
+
+def test_an_uninstall_whose_rbac_went_first_is_told_by_the_daemonsets_watch() -> None:
+    """Helm deletes the DaemonSet, then the agent's roles; the pods stop after both, so the
+    read at stop is refused (403). The watch, open since start, saw the deletion."""
+    import msgspec
+
+    from deathwatch._kube.errors import ApiError as KubeApiError
+    from deathwatch._kube.listwatch import Item, Listed, Noted
+    from deathwatch.firewall.uninstall import DaemonSetWatch, judge
+
+    class Refused:
+        def call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
+            raise KubeApiError(403, "Forbidden")
+
+    api: Any = Refused()
+    failures: list[int] = []
+    watch = DaemonSetWatch(api, "deathwatch-system", "deathwatch-firewall",
+                           lambda: failures.append(1), threading.Event())  # fmt: skip
+    ds = msgspec.Raw(json.dumps({"metadata": {"name": "deathwatch-firewall"}}).encode())
+    assert judge(api, "deathwatch-system", "deathwatch-firewall", watch).uninstalling is False
+    watch.handle(Item("LISTED", ds, "1"))
+    watch.handle(Listed("1", 1))
+    assert judge(api, "deathwatch-system", "deathwatch-firewall", watch).uninstalling is False
+    watch.handle(Item("DELETED", ds, "2"))
+    seen = judge(api, "deathwatch-system", "deathwatch-firewall", watch)
+    assert seen.uninstalling and "403" in seen.why and "deleted (seen on its watch)" in seen.why
+    # deleted and made again (orphaning its pods, to change its selector): it stands
+    watch.handle(Item("ADDED", ds, "3"))
+    assert judge(api, "deathwatch-system", "deathwatch-firewall", watch).uninstalling is False
+    # a relisting that finds none by its name: gone
+    watch.handle(Listed("4", 0))
+    assert judge(api, "deathwatch-system", "deathwatch-firewall", watch).uninstalling is True
+    watch.handle(Noted("failed", KubeApiError(500, "InternalError"), 1.0))
+    assert failures == [1]
+
+
+@pytest.fixture(autouse=True)
+def no_real_connections(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """The agent's self-check connects from the host to a sandbox (selfcheck.py): here no
+    address is real, so every attempt is answered by nobody (inconclusive) unless a test
+    says otherwise; the attempts are kept."""
+    from deathwatch.firewall import selfcheck
+
+    tried: list[tuple[str, int]] = []
+
+    def dial(address: Any, port: int, timeout: float = 1.0) -> str:
+        tried.append((str(address), port))
+        return "timeout"
+
+    monkeypatch.setattr(selfcheck, "connect", dial)
+    return tried
+
+
+def test_the_agent_measures_its_output_rule_on_its_nodes_sandboxes_in_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_real_connections: list[tuple[str, int]]
+) -> None:
+    from deathwatch.firewall import selfcheck
+
+    path = tmp_path / "fw.yaml"
+    path.write_text(json.dumps({**GOOD, "sandboxSelector": "app=sandbox"}))
+    api, nft = FakeApi(), FakeNft()
+    for ip in ("10.244.1.2", "10.244.1.3"):
+        api.add("pods", "sandboxes", sandbox_pod(ip))
+    agent = Agent(path, nft, link=ClusterLink(api.agent(), "node-a", "fw-a", "deathwatch-system"))
+
+    def refused_by_us(address: Any, port: int, timeout: float = 1.0) -> str:
+        no_real_connections.append((str(address), port))
+        assert nft.table is not None
+        output, *rest = nft.table.chains
+        counted = dataclasses.replace(output.rules[0], packets=output.rules[0].packets + 1)
+        nft.table = dataclasses.replace(nft.table, chains=(
+            dataclasses.replace(output, rules=(counted, *output.rules[1:])), *rest))  # fmt: skip
+        return "refused"
+
+    def notes() -> dict[str, str]:
+        return coverage_lease(api)["metadata"]["annotations"]  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(selfcheck, "connect", refused_by_us)
+    agent.step()
+    agent.step()
+    assert notes()["deathwatch.dev/rule-measured"] == "verified"
+    port = parse_config(GOOD).agent_ports[0]
+    assert no_real_connections == [("10.244.1.2", port), ("10.244.1.3", port)]  # in turn
+    assert agent.metrics.self_checks.labels("verified")._value.get() == 2
+    assert agent.metrics.rejected._value.get() == 0  # its own refusals are not a neighbour's
+    # the host got through: whatever carries its packets skips the table
+    monkeypatch.setattr(selfcheck, "connect", lambda address, port, timeout=1.0: "connected")
+    agent.step()
+    assert notes()["deathwatch.dev/rule-measured"] == "bypassed"
+    assert agent.metrics.rule_bypassed._value.get() == 1
+    # refused, but not by us (our counter did not move): no proof either way
+    monkeypatch.setattr(selfcheck, "connect", lambda address, port, timeout=1.0: "refused")
+    agent.step()
+    assert notes()["deathwatch.dev/rule-measured"] == "inconclusive"
+    assert agent.metrics.rule_bypassed._value.get() == 0
+    # no sandbox on this node: nothing to try
+    api.objects = {k: v for k, v in api.objects.items() if k[0] != "pods"}
+    agent.step()
+    assert notes()["deathwatch.dev/rule-measured"] == "none"
+
+
+def test_a_self_check_outcome_is_the_connection_and_our_counter_together() -> None:
+    from deathwatch.firewall.selfcheck import Measured, outcome
+
+    assert outcome("refused", 4, 5) is Measured.VERIFIED
+    assert outcome("refused", 4, 4) is Measured.INCONCLUSIVE
+    assert outcome("connected", 4, 4) is Measured.BYPASSED
+    assert outcome("connected", 4, 5) is Measured.BYPASSED  # a neighbour's refusal meanwhile
+    assert outcome("timeout", 4, 5) is Measured.INCONCLUSIVE
+    assert outcome("error:101", 4, 4) is Measured.INCONCLUSIVE

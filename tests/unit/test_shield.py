@@ -60,6 +60,7 @@ def test_the_agents_lease_reads_back_as_the_controller_expects() -> None:
         inbound=True,
         hosts_unknown="",
         pod_ranges_unknown="",
+        measured="none",
     )
     assert read_lease({"metadata": {"name": "someone-elses-lease"}}) is None
     assert len(lease_name("n" * 300)) <= 253
@@ -96,6 +97,13 @@ def test_judge_names_why_a_sandbox_is_not_shielded() -> None:
     assert reason(claim(hosts_unknown="node-b", inbound=False)) == (t, ShieldReason.IN_FORCE)
     assert reason(claim(pod_ranges_unknown="node-b")) == (f, ShieldReason.POD_RANGES_UNKNOWN)
     assert reason(claim(pod_ranges_unknown="*")) == (f, ShieldReason.POD_RANGES_UNKNOWN)
+    # the agent's own host connection to a sandbox got through: a claim disproved
+    assert reason(claim(measured="bypassed")) == (f, ShieldReason.RULE_BYPASSED)
+    for measured in ("verified", "inconclusive", "none", ""):  # "": an agent older than it
+        assert reason(claim(measured=measured)) == (t, ShieldReason.IN_FORCE)
+    verified = judge("node-a", ("10.244.1.2",), (49983,), claim(measured="verified"), seen,
+                     101.0, True)  # fmt: skip
+    assert verified.message.endswith("refused by it (measured)")
 
 
 def test_hosts_the_agent_cannot_tell_from_pods_are_said_on_its_lease() -> None:

@@ -204,6 +204,18 @@ groups:
             The live table on {{`{{ $labels.instance }}`}} has not matched its rule for
             {{ $for.firewallSyncFailing }}: the sandboxes on that node may be reachable.
           runbook_url: {{ $runbook }}#deathwatchfirewallrulemissing
+      - alert: DeathwatchFirewallRuleBypassed
+        expr: deathwatch_firewall_rule_bypassed == 1
+        for: {{ $for.firewallSyncFailing }}
+        labels: {severity: critical}
+        annotations:
+          summary: A host connection to a sandbox's agent port got through the firewall
+          description: >-
+            The firewall agent on {{`{{ $labels.instance }}`}} connected from its node's host
+            to a sandbox's agent port with its table in force, for
+            {{ $for.firewallSyncFailing }}: that node's datapath skips the table. Its
+            sandboxes read Shielded=False RuleBypassed.
+          runbook_url: {{ $runbook }}#deathwatchfirewallrulebypassed
   - name: deathwatch.ports
     rules:
       - alert: DeathwatchPortUnderPressure

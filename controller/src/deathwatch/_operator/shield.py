@@ -32,6 +32,9 @@ HOSTS_UNKNOWN = f"{PREFIX}hosts-unknown"  # nodes whose hosts' pod-range address
 # nodes with no spec.podCIDRs while podCIDRs is not configured ("*": not listed): the agent
 # then holds the inbound rule back (a range missing would refuse real pods)
 POD_RANGES_UNKNOWN = f"{PREFIX}pod-ranges-unknown"
+# the output rule as the agent measured it (verified, bypassed, inconclusive, none): a host
+# connection to a sandbox's agent port that got through unshields the node's sandboxes
+RULE_MEASURED = f"{PREFIX}rule-measured"
 SELECTOR = "app.kubernetes.io/component=firewall-coverage"
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -50,6 +53,7 @@ class ShieldReason:
     HOSTS_UNKNOWN = "HostAddressesUnknown"  # the inbound rule cannot tell some hosts from pods
     POD_RANGES_UNKNOWN = "PodRangesUnknown"  # the inbound rule waits for complete pod ranges
     OUTSIDE_POD_RANGES = "OutsidePodRanges"  # the sandbox's address is in no known pod range
+    RULE_BYPASSED = "RuleBypassed"  # the agent's own host connection to a sandbox got through
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +76,7 @@ class NodeCoverage:
     hosts_unknown: str = ""
     # nodes with no pod range while none is configured ("*": not listed): inbound waits
     pod_ranges_unknown: str = ""
+    measured: str = ""  # the agent's self-check of its output rule ("": an older agent)
 
 
 def read_lease(lease: Mapping[str, Any]) -> NodeCoverage | None:
@@ -106,6 +111,7 @@ def read_lease(lease: Mapping[str, Any]) -> NodeCoverage | None:
         inbound=notes.get(INBOUND) == "true",
         hosts_unknown=str(notes.get(HOSTS_UNKNOWN, "")),
         pod_ranges_unknown=str(notes.get(POD_RANGES_UNKNOWN, "")),
+        measured=str(notes.get(RULE_MEASURED, "")),
     )
 
 
@@ -170,6 +176,14 @@ def judge(
             ShieldReason.RULE_MISSING,
             f"the firewall agent on {node} reports its table is not in force",
         )
+    if coverage.measured == "bypassed":
+        return Shield(
+            f,
+            ShieldReason.RULE_BYPASSED,
+            f"the firewall agent on {node} connected from the host to a sandbox's agent port "
+            "with its table in force: this node's datapath skips the table (runbook: "
+            "SandboxUnshielded)",
+        )
     if coverage.config_file != coverage.config:
         return Shield(
             f,
@@ -217,10 +231,15 @@ def judge(
             f"ranges ({which}): a host there could reach this sandbox from a tunnel address",
         )
     inbound = "both rules" if coverage.inbound else "the output rule (inbound is off)"
+    measured = (
+        "; a host connection to a sandbox was refused by it (measured)"
+        if coverage.measured == "verified"
+        else ""
+    )
     return Shield(
         t,
         ShieldReason.IN_FORCE,
-        f"the firewall agent on {node} enforces {inbound} (config {coverage.config})",
+        f"the firewall agent on {node} enforces {inbound} (config {coverage.config}){measured}",
     )
 
 

@@ -9,7 +9,8 @@ they change), and after it renews the node's coverage Lease (coverage.py). An AP
 reach leaves the last known sandboxes in force and the Lease unrenewed: the controller then
 sees the node's coverage go stale. On SIGTERM the agent exits and leaves the table:
 a DaemonSet rollout must never open the hole, not even between two pods. Removal is the
-explicit `cleanup` command (uninstall).
+explicit `cleanup` command, or, when the agent is told to (`remove_on_uninstall`), its own
+DaemonSet found gone or being deleted as it stops (uninstall.py).
 """
 
 from __future__ import annotations
@@ -28,14 +29,16 @@ import structlog
 from deathwatch._kube.errors import KubeError, describe
 from deathwatch._kube.ports import Heartbeat
 from deathwatch.firewall.config import ConfigError, FirewallConfig, Network, load_config
-from deathwatch.firewall.coverage import NodeState, lease_body, publish
+from deathwatch.firewall.coverage import NodeState, lease_body, publish, withdraw
 from deathwatch.firewall.hosts import Hosts, NodeAddresses, host_addresses, ranges_unknown
 from deathwatch.firewall.kubeapi import Api
 from deathwatch.firewall.metrics import FirewallMetrics
 from deathwatch.firewall.nft import Nft, NftError
 from deathwatch.firewall.ruleset import Address, desired
+from deathwatch.firewall.selfcheck import Measured, measure
 from deathwatch.firewall.sandboxes import PodWatch, list_sandboxes
 from deathwatch.firewall.table import Table, differences, dump_state
+from deathwatch.firewall.uninstall import DaemonSetWatch, judge
 
 log = structlog.get_logger("deathwatch.firewall")
 
@@ -48,6 +51,9 @@ class ClusterLink:
     node: str
     identity: str
     namespace: str
+    # its own DaemonSet: with it, a stop that finds the DaemonSet gone or being deleted (an
+    # uninstall, never a rollout) removes the table; None: the table always stays
+    remove_on_uninstall: str | None = None
 
 
 class Agent:
@@ -89,6 +95,9 @@ class Agent:
         self._applied_once = False
         self._config_changed = False  # the next apply is for a new config, not a repair
         self._ranges_said: tuple[Network, ...] | None = None  # the pod ranges last logged
+        self.daemonset: DaemonSetWatch | None = None  # with remove_on_uninstall: its own
+        self.measured = Measured.NONE  # the output rule, as last measured (selfcheck.py)
+        self._measured_turn = 0  # which of this node's sandboxes is tried next
 
     def reload(self) -> bool:
         """Pick up a changed config file. True when a new valid config took effect."""
@@ -264,6 +273,7 @@ class Agent:
             self._in_force,
             len(self.sandboxes) if self._sandboxes_known else None,
             self.hosts,
+            self.measured,
         )
         try:
             publish(
@@ -301,7 +311,32 @@ class Agent:
         self._in_force = True
         if result != "unchanged":
             log.info("table synced", result=result)
+        self.self_check()
         self.publish()
+
+    def self_check(self) -> None:
+        """Measure the output rule on one of this node's sandboxes (in turn), and say what
+        changed. Its own refusal is not counted as a neighbour's (`rejected`)."""
+        enforced = self.enforced()
+        if enforced is None:
+            return
+        ranges = enforced.pod_cidrs
+        candidates = [a for a in self.sandboxes if any(a in n for n in ranges)]
+        if not candidates:
+            found, did = Measured.NONE, ""
+        else:
+            target = candidates[self._measured_turn % len(candidates)]
+            self._measured_turn += 1
+            found, did = measure(self.nft.list_table, target, enforced.agent_ports[0])
+            if found is Measured.VERIFIED:  # ours, not a neighbour's: left out of `rejected`
+                self._rejected_seen += 1
+            if found is not self.measured:
+                report = log.error if found is Measured.BYPASSED else log.info
+                report("the output rule measured", outcome=str(found), sandbox=str(target),
+                       port=enforced.agent_ports[0], connection=did)  # fmt: skip
+        self.measured = found
+        self.metrics.self_checks.labels(str(found)).inc()
+        self.metrics.rule_bypassed.set(1 if found is Measured.BYPASSED else 0)
 
     def run(self, stop: threading.Event) -> None:
         log.info("agent started", config=str(self.path),
@@ -321,10 +356,42 @@ class Agent:
                 stop,
             )  # fmt: skip
             self.nodes.start()
+            if link.remove_on_uninstall is not None:
+                self.daemonset = DaemonSetWatch(
+                    link.api, link.namespace, link.remove_on_uninstall,
+                    lambda: self.metrics.sync_failures.labels("watch").inc(), stop,
+                )  # fmt: skip
+                self.daemonset.start()
         while not stop.is_set():
             self.step()
             self.heartbeat.beat(ready=self._in_force)
             interval = self.config.resync_seconds if self.config else 10.0
             self.wake.wait(interval)  # a resync, a sandbox change, or stop
             self.wake.clear()
-        log.info("agent stopping; the table stays in place")
+        self.leave()
+
+    def leave(self) -> bool:
+        """The agent stops: the table stays, unless it was told to remove it on uninstall and
+        its DaemonSet says this is one. True when it removed the table."""
+        link = self.link
+        if link is None or link.remove_on_uninstall is None:
+            log.info("agent stopping; the table stays in place")
+            return False
+        seen = judge(link.api, link.namespace, link.remove_on_uninstall, self.daemonset)
+        if not seen.uninstalling:
+            log.info("agent stopping; the table stays in place", why=seen.why)
+            return False
+        try:
+            self.nft.delete_table()
+        except NftError as exc:
+            self.metrics.sync_failures.labels("uninstall").inc()
+            log.error("uninstalled, but the table could not be removed: remove it with "
+                      "`deathwatch-firewall cleanup` (runbook: open the firewall now)",
+                      why=seen.why, error=str(exc))  # fmt: skip
+            return False
+        log.warning("uninstalled: table inet deathwatch removed from this node", why=seen.why)
+        try:
+            withdraw(link.api, link.namespace, link.node)
+        except KubeError as exc:  # it goes stale instead, within two resyncs
+            log.error("cannot delete the coverage Lease", error=describe(exc)[:300])
+        return True

@@ -82,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
                 default=os.environ.get("POD_NAME"),
                 help="the agent's pod (env POD_NAME)",
             )
+            a.add_argument(
+                "--remove-on-uninstall", metavar="DAEMONSET", default=None,
+                help="this agent's DaemonSet (in --namespace): when the agent stops and finds "
+                "it gone or being deleted (an uninstall, never a rollout), it removes the "
+                "table and its coverage Lease; without it the table always stays",
+            )  # fmt: skip
             a.add_argument("--kube-api", help="API server URL (default: in-cluster)")
             a.add_argument("--nft", default="nft", help="the nft program (default: nft)")
             a.add_argument("--kube-token-file", help="bearer token file (with --kube-api)")
@@ -207,6 +213,10 @@ def _agent(args: argparse.Namespace) -> int:
 
     logs.configure(args.log_level)
     link = None
+    if args.remove_on_uninstall and not args.node_name:
+        print("deathwatch-firewall agent: --remove-on-uninstall needs --node-name (env "
+              "NODE_NAME): the DaemonSet is read from the API", file=sys.stderr)  # fmt: skip
+        return EXIT_BAD_CONFIG
     if args.node_name:
         try:
             api = (
@@ -225,7 +235,8 @@ def _agent(args: argparse.Namespace) -> int:
             print("deathwatch-firewall agent: --identity (env POD_NAME) is required with "
                   "--node-name", file=sys.stderr)  # fmt: skip
             return EXIT_BAD_CONFIG
-        link = ClusterLink(api, args.node_name, args.identity, args.namespace)
+        link = ClusterLink(api, args.node_name, args.identity, args.namespace,
+                           args.remove_on_uninstall)  # fmt: skip
     metrics = FirewallMetrics()
     heartbeat = Heartbeat(stalled_after=300.0)
     # a neighbour holding connections must not take the descriptors the API's calls need
@@ -250,7 +261,7 @@ def _agent(args: argparse.Namespace) -> int:
                   state_file=Path(args.state_file) if args.state_file else None)  # fmt: skip
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()  # the loop ends; the table stays (a rollout must never open the hole)
+        stop.set()  # the loop ends; the table stays unless this is an uninstall (Agent.leave)
         agent.wake.set()
 
     signal.signal(signal.SIGTERM, on_signal)

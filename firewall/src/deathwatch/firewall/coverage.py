@@ -38,6 +38,9 @@ HOST_ADDRESSES, HOSTS_UNKNOWN = f"{PREFIX}host-addresses", f"{PREFIX}hosts-unkno
 # why the inbound rule waits for complete pod ranges: "" it does not, "*" the nodes were not
 # listed (or none has a podCIDR), else the nodes with no spec.podCIDRs (podCIDRs not given)
 POD_RANGES_UNKNOWN = f"{PREFIX}pod-ranges-unknown"
+# the output rule as the agent last measured it: verified, bypassed, inconclusive or none
+# (selfcheck.py); bypassed unshields the node's sandboxes
+RULE_MEASURED = f"{PREFIX}rule-measured"
 UNKNOWN_SHOWN = 20  # nodes named in the annotation; more are counted
 LABELS = {
     "app.kubernetes.io/name": "deathwatch",
@@ -67,6 +70,7 @@ class NodeState:
     rule_in_force: bool
     sandboxes: int | None  # None: the sandbox list could not be read
     hosts: Hosts = KNOWN_NONE  # the hosts' addresses in force (unknown None: not listed)
+    measured: str = "none"  # the output rule's self-check (selfcheck.Measured)
 
 
 def unknown_hosts(hosts: Hosts) -> str:
@@ -108,6 +112,7 @@ def lease_body(
                 HOST_ADDRESSES: str(len(state.hosts.addresses)),
                 HOSTS_UNKNOWN: unknown_hosts(state.hosts) if config.inbound else "",
                 POD_RANGES_UNKNOWN: "" if waits == () else _nodes(waits),
+                RULE_MEASURED: state.measured,
             },
         },
         "spec": {
@@ -134,3 +139,14 @@ def publish(api: Api, body: dict[str, Any]) -> None:
     if (current.get("spec") or {}).get("holderIdentity") != body["spec"]["holderIdentity"]:
         body["spec"]["acquireTime"] = body["spec"]["renewTime"]  # a new agent pod
     api.call("PUT", f"{path}/{meta['name']}", body)
+
+
+def withdraw(api: Api, namespace: str, node: str) -> None:
+    """The node's claim taken back (the table is gone): the controller sees no agent at its
+    next read rather than a claim going stale. Already gone is done."""
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{lease_name(node)}"
+    try:
+        api.call("DELETE", path)
+    except ApiError as exc:
+        if not exc.not_found:
+            raise

@@ -69,6 +69,21 @@ class FirewallMetrics:
             "Pod ranges the rules use: configured podCIDRs and the nodes' spec.podCIDRs",
             registry=r,
         )
+        self.self_checks = Counter(
+            "deathwatch_firewall_self_checks",
+            "The agent's own connections from the host to a sandbox's agent port, by what they "
+            "showed: verified (refused by our rule), bypassed (accepted: the table is skipped), "
+            "inconclusive, none (no sandbox on this node to try)",
+            ["outcome"],
+            registry=r,
+        )
+        for measured in ("verified", "bypassed", "inconclusive", "none"):
+            self.self_checks.labels(measured)
+        self.rule_bypassed = Gauge(
+            "deathwatch_firewall_rule_bypassed",
+            "1 when the last self-check connected from the host to a sandbox's agent port",
+            registry=r,
+        )
         self.coverage_published = Gauge(
             "deathwatch_firewall_coverage_published_timestamp_seconds",
             "When this node's coverage Lease was last renewed",
