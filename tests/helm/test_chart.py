@@ -6,6 +6,7 @@ date, and the one-source-of-truth rule: rendered with default values the chart i
 
 from __future__ import annotations
 
+import re
 import subprocess
 import tarfile
 from pathlib import Path
@@ -351,6 +352,38 @@ def test_conventions_of_a_chart_platform_teams_expect() -> None:
         helm("template", "deathwatch", str(CHART), "--kube-version", "1.30.0")
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["kubeVersion"] == ">=1.31.0-0"
+
+
+def test_name_overrides_rename_every_object_and_every_reference_to_one() -> None:
+    """fullnameOverride renames every object and every reference to one (RBAC subjects and
+    roleRefs, the Lease the controller elects on, the DaemonSet it reads, Secrets, Services,
+    the alerts' jobs); nameOverride the product label in every selector. Nothing named
+    deathwatch-... is left but the agent's program and its config's path."""
+    sets = ("fullnameOverride=platform-dw", "nameOverride=sandbox-watch",
+            "firewall.removeTableOnUninstall=true", "prometheusRule.enabled=true",
+            "metrics.serviceMonitor.enabled=true", "metrics.podMonitor.enabled=true",
+            "metrics.tls.certManager.enabled=true", "dashboard.enabled=true")  # fmt: skip
+    rendered = template(*sets)
+    for (kind, _, name), obj in rendered.items():
+        if kind != "CustomResourceDefinition":
+            assert name == "platform-dw" or name.startswith("platform-dw-"), (kind, name)
+        labels = obj["metadata"].get("labels") or {}
+        assert labels.get("app.kubernetes.io/name", "sandbox-watch") == "sandbox-watch", name
+    text = yaml.safe_dump_all(list(rendered.values()))
+    left = set(re.findall(r"(?<![\w./-])deathwatch-[a-z.-]+", text)) - {NAMESPACE}  # -n's
+    assert left == {"deathwatch-firewall"}, left  # the program: command [deathwatch-firewall, check]
+    deploy = rendered[("Deployment", NAMESPACE, "platform-dw-controller")]["spec"]["template"]
+    args = deploy["spec"]["containers"][0]["args"]
+    assert "--lease-name=platform-dw-controller" in args
+    assert f"--firewall-daemonset={NAMESPACE}/platform-dw-firewall" in args
+    assert deploy["spec"]["serviceAccountName"] == "platform-dw-controller"
+    election = rendered[("Role", NAMESPACE, "platform-dw-controller-leader-election")]
+    assert ["platform-dw-controller"] in [r.get("resourceNames") for r in election["rules"]]
+    rules = rendered[("PrometheusRule", NAMESPACE, "platform-dw")]["spec"]["groups"]
+    exprs = " ".join(r["expr"] for g in rules for r in g["rules"])
+    assert ".*platform-dw-controller.*" in exprs and ".*platform-dw-firewall.*" in exprs
+    with pytest.raises(SystemExit, match="fullnameOverride"):
+        template("fullnameOverride=" + "x" * 41)
 
 
 def test_every_value_is_documented_inline_and_in_the_charts_readme() -> None:

@@ -1,8 +1,22 @@
+{{/* The product's name in labels and selectors: "deathwatch", or nameOverride. A selector
+cannot change after install: set it at install or never. */}}
+{{- define "deathwatch.name" -}}
+{{- .Values.nameOverride | default "deathwatch" | trunc 63 | trimSuffix "-" -}}
+{{- end }}
+
+{{/* What every object's name starts with: "deathwatch", or fullnameOverride (not the
+release's name: the kustomize manifests are this chart's render, names and all). Cut to 40,
+so that the longest suffix (-controller-firewall-coverage) keeps a name within 63. */}}
+{{- define "deathwatch.fullname" -}}
+{{- .Values.fullnameOverride | default "deathwatch" | trunc 40 | trimSuffix "-" -}}
+{{- end }}
+
 {{/* What selects a part's pods: the product and the part. Never more: a selector cannot
-change after install, and these two are what every release of this chart has selected by. */}}
+change after install, and these two are what every release of this chart has selected by.
+(list $ PART) */}}
 {{- define "deathwatch.selectorLabels" -}}
-app.kubernetes.io/name: deathwatch
-app.kubernetes.io/component: {{ . }}
+app.kubernetes.io/name: {{ include "deathwatch.name" (index . 0) }}
+app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 
 {{/* The labels every object carries, Kubernetes' recommended set: the product, the part, the
@@ -10,7 +24,7 @@ release, the version; and, where Helm installs it, the chart and who manages it
 (hack/render_manifests.py leaves those two out of the kustomize manifests). (list $ PART) */}}
 {{- define "deathwatch.labels" -}}
 {{- $root := index . 0 -}}
-{{ include "deathwatch.selectorLabels" (index . 1) }}
+{{ include "deathwatch.selectorLabels" (list $root (index . 1)) }}
 app.kubernetes.io/instance: {{ $root.Release.Name }}
 app.kubernetes.io/version: {{ $root.Chart.AppVersion | quote }}
 app.kubernetes.io/part-of: deathwatch

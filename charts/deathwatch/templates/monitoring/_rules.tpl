@@ -8,11 +8,14 @@ every sandbox, so counters they both keep are taken once (max over replicas), ne
 {{- $r := .Values.prometheusRule -}}
 {{- $for := $r.for -}}
 {{- $runbook := "https://github.com/deathwatch-dev/deathwatch/blob/main/docs/runbook.md" -}}
+{{- $fullname := include "deathwatch.fullname" . -}}
+{{- $controllerJob := $r.controllerJob | default (printf ".*%s-controller.*" $fullname) -}}
+{{- $firewallJob := $r.firewallJob | default (printf ".*%s-firewall.*" $fullname) -}}
 groups:
   - name: deathwatch.controller
     rules:
       - alert: DeathwatchControllerDown
-        expr: absent(up{job=~{{ $r.controllerJob | quote }}} == 1)
+        expr: absent(up{job=~{{ $controllerJob | quote }}} == 1)
         for: {{ $for.controllerDown }}
         labels: {severity: critical}
         annotations:
@@ -24,7 +27,7 @@ groups:
       - alert: DeathwatchNoLeader
         expr: >-
           (sum(deathwatch_leader) or vector(0)) < 1
-          and on() count(up{job=~{{ $r.controllerJob | quote }}} == 1) > 0
+          and on() count(up{job=~{{ $controllerJob | quote }}} == 1) > 0
         for: {{ $for.noLeader }}
         labels: {severity: critical}
         annotations:
@@ -175,7 +178,7 @@ groups:
   - name: deathwatch.firewall
     rules:
       - alert: DeathwatchFirewallAgentDown
-        expr: up{job=~{{ $r.firewallJob | quote }}} == 0
+        expr: up{job=~{{ $firewallJob | quote }}} == 0
         for: {{ $for.firewallDown }}
         labels: {severity: warning}
         annotations:
