@@ -39,8 +39,8 @@ ldflags="$ldflags -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
 for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
   ldflags="$ldflags -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$k8s_minor"
 done
-(cd "$top/src" && go build -trimpath -ldflags "$ldflags" -o "$top/bin/helm.tmp" ./cmd/helm)
-mv "$top/bin/helm.tmp" "$top/bin/helm"
+(cd "$top/src" && go build -trimpath -ldflags "$ldflags" -o "$top/bin/helm.tmp.$$" ./cmd/helm)
+mv "$top/bin/helm.tmp.$$" "$top/bin/helm"  # two builds at once: each moves its own
 echo "1.$k8s_minor" > "$top/bin/.k8s-version"
 got=$("$top/bin/helm" version --template '{{.Version}}')
 [ "$got" = "$HELM_VERSION" ] || { log "helm reports '$got', wanted $HELM_VERSION"; exit 1; }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install what deathwatch needs on a fresh Debian machine; idempotent and quick when done.
 #   hack/setup.sh            Python packages + test tools, nftables/iproute2, Prometheus (its
-#                            promtool tests the alerts), Helm, the control plane
+#                            promtool tests the alerts), Chromium (the README's pictures), Helm, the control plane
 #                            (+ scheduler), a node's parts (containerd, runc, CNI plugins,
 #                            busybox, kubelet, kube-proxy), and both product images built from
 #                            their Dockerfiles (buildah + mmdebstrap; no engine, no registry)
@@ -13,7 +13,7 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 
 missing=()
 for pkg in nftables iproute2 containerd runc containernetworking-plugins busybox-static openssl \
-    buildah mmdebstrap prometheus; do
+    buildah mmdebstrap prometheus chromium; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then

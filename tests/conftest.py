@@ -21,9 +21,10 @@ ENFORCED_IN_CI = (
     "helm",
     "prometheus",
     "monitoring",
+    "browser",
 )
 # the folders of tests/ that are lanes, each named for its marker (tests/unit: no marker)
-LANES = ("apiserver", "netns", "node", "chaos", "deploy", "e2e", "helm", "prometheus")
+LANES = ("apiserver", "netns", "node", "chaos", "deploy", "e2e", "helm", "prometheus", "browser")
 LANE_MARKERS = (*LANES, "monitoring")
 TESTS = Path(__file__).resolve().parent
 _skipped_real: list[str] = []
