@@ -337,10 +337,6 @@ class FakeAgentApi:
         assert plural == LEASES, path
         if method == "GET":
             return self._found(LEASES, namespace, name[0])
-        if method == "DELETE":
-            self._found(LEASES, namespace, name[0])
-            del self.api.objects[(LEASES, namespace, name[0])]
-            return {}
         assert body is not None
         obj: dict[str, Any] = json.loads(json.dumps(body))
         key = (LEASES, namespace, obj["metadata"]["name"])

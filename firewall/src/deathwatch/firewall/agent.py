@@ -29,14 +29,14 @@ import structlog
 from deathwatch._kube.errors import KubeError, describe
 from deathwatch._kube.ports import Heartbeat
 from deathwatch.firewall.config import ConfigError, FirewallConfig, Network, load_config
-from deathwatch.firewall.coverage import NodeState, lease_body, publish, withdraw
+from deathwatch.firewall.coverage import NodeState, lease_body, publish
 from deathwatch.firewall.hosts import Hosts, NodeAddresses, host_addresses, ranges_unknown
 from deathwatch.firewall.kubeapi import Api
 from deathwatch.firewall.metrics import FirewallMetrics
 from deathwatch.firewall.nft import Nft, NftError
 from deathwatch.firewall.ruleset import Address, desired
-from deathwatch.firewall.selfcheck import Measured, measure
 from deathwatch.firewall.sandboxes import PodWatch, list_sandboxes
+from deathwatch.firewall.selfcheck import Measured, measure
 from deathwatch.firewall.table import Table, differences, dump_state
 from deathwatch.firewall.uninstall import DaemonSetWatch, judge
 
@@ -389,9 +389,7 @@ class Agent:
                       "`deathwatch-firewall cleanup` (runbook: open the firewall now)",
                       why=seen.why, error=str(exc))  # fmt: skip
             return False
+        # its coverage Lease stays, and goes stale within two resyncs: deleting it would need
+        # the grant the uninstall has just deleted
         log.warning("uninstalled: table inet deathwatch removed from this node", why=seen.why)
-        try:
-            withdraw(link.api, link.namespace, link.node)
-        except KubeError as exc:  # it goes stale instead, within two resyncs
-            log.error("cannot delete the coverage Lease", error=describe(exc)[:300])
         return True

@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "--remove-on-uninstall", metavar="DAEMONSET", default=None,
                 help="this agent's DaemonSet (in --namespace): when the agent stops and finds "
                 "it gone or being deleted (an uninstall, never a rollout), it removes the "
-                "table and its coverage Lease; without it the table always stays",
+                "table; without it the table always stays",
             )  # fmt: skip
             a.add_argument("--kube-api", help="API server URL (default: in-cluster)")
             a.add_argument("--nft", default="nft", help="the nft program (default: nft)")

@@ -139,14 +139,3 @@ def publish(api: Api, body: dict[str, Any]) -> None:
     if (current.get("spec") or {}).get("holderIdentity") != body["spec"]["holderIdentity"]:
         body["spec"]["acquireTime"] = body["spec"]["renewTime"]  # a new agent pod
     api.call("PUT", f"{path}/{meta['name']}", body)
-
-
-def withdraw(api: Api, namespace: str, node: str) -> None:
-    """The node's claim taken back (the table is gone): the controller sees no agent at its
-    next read rather than a claim going stale. Already gone is done."""
-    path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{lease_name(node)}"
-    try:
-        api.call("DELETE", path)
-    except ApiError as exc:
-        if not exc.not_found:
-            raise
