@@ -393,8 +393,9 @@ async def test_a_standby_owes_digests_and_a_takeover_says_only_what_differs() ->
             }  # fmt: skip
             record = c.records.get(f"u{i}")
             track = record.track if record else None
-            assert track is not None
-            status["status"] = {**to_document(documents.verdict_status(track, None)), "term": 1}
+            assert record is not None and track is not None
+            written = documents.verdict_status(track, None, transitions=record.transitions)
+            status["status"] = {**to_document(written), "term": 1}
             c.on_verdict(EventType.MODIFIED, Verdict(NS, f"sbx-{i}", api.version(SV_PLURAL, NS, f"sbx-{i}"),
                                                  "sandboxes", {}, status["status"]))  # fmt: skip
         assert api.calls == []  # a standby sends nothing

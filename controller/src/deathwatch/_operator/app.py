@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -32,6 +33,9 @@ from deathwatch._operator.agent_sandboxes import AgentSandboxes
 from deathwatch._operator.controller import Controller, Firewall
 from deathwatch._operator.coverage import Coverage
 from deathwatch._operator.deathwatches import DeathWatches
+from deathwatch._operator.delivery.config import DeliveryConfig
+from deathwatch._operator.delivery.outbox import Deliveries
+from deathwatch._operator.delivery.sender import Sender
 from deathwatch._operator.endpoints import Address, Endpoints
 from deathwatch._operator.kube import ApiLease, ApiWrites, load_configuration
 from deathwatch._operator.leader import Elector, LeaseTimings
@@ -76,6 +80,7 @@ class Config:
     lease_name: str = "deathwatch-controller"
     lease_namespace: str = "deathwatch-system"
     lease_timings: LeaseTimings = field(default_factory=LeaseTimings)
+    delivery: DeliveryConfig | None = None  # the sinks verdicts are delivered to (delivery/)
 
     @property
     def scopes(self) -> tuple[str | None, ...]:
@@ -98,6 +103,7 @@ class App:
         self.gc_pauses: gcpauses.PauseLog | None = None
         self.elector: Elector | None = None
         self.rests: list[Rest] = []
+        self.sender: Sender | None = None
 
     # --- construction: every part once, handed to the next -----------------------------
 
@@ -140,6 +146,8 @@ class App:
         metrics.policies_known(registry.names)
         elector = self.elector
         coverage = Coverage(cfg.coverage_interval) if cfg.firewall_daemonset else None
+        deliveries = Deliveries(cfg.delivery)
+        metrics.sinks_known(deliveries.sinks)
         self.controller = Controller(
             deathwatches=DeathWatches(registry),
             records=Records(),
@@ -152,7 +160,12 @@ class App:
             fresh=self.streams.fresh,
             stale_after=cfg.stream_stale_after,
             leader=(lambda: elector.leader) if elector else (lambda: cfg.identity),
+            deliveries=deliveries,
         )
+        if deliveries:
+            self.sender = Sender(deliveries, self.controller.outgoing, self.controller.delivered,
+                                 metrics, may_send=may_write, user_agent=f"deathwatch/{_version()}",
+                                 clock=self.controller.clock)  # fmt: skip
         self.adoption = Adoption(self.watches, self.controller, metrics, cfg.scopes,
                                  cfg.pod_label_selector)  # fmt: skip
         c, w, s = self.controller, self.writer, self.streams
@@ -209,6 +222,12 @@ class App:
         await asyncio.gather(*(r.listed() for r in s.pods))
         if self.elector is None:  # the only writer: it leads from the start
             self.reconcile_events()
+            if self.sender is not None:
+                self.sender.lead()
+        if self.sender is not None:
+            sender = self.sender
+            for name in sender.deliveries.sinks:
+                sup.start(f"deliver-{name}", functools.partial(sender.run, name))
         for i in range(cfg.writers):
             sup.start(f"writer-{i}", self.writer.work)
         if self.elector is not None:
@@ -231,6 +250,8 @@ class App:
     async def stop(self) -> None:
         """SIGTERM: a leader finishes what it decided (bounded), stops writing, then releases
         the Lease so a standby takes over at its next try instead of after the lease runs out."""
+        if self.sender is not None:
+            await self.sender.close()  # what is in flight stays owed: the next leader sends it
         if self.built and self.writer.leading:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.writer.idle(), 10)
@@ -248,11 +269,15 @@ class App:
     def _leading(self, leading: bool) -> None:
         """The elector's verdict: write (what this replica owes first), or stand by."""
         if not leading:
+            if self.sender is not None:
+                self.sender.standby()
             self.writer.standby()
             return
         self.reconcile_events()
         owed = self.writer.lead(self.elector.term if self.elector else None)
         self.controller.republish(owed)
+        if self.sender is not None:
+            self.sender.lead()  # what the old leader left undelivered, then what comes
 
     def reconcile_events(self) -> None:
         """Taking over the writing: post again any SandboxDead Event a crash may have lost."""
@@ -284,6 +309,15 @@ class App:
             }
 
         return readiness.report(self.readiness, self.streams, parts)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("deathwatch")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def configure_kopf(settings: kopf.OperatorSettings, config: Config) -> None:

@@ -88,6 +88,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "picked up once installed): verdicts name their Sandbox and claim, and say Suspended "
         "or Expired (default on)",
     )
+    p.add_argument(
+        "--delivery-config",
+        default=None,
+        metavar="FILE",
+        help="the sinks verdicts are delivered to, as signed CloudEvents (YAML: cluster, sinks; "
+        "README 'Delivering verdicts'); read at start, each sink's keys at every send",
+    )
     election = p.add_argument_group(
         "leader election", "replicas elect one writer on a Lease; the others stand by, hot"
     )
@@ -175,6 +182,17 @@ def run(args: argparse.Namespace) -> int:
     if not args.identity:
         print("deathwatch controller: --identity: empty", file=sys.stderr)
         return EXIT_BAD_CONFIG
+    delivery = None
+    if args.delivery_config is not None:
+        from deathwatch._operator.delivery import config as delivery_config
+
+        try:
+            delivery = delivery_config.load(args.delivery_config)
+            for sink in delivery.sinks:  # a sink that cannot sign is refused now, not at a death
+                delivery_config.keys(sink)
+        except delivery_config.ConfigError as exc:
+            print(f"deathwatch controller: --delivery-config: {exc}", file=sys.stderr)
+            return EXIT_BAD_CONFIG
     logs.configure(args.log_level)
     # as Go's runtime does: containerd 2.x leaves a Python process 1,024 descriptors, which a
     # neighbour holding connections to our ports would take from the API's (ADR 0020)
@@ -198,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
         lease_name=args.lease_name,
         lease_namespace=args.lease_namespace,
         lease_timings=timings,
+        delivery=delivery,
     )
     try:
         app = App(config)

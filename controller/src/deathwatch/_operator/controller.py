@@ -43,6 +43,8 @@ from deathwatch._operator.agent_sandboxes import AgentSandboxes, SandboxObject
 from deathwatch._operator.coverage import Coverage
 from deathwatch._operator.deathwatches import Change, DeathWatches, DeathWatchKey, Revision
 from deathwatch._operator.decisions import Announcement, Before
+from deathwatch._operator.delivery.events import Outgoing, event_id, outgoing
+from deathwatch._operator.delivery.outbox import Deliveries, Ended, Owed
 from deathwatch._operator.documents import FirewallReading, PodEvent
 from deathwatch._operator.metrics import Metrics
 from deathwatch._operator.records import Record, Records
@@ -53,6 +55,8 @@ from deathwatch._operator.resources import (
     SV_PLURAL,
     ConditionStatus,
     ConditionType,
+    DeliveryMark,
+    DeliveryOutcome,
     EventReason,
     SandboxRef,
     to_document,
@@ -60,6 +64,7 @@ from deathwatch._operator.resources import (
 from deathwatch._operator.rules import Rules
 from deathwatch._operator.shield import Shield
 from deathwatch._operator.summary import Summaries
+from deathwatch._operator.verdict_document import document as verdict_document
 from deathwatch._operator.writer import LOW, NORMAL, URGENT, Desired, ObjectKey, Writer
 
 log = structlog.get_logger("deathwatch.controller")
@@ -106,10 +111,12 @@ class Controller:
         stale_after: float,
         leader: Callable[[], str | None] = lambda: None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        deliveries: Deliveries | None = None,
     ) -> None:
         """`fresh`: whether every pod stream delivered something lately (None: unknown);
         `stale_after`: the seconds that takes, for the DeathWatch condition's message;
-        `leader`: who holds the Lease."""
+        `leader`: who holds the Lease; `deliveries`: what each sink is owed (none: no sink
+        configured)."""
         self.deathwatches = deathwatches
         self.records = records
         self.policies = policies
@@ -124,6 +131,7 @@ class Controller:
         self.stale_after = stale_after
         self.leader = leader
         self.clock = clock
+        self.deliveries = deliveries if deliveries is not None else Deliveries(None)
         self.wake = asyncio.Event()  # a new Suspect deadline to wait for
         self.malformed: set[str] = set()  # objects reported undecodable (once each)
 
@@ -199,6 +207,9 @@ class Controller:
         input (pod events, listings, expiries, coverage)."""
         track = step.track
         self._report(step, record)
+        changed = any(s.kind is SignalKind.STATE_CHANGED for s in step.signals)
+        if changed:
+            record.transitions += 1  # the sequence of the event that announces it
         if shield is KEEP:
             shield = self._shield(record, rules)
         assert shield is None or isinstance(shield, Shield)  # noqa: S101 - KEEP resolved
@@ -208,6 +219,8 @@ class Controller:
         if outcome.forget:
             self._forget(record)
             return
+        if changed:
+            self._owe(record, track)
         if any(a.reason is EventReason.SANDBOX_UNSHIELDED for a in outcome.events):
             self._unshielded(track, record, outcome.shield)
         record.shield, record.shield_since = outcome.shield, outcome.shield_since
@@ -240,14 +253,14 @@ class Controller:
         self.metrics.unshielded_spells.labels(shield.reason).inc()
 
     def _verdict(self, track: Track, record: Record, rules: Rules,
-                 announce: Iterable[Announcement] = (), received: float | None = None
-                 ) -> Desired:  # fmt: skip
+                 announce: Iterable[Announcement] = (), received: float | None = None,
+                 priority: int | None = None) -> Desired:  # fmt: skip
         dead = track.state is State.DEAD
         owner = record.agent_sandbox
         ref = self.agent_sandboxes.ref(track.namespace, owner) if owner is not None else None
         status, obj, labels, events = documents.verdict(
             track, rules, record.node, record.deleted_at, record.shield, record.shield_since,
-            announce, ref,
+            announce, ref, record.transitions, record.marks,
         )  # fmt: skip
         return Desired(
             SV_PLURAL, track.namespace, track.name,
@@ -255,7 +268,7 @@ class Controller:
             create=obj,
             labels=labels,
             events=events,
-            priority=URGENT if dead else NORMAL,
+            priority=priority if priority is not None else URGENT if dead else NORMAL,
             received=received if dead else None,
             ready_drop_at=track.ready_drop_at if dead else None,
         )  # fmt: skip
@@ -309,6 +322,56 @@ class Controller:
         what its DeathWatch counts for it. Its deadline, if any, lapses with it."""
         self.records.remove(record)
         self.summaries.apply(record.deathwatch, record.counted, None)
+        self.deliveries.forget(record.uid)
+
+    # --- delivery (delivery/: the sender builds each event from here, and reports back) ----
+
+    def _owe(self, record: Record, track: Track | None = None) -> None:
+        """Tell the outboxes this sandbox's current transition (and the marks it has)."""
+        track = track or record.track
+        if not self.deliveries or track is None:
+            return
+        for sink in self.deliveries.changed(
+            record.uid, record.namespace, track.state, record.transitions,
+            _event_time(track, self.clock), record.marks, record.deathwatch,
+        ):  # fmt: skip
+            self.metrics.delivery_coalesced.labels(sink).inc()
+
+    def outgoing(self, uid: str, sink: str, owed: Owed) -> Outgoing | None:
+        """The event a sink is owed for this sandbox, as it is now (None: nothing is)."""
+        record = self.records.get(uid)
+        track = record.track if record is not None else None
+        box = self.deliveries.sinks.get(sink)
+        if record is None or track is None or box is None:
+            return None
+        if not box.sink.wants(record.namespace, track.state):
+            return None
+        rules = self.deathwatches.get(record.deathwatch)
+        owner = record.agent_sandbox
+        ref = self.agent_sandboxes.ref(record.namespace, owner) if owner is not None else None
+        status = documents.verdict_status(track, record.node, record.deleted_at, record.shield,
+                                          record.shield_since, ref, record.transitions,
+                                          record.marks)  # fmt: skip
+        labels = (documents.verdict_object(record.namespace, record.name, rules, record.uid, ref,
+                                           documents.verdict_labels(track))["metadata"]["labels"]
+                  if rules is not None else {})  # fmt: skip
+        name = rules.name if rules is not None else None
+        doc = verdict_document(record.namespace, record.name, name, status, labels)
+        return outgoing(sink, self.deliveries.cluster, doc, record.transitions,
+                        _event_time(track, self.clock))  # fmt: skip
+
+    def delivered(self, ended: Ended) -> None:
+        """An event sent to an end (delivered, refused, given up): recorded on its verdict,
+        so that no leader sends it again."""
+        record = self.records.get(ended.uid)
+        if record is None:
+            return
+        record.marks = {**record.marks, ended.mark.sink: ended.mark}
+        self._owe(record)
+        track = record.track
+        rules = self.deathwatches.get(record.deathwatch)
+        if track is not None and rules is not None and record.persisted:
+            self.writer.want(self._verdict(track, record, rules, priority=LOW))
 
     def undecodable(self, error: Undecodable) -> None:
         if error.who not in self.malformed:
@@ -453,6 +516,10 @@ class Controller:
             self.records.ended(record, deleted_at)
         record.counted = decisions.facts(track, record.shield, record.node)
         self.summaries.apply(key, None, record.counted)
+        record.transitions, marks = documents.delivery_from_status(status)
+        if marks:
+            record.marks = marks
+        self._owe(record, track)  # what no mark covers is sent when this replica leads
         self.wake.set()
         return True
 
@@ -461,6 +528,8 @@ class Controller:
         another term's, seen by a leader)."""
         status = None if kind is EventType.DELETED else verdict.status
         key = (SV_PLURAL, verdict.namespace, verdict.name)
+        if status and self.deliveries and not self.writer.leading:
+            self._level(verdict.namespace, verdict.name, status)
         contested = self.writer.observed(*key, status, verdict.version, verdict.labels)
         if contested:
             self.republish([key])
@@ -475,6 +544,21 @@ class Controller:
             uid = verdict.labels.get(POD_UID_LABEL)
             if uid:
                 self.writer.want(Desired(*key, delete=uid, priority=LOW))
+
+    def _level(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        """A standby takes the leader's word for what was delivered (and how its verdict's
+        transitions are numbered, while the two agree on its state), so that taking over it
+        sends only what no mark covers."""
+        record = self.records.named(namespace, name)
+        track = record.track if record is not None else None
+        if record is None or track is None or status.get("podUID") != record.uid:
+            return
+        transitions, marks = documents.delivery_from_status(status)
+        if status.get("state") == track.state.value:
+            record.transitions = transitions
+        if marks:
+            record.marks = marks
+        self._owe(record, track)
 
     def republish(self, keys: Iterable[ObjectKey]) -> None:
         """Say these objects again, as this controller judges them now (taking over: what the
@@ -520,13 +604,19 @@ class Controller:
                           exc_info=exc)  # fmt: skip
 
     def retire(self) -> int:
-        """Delete the verdicts of pods gone for longer than their DeathWatch's retention."""
+        """Delete the verdicts of pods gone for longer than their DeathWatch's retention,
+        but for those a sink is still owed (until the sink's maxAge: then it is given up,
+        said on the verdict, counted)."""
         now = self.clock()
+        given_up = self._expire_deliveries(now)
         retired = 0
         for record in self.records.ended_ones():
             track = record.track
             if track is None or record.deleted_at is None or not track.state.terminal:
                 continue
+            if self.deliveries.owes(record.uid) or record.uid in given_up:
+                continue  # still owed (what is owed lives on the verdict), or its Expired
+                # mark just wanted: said on the verdict before it goes, at the next round
             rules = self.deathwatches.get(record.deathwatch)
             retention = rules.retention if rules else timedelta(0)
             declared = track.evidence.declared_at if track.evidence else record.deleted_at
@@ -537,6 +627,30 @@ class Controller:
             self._forget(record)
             retired += 1
         return retired
+
+    def _expire_deliveries(self, now: datetime) -> set[str]:
+        given_up = set()
+        for sink, uid, owed in self.deliveries.expired(now):
+            given_up.add(uid)
+            record = self.records.get(uid)
+            if record is None:
+                self.deliveries.forget(uid)
+                continue
+            age = (now - owed.since).total_seconds()
+            log.error("event given up: owed longer than its sink's maxAge", sink=sink,
+                      namespace=record.namespace, pod=record.name, uid=uid,
+                      state=str(owed.state), owed_seconds=round(age))  # fmt: skip
+            self.metrics.delivery_events.labels(sink, "expired").inc()
+            track = record.track
+            mark = DeliveryMark(
+                sink=sink, id=event_id(uid, owed.state, owed.sequence), sequence=owed.sequence,
+                state=owed.state, outcome=DeliveryOutcome.EXPIRED, at=now,
+                message=f"owed for {age:.0f}s, past the sink's maxAge",
+            )  # fmt: skip
+            self.deliveries.sinks[sink].drop(uid)
+            if track is not None:
+                self.delivered(Ended(uid, mark))
+        return given_up
 
     def reshield(self) -> None:
         """Claims go stale with no event: once a tick, judge again the live sandboxes on the
@@ -574,12 +688,15 @@ class Controller:
         reading = self.firewall.reading
         coverage = reading.coverage()
         leader = self.leader()
-        for key in list(self.deathwatches):
+        keys = list(self.deathwatches)
+        backlogs = self.deliveries.backlogs(keys) if self.deliveries else None
+        for key in keys:
             try:
                 conditions = self.deathwatches.conditions[key] = documents.deathwatch_conditions(
                     self.deathwatches.conditions.get(key, ()), now,
                     invalid=self.deathwatches.invalid.get(key), fresh=fresh,
                     stale_after=self.stale_after, firewall=reading,
+                    backlogs=backlogs.get(key, []) if backlogs is not None else None,
                 )  # fmt: skip
                 rules = self.deathwatches.get(key)
                 status = documents.deathwatch_status(
@@ -601,6 +718,12 @@ class Controller:
         for (node, shielded), count in self.summaries.nodes.items():
             self.metrics.node_sandboxes.labels(node, shielded).set(count)
         self.metrics.write_backlog.set(self.writer.backlog)
+        for name, box in self.deliveries.sinks.items():
+            oldest = box.oldest()
+            self.metrics.delivery_backlog.labels(name).set(len(box.owed))
+            self.metrics.delivery_oldest.labels(name).set(
+                (now - oldest).total_seconds() if oldest is not None else 0.0
+            )
 
     def unannounced_deaths(self, window: timedelta = EVENT_RECONCILE_WINDOW) -> list[PodEvent]:
         """The SandboxDead Event of every Dead verdict declared within `window`: what a crash
@@ -618,6 +741,14 @@ class Controller:
             ):
                 out.append(documents.dead_event(track))
         return out
+
+
+def _event_time(track: Track, clock: Callable[[], datetime]) -> datetime:
+    """The time an event about this transition carries: when the verdict was declared (Dead,
+    Gone), else when its state was entered."""
+    if track.state.terminal and track.evidence is not None:
+        return track.evidence.declared_at
+    return track.changed_at or clock()
 
 
 def _restored_sandbox(status: Mapping[str, Any]) -> SandboxRef | None:

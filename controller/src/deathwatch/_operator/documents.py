@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -32,6 +32,7 @@ from deathwatch._operator.resources import (
     ConditionStatus,
     ConditionType,
     DeathWatchStatus,
+    DeliveryMark,
     DisruptionStatus,
     EventReason,
     FirewallCoverage,
@@ -48,6 +49,7 @@ from deathwatch._operator.shield import Shield
 
 if TYPE_CHECKING:
     from deathwatch._operator.decisions import Announcement
+    from deathwatch._operator.delivery.outbox import Backlog
 from deathwatch._operator.summary import Summary
 
 LAST_DEATHS = 20
@@ -153,6 +155,8 @@ def verdict_status(
     shield: Shield | None = None,
     shield_since: datetime | None = None,
     sandbox: SandboxRef | None = None,
+    transitions: int = 0,
+    marks: Mapping[str, DeliveryMark] | None = None,
 ) -> SandboxVerdictStatus:
     e = track.evidence
     conditions = [
@@ -216,6 +220,8 @@ def verdict_status(
         flaps=track.flaps,
         false_positive=track.false_positive,
         probe_blocked_by_firewall=track.probe_blocked,
+        transitions=transitions or None,
+        delivery=[marks[k] for k in sorted(marks)] if marks else None,
         conditions=conditions,
     )
 
@@ -229,11 +235,14 @@ def verdict(
     shield_since: datetime | None,
     announce: Iterable[Announcement] = (),
     sandbox: SandboxRef | None = None,
+    transitions: int = 0,
+    marks: Mapping[str, DeliveryMark] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, str], list[PodEvent]]:
     """A sandbox's SandboxVerdict: its status document, the object to create if it does not
     exist yet, the labels it must carry as it changes (its origin, once it has ended), and
     the Events that announce what `decide` chose to."""
-    status = verdict_status(track, node, deleted_at, shield, shield_since, sandbox)
+    status = verdict_status(track, node, deleted_at, shield, shield_since, sandbox, transitions,
+                            marks)  # fmt: skip
     labels = verdict_labels(track)
     obj = verdict_object(track.namespace, track.name, rules, track.uid, sandbox, labels)
     return to_document(status), obj, labels, events(track, announce)
@@ -359,6 +368,17 @@ def track_from_status(namespace: str, name: str, status: Mapping[str, Any]) -> T
     )
 
 
+def delivery_from_status(status: Mapping[str, Any]) -> tuple[int, dict[str, DeliveryMark]]:
+    """A verdict's transition count and delivery marks, as written (nothing if unreadable:
+    what is owed is then sent again, with the same ids)."""
+    try:
+        transitions = msgspec.convert(status.get("transitions") or 0, int)
+        marks = msgspec.convert(status.get("delivery") or [], list[DeliveryMark])
+    except msgspec.ValidationError:
+        return 0, {}
+    return transitions, {m.sink: m for m in marks}
+
+
 # --- DeathWatch ----------------------------------------------------------------------------
 
 
@@ -399,7 +419,10 @@ def deathwatch_conditions(
     fresh: bool | None,
     stale_after: float,
     firewall: FirewallReading,
+    backlogs: Iterable[Backlog] | None = None,
 ) -> list[Condition]:
+    """Ready, FirewallCovered, and Delivered when sinks are configured (`backlogs`: this
+    DeathWatch's share of each sink's debt)."""
     before = list(previous)
 
     def cond(kind: str, status: ConditionStatus, reason: str, message: str) -> Condition:
@@ -438,7 +461,34 @@ def deathwatch_conditions(
             "sandboxes on the others are exposed"
         )
         firewall_condition = cond(kind, f, Reason.NODES_UNCOVERED, message)
-    return [ready, firewall_condition]
+    if backlogs is None:
+        return [ready, firewall_condition]
+    return [ready, firewall_condition, delivered_condition(list(backlogs), now, cond)]
+
+
+DELIVERY_LATE = 60.0  # seconds a transition may be owed before the condition says so
+
+
+def delivered_condition(
+    backlogs: list[Backlog],
+    now: datetime,
+    cond: Callable[[str, ConditionStatus, str, str], Condition],
+) -> Condition:
+    """Delivered: True while every sink has what it is owed within DELIVERY_LATE seconds;
+    False naming each late sink, how much it is owed, since when and its last error."""
+    late = [b for b in backlogs if b.oldest and (now - b.oldest).total_seconds() > DELIVERY_LATE]
+    kind = ConditionType.DELIVERED
+    if not late:
+        owed = sum(b.owed for b in backlogs)
+        sinks = ", ".join(b.sink for b in backlogs)
+        said = f"{owed} transitions on their way" if owed else "nothing owed"
+        return cond(kind, ConditionStatus.TRUE, Reason.UP_TO_DATE, f"sinks {sinks}: {said}")
+    parts = []
+    for b in late:
+        age = (now - b.oldest).total_seconds() if b.oldest else 0.0
+        part = f"{b.sink}: {b.owed} owed, the oldest for {age:.0f}s"
+        parts.append(part + (f" (last error: {b.last_error[:120]})" if b.last_error else ""))
+    return cond(kind, ConditionStatus.FALSE, Reason.BACKLOG, "; ".join(parts))
 
 
 def deathwatch_status(

@@ -181,6 +181,56 @@ class Metrics:
             registry=r,
         )
 
+        self.delivery_events = Counter(
+            "deathwatch_delivery_events",
+            "Events sent to an end, by sink and outcome: delivered (2xx), refused (a 4xx other "
+            "than 408 and 429: not sent again), expired (owed past the sink's maxAge)",
+            ["sink", "outcome"],
+            registry=r,
+        )
+        self.delivery_retries = Counter(
+            "deathwatch_delivery_retries",
+            "Attempts that will be made again, by sink and why (an HTTP status, connection, "
+            "timeout, tls, keys)",
+            ["sink", "reason"],
+            registry=r,
+        )
+        self.delivery_coalesced = Counter(
+            "deathwatch_delivery_coalesced",
+            "Alive and Suspect events superseded by the sandbox's next transition before they "
+            "could be delivered (Dead and Gone never are)",
+            ["sink"],
+            registry=r,
+        )
+        self.delivery_backlog = Gauge(
+            "deathwatch_delivery_backlog",
+            "Sandboxes whose current transition a sink is owed (not delivered yet)",
+            ["sink"],
+            registry=r,
+        )
+        self.delivery_oldest = Gauge(
+            "deathwatch_delivery_oldest_undelivered_seconds",
+            "Age of the oldest transition a sink is owed (0: none)",
+            ["sink"],
+            registry=r,
+        )
+        self.delivery_latency = Histogram(
+            "deathwatch_delivery_latency_seconds",
+            "From the transition (the verdict's time) to the receiver's 2xx",
+            ["sink"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+
+    def sinks_known(self, names: Iterable[str]) -> None:
+        """Every sink's series from the start, at 0 (a first refusal must show in increase())."""
+        for name in names:
+            for outcome in ("delivered", "refused", "expired"):
+                self.delivery_events.labels(name, outcome)
+            self.delivery_coalesced.labels(name)
+            self.delivery_backlog.labels(name).set(0)
+            self.delivery_oldest.labels(name).set(0)
+
     def death(self, node: str, cause: Cause) -> None:
         self.node_seen(node)
         self.deaths.labels(node, str(cause), str(origin_of(cause))).inc()

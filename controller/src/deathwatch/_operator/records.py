@@ -4,7 +4,8 @@ A `Record` holds the engine's memory of the pod (its Track, the settings it is j
 its latest view while Suspect: `_engine.memory`), its DeathWatch's key, its node and
 addresses, its shield, what its DeathWatch's status counts for it, whether its policy is in
 a failing spell, whether its verdict exists, when its pod was found gone, the newest
-resourceVersion of it judged, and the agent-sandbox Sandbox that owns it. `Records` keeps
+resourceVersion of it judged, the agent-sandbox Sandbox that owns it, how many times its
+verdict changed state and what each sink was last sent of it. `Records` keeps
 them and the few indexes into them (by name, by agent-sandbox Sandbox, the ended ones, which
 listing showed each); `Records.remove` is the one place a record is forgotten, indexes and
 all (kopf's ResourceMemory, as this controller needs it). State and bookkeeping only: no I/O,
@@ -23,10 +24,11 @@ from deathwatch._engine.engine import Track
 from deathwatch._engine.memory import Memory
 from deathwatch._engine.podview import PodView
 from deathwatch._operator.decisions import Facts
-from deathwatch._operator.resources import SV_PLURAL
+from deathwatch._operator.resources import SV_PLURAL, DeliveryMark
 from deathwatch._operator.shield import Shield
 
 DeathWatchKey = tuple[str, str]  # (namespace, DeathWatch name)
+_NO_MARKS: dict[str, DeliveryMark] = {}  # shared, never mutated: most records have none
 RECENTLY_DELETED = 600.0  # seconds a deleted pod's uid is remembered (adoption ghosts)
 
 
@@ -35,8 +37,8 @@ class Record:
 
     __slots__ = (
         "agent_sandbox", "counted", "deathwatch", "deleted_at", "failing", "ips", "judged_for",
-        "listing", "memory", "name", "namespace", "node", "persisted", "shield",
-        "shield_since", "uid", "version",
+        "listing", "marks", "memory", "name", "namespace", "node", "persisted", "shield",
+        "shield_since", "transitions", "uid", "version",
     )  # fmt: skip
 
     def __init__(self, uid: str, namespace: str, name: str, deathwatch: DeathWatchKey,
@@ -58,6 +60,9 @@ class Record:
         self.failing = False  # its policy failed the last time: a spell, logged once
         self.agent_sandbox: str | None = None  # the agent-sandbox Sandbox that owns its pod
         self.version = 0  # the resourceVersion of the newest state of its pod judged (0: none)
+        self.transitions = 0  # how many times its verdict's state changed (events' sequence)
+        # per sink, the last event of it sent to an end, as its verdict says (delivery/)
+        self.marks: dict[str, DeliveryMark] = _NO_MARKS
 
     @property
     def track(self) -> Track | None:

@@ -53,6 +53,7 @@ class ConditionType(StrEnum):
     # on a DeathWatch
     READY = "Ready"
     FIREWALL_COVERED = "FirewallCovered"
+    DELIVERED = "Delivered"  # every sink has what it is owed (only when sinks are configured)
     # on a SandboxVerdict
     ALIVE = "Alive"  # its reason is the verdict's cause, or its state when there is none
     PROBE_BLOCKED = "ProbeBlockedByFirewall"
@@ -72,6 +73,8 @@ class Reason(StrEnum):
     NETWORK_PROBE_ON_AGENT_PORT = "NetworkProbeOnAgentPort"
     POLICY_FAILED = "PolicyFailed"
     WATCH_STALE = "WatchStale"
+    UP_TO_DATE = "UpToDate"
+    BACKLOG = "Backlog"
 
 
 class EventReason(StrEnum):
@@ -210,6 +213,29 @@ class DisruptionStatus(_Object, frozen=True):
     since: Time | None = None  # when it was set
 
 
+class DeliveryOutcome(StrEnum):
+    """What became of a verdict's event at one sink (the delivery subpackage)."""
+
+    DELIVERED = "Delivered"  # the receiver answered 2xx
+    REFUSED = "Refused"  # a 4xx other than 408 and 429: not sent again
+    EXPIRED = "Expired"  # owed longer than the sink's maxAge: given up, counted
+
+
+class DeliveryMark(_Object, frozen=True):
+    """The last event of this verdict a sink was sent to an end: which transition (its
+    `sequence`, its CloudEvent `id` and the state it announced) and how it ended. Written by
+    the leader only, fenced like every write; a new leader sends what no mark covers."""
+
+    sink: Annotated[str, msgspec.Meta(max_length=63)]
+    id: Annotated[str, msgspec.Meta(max_length=128)]
+    sequence: int
+    state: State
+    outcome: DeliveryOutcome
+    at: Time
+    code: int | None = None  # the HTTP status of a refusal
+    message: Annotated[str, msgspec.Meta(max_length=256)] | None = None
+
+
 class SandboxVerdictStatus(_Object, frozen=True):
     """The verdict and everything the engine needs to carry on after a restart."""
 
@@ -238,6 +264,9 @@ class SandboxVerdictStatus(_Object, frozen=True):
     # while the pod's policy fails: why (it is judged by container-state meanwhile)
     policy_error: str | None = None
     term: int | None = None  # stamped by the writer (writer.py): the term that wrote it
+    # how many times the state changed: each delivered event's `sequence`
+    transitions: int | None = None
+    delivery: Annotated[list[DeliveryMark], msgspec.Meta(max_length=16)] | None = None
     conditions: list[Condition] = msgspec.field(default_factory=list)
 
 

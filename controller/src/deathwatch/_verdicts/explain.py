@@ -4,85 +4,20 @@ Events that name its pod to a document (the JSON of `-o json`) and its text rend
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import datetime
 from typing import Any
 
 import msgspec
 
+from deathwatch._operator import verdict_document
 from deathwatch.client import Verdict
-
-_TIMELINE = (
-    ("Ready", "last_ready_at"),
-    ("Ready dropped", "ready_drop_at"),
-    ("deadline", "deadline"),
-    ("declared", "declared_at"),
-    ("pod deleted", "pod_deleted_at"),
-)
-
-
-def _time(value: datetime | None) -> str | None:
-    return value.isoformat().replace("+00:00", "Z") if value else None
 
 
 def document(verdict: Verdict, events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    s = verdict.status
-    conditions = {
-        c.type: {"status": c.status, "reason": c.reason, "message": c.message,
-                 "since": _time(c.last_transition_time)}
-        for c in (s.conditions if s else [])
-    }  # fmt: skip
-    marks = [(getattr(s, attr), what) for what, attr in _TIMELINE if s and getattr(s, attr)]
-    if s and s.disruption and s.disruption.since:
-        marks.append((s.disruption.since, f"DisruptionTarget {s.disruption.reason}"))
-    # by time, not by text: "10:05:00.2Z" sorts before "10:05:00Z" as a string
-    moments = sorted(marks, key=lambda m: m[0])
-    timeline = [{"at": _time(at), "what": what} for at, what in moments]
-    alive = conditions.get("Alive", {})
-    return {
-        "namespace": verdict.namespace,
-        "pod": verdict.pod,
-        "podUID": verdict.pod_uid,
-        "deathWatch": verdict.deathwatch,
-        "state": verdict.state.value,
-        "cause": verdict.cause.value if verdict.cause else None,
-        "origin": verdict.origin.value if verdict.origin else None,
-        "disruption": msgspec.to_builtins(s.disruption) if s and s.disruption else None,
-        "policy": s.policy if s else None,
-        "sandbox": msgspec.to_builtins(s.sandbox) if s and s.sandbox else None,
-        "why": alive.get("message"),
-        "evidence": {
-            "container": s.container if s else None,
-            "exitCode": s.exit_code if s else None,
-            "reason": s.reason if s else None,
-            "restartCount": s.restart_count if s else None,
-            "node": s.node if s else None,
-            "readyDrops": s.ready_drops if s else 0,
-            "flaps": s.flaps if s else 0,
-        },
-        "timeline": timeline,
-        "shielded": conditions.get("Shielded"),
-        "policyError": conditions.get("PolicyError"),
-        "probeBlockedByFirewall": conditions.get("ProbeBlockedByFirewall"),
-        "labels": dict(verdict.labels),
-        "events": [_event(e) for e in sorted(events, key=_event_time)],
-    }
-
-
-def _event_time(e: Mapping[str, Any]) -> str:
-    return str(e.get("eventTime") or e.get("lastTimestamp") or e.get("firstTimestamp") or "")
-
-
-def _event(e: Mapping[str, Any]) -> dict[str, Any]:
-    source = e.get("reportingComponent") or (e.get("source") or {}).get("component") or ""
-    return {
-        "at": _event_time(e) or None,
-        "type": e.get("type"),
-        "reason": e.get("reason"),
-        "from": source,
-        "object": (e.get("involvedObject") or {}).get("kind"),
-        "count": e.get("count") or 1,
-        "message": e.get("message"),
-    }
+    """The `-o json` document: the one each delivered event carries (verdict_document.py)."""
+    built = verdict_document.document(verdict.namespace, verdict.pod, verdict.deathwatch,
+                                      verdict.status, verdict.labels, events)  # fmt: skip
+    doc: dict[str, Any] = msgspec.to_builtins(built)
+    return doc
 
 
 def text(doc: Mapping[str, Any]) -> str:
@@ -117,6 +52,11 @@ def text(doc: Mapping[str, Any]) -> str:
     unknown = "unknown (no firewall coverage reported)"
     said = f"{shield['status']} {shield['reason']}: {shield['message']}" if shield else unknown
     lines.append(f"  shielded:  {said}")
+    for mark in doc.get("delivery") or ():
+        said = f"{mark['outcome']} {mark['state']} (id {mark['id']}, sequence {mark['sequence']})"
+        if mark.get("code"):
+            said += f": {mark['code']} {mark.get('message') or ''}".rstrip()
+        lines.append(f"  delivery:  {mark['sink']}: {said} at {mark['at']}")
     lines.append("  timeline:")
     lines.extend(f"    {t['at']}  {t['what']}" for t in doc["timeline"])
     lines.append("  events:" + ("" if doc["events"] else " none"))

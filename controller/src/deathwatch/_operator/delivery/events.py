@@ -1,0 +1,186 @@
+"""A verdict's transition as a signed CloudEvent over HTTP, and what a receiver's answer
+means. Pure: no I/O, the clock passed in (sender.py sends what these build).
+
+The event (CloudEvents 1.0, HTTP binding):
+- `id`: stable per (verdict, transition): `POD_UID/dead` and `POD_UID/gone` for the two
+  final states (each happens once to a pod, whoever judges it), `POD_UID/SEQUENCE` for Alive
+  and Suspect (which can repeat). A retry, a restart and a new leader send the same id.
+- `type`: `dev.deathwatch.sandbox.alive|suspect|dead|gone`.
+- `source`: `//deathwatch.dev/clusters/CLUSTER/namespaces/NAMESPACE`; `subject`: the pod
+  (the SandboxVerdict's name); `time`: the verdict's (declared, for Dead; else when the state
+  was entered).
+- `sequence` (the CloudEvents sequence extension): the verdict's transition count, zero
+  padded, so that a receiver can order what a slow network delivered late.
+- `data`: the verdict document (`deathwatch explain -o json`: verdict_document.py).
+
+Structured mode sends the whole event as `application/cloudevents+json`; binary mode puts
+the attributes in `ce-*` headers and the document in the body. Either way the body is
+signed per Standard Webhooks: `webhook-id` (the event's id), `webhook-timestamp` (seconds),
+`webhook-signature` (`v1,` base64 HMAC-SHA256 of `id.timestamp.body`, one per key,
+space-separated, so two keys sign at once while one rotates).
+"""
+
+from __future__ import annotations
+
+import base64
+import email.utils
+import hashlib
+import hmac
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+import msgspec
+
+from deathwatch._engine.verdict import State
+from deathwatch._operator.verdict_document import VerdictDocument
+
+SPEC_VERSION = "1.0"
+TYPES = {state: f"dev.deathwatch.sandbox.{state.value.lower()}" for state in State}
+STRUCTURED = "application/cloudevents+json; charset=utf-8"
+JSON = "application/json"
+BACKOFF_BASE, BACKOFF_CAP = 1.0, 300.0  # seconds: full jitter between 0 and min(cap, 2^n)
+RETRY_AFTER_CAP = 3600.0  # a Retry-After longer than this is taken as this
+
+
+def event_id(uid: str, state: State, sequence: int) -> str:
+    if state.terminal:
+        return f"{uid}/{state.value.lower()}"
+    return f"{uid}/{sequence}"
+
+
+def source(cluster: str, namespace: str) -> str:
+    return f"//deathwatch.dev/clusters/{cluster}/namespaces/{namespace}"
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One event to one sink, ready to send."""
+
+    sink: str
+    uid: str
+    id: str
+    type: str
+    state: State
+    sequence: int
+    source: str
+    subject: str
+    time: datetime
+    data: bytes  # the VerdictDocument's JSON
+
+
+def outgoing(sink: str, cluster: str, doc: VerdictDocument, sequence: int,
+             time: datetime) -> Outgoing:  # fmt: skip
+    uid = doc.pod_uid or ""
+    return Outgoing(
+        sink=sink, uid=uid, id=event_id(uid, doc.state, sequence), type=TYPES[doc.state],
+        state=doc.state, sequence=sequence, source=source(cluster, doc.namespace),
+        subject=doc.pod, time=time, data=msgspec.json.encode(doc),
+    )  # fmt: skip
+
+
+def _time(t: datetime) -> str:
+    return t.isoformat().replace("+00:00", "Z")
+
+
+def attributes(out: Outgoing) -> dict[str, str]:
+    return {
+        "specversion": SPEC_VERSION,
+        "id": out.id,
+        "source": out.source,
+        "type": out.type,
+        "subject": out.subject,
+        "time": _time(out.time),
+        "datacontenttype": JSON,
+        "sequence": f"{out.sequence:010d}",
+    }
+
+
+class _Structured(msgspec.Struct):
+    specversion: str
+    id: str
+    source: str
+    type: str
+    subject: str
+    time: str
+    datacontenttype: str
+    sequence: str
+    data: msgspec.Raw
+
+
+def request(
+    out: Outgoing, mode: str, keys: Iterable[bytes], timestamp: int, user_agent: str
+) -> tuple[dict[str, str], bytes]:
+    """The headers and body of the POST that delivers `out`, signed with every key."""
+    attrs = attributes(out)
+    headers = {"User-Agent": user_agent}
+    if mode == "binary":
+        body = out.data
+        headers.update({f"ce-{k}": v for k, v in attrs.items() if k != "datacontenttype"})
+        headers["Content-Type"] = JSON
+    else:
+        body = msgspec.json.encode(_Structured(**attrs, data=msgspec.Raw(out.data)))
+        headers["Content-Type"] = STRUCTURED
+    headers["webhook-id"] = out.id
+    headers["webhook-timestamp"] = str(timestamp)
+    headers["webhook-signature"] = signature(keys, out.id, timestamp, body)
+    return headers, body
+
+
+def signature(keys: Iterable[bytes], msg_id: str, timestamp: int, body: bytes) -> str:
+    """Standard Webhooks' `webhook-signature`: `v1,<base64 HMAC-SHA256>` per key."""
+    signed = f"{msg_id}.{timestamp}.".encode() + body
+    return " ".join(
+        "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+        for key in keys
+    )
+
+
+class Outcome(StrEnum):
+    DELIVERED = "delivered"
+    REFUSED = "refused"  # for good: recorded, counted, never sent again
+    RETRY = "retry"
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    outcome: Outcome
+    reason: str  # a metric label: "2xx", "503", "connection", "timeout", ...
+    retry_after: float | None = None  # seconds the receiver asked us to wait
+
+
+def judge(status: int, headers: Mapping[str, str], now: datetime) -> Answer:
+    """What a receiver's HTTP status means. 2xx: delivered. 408, 429 and 5xx: try again
+    (after Retry-After when a 429 or 503 gives one). Any other 4xx, and a redirect (never
+    followed: the URL is the operator's, not the receiver's, to change): refused for good."""
+    if 200 <= status < 300:
+        return Answer(Outcome.DELIVERED, "2xx")
+    code = str(status)
+    if status in (408, 429) or status >= 500:
+        wait = retry_after(headers.get("Retry-After"), now) if status in (429, 503) else None
+        return Answer(Outcome.RETRY, code, wait)
+    return Answer(Outcome.REFUSED, code)
+
+
+def retry_after(value: str | None, now: datetime) -> float | None:
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date), within
+    [0, RETRY_AFTER_CAP]; None when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return min(float(value), RETRY_AFTER_CAP)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return min(max((when - now).total_seconds(), 0.0), RETRY_AFTER_CAP)
+
+
+def backoff(failures: int, rand: float) -> float:
+    """Full jitter (AWS's): uniformly between 0 and min(cap, base * 2^failures), `rand` in
+    [0, 1). Receivers that come back are not met by every sender at once."""
+    return rand * min(BACKOFF_CAP, BACKOFF_BASE * float(2 ** min(failures, 20)))

@@ -1,0 +1,354 @@
+"""Delivery's pure parts: the sinks file, the event (parsed by the CloudEvents SDK, its
+signature verified by the Standard Webhooks library: never by our own code), what an answer
+means, and the outbox's order, coalescing and backoff. The whole path on a real control plane
+with a real receiver and its faults: tests/chaos/test_delivery.py."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from cloudevents.v1.http import from_http
+from standardwebhooks.webhooks import Webhook
+
+from deathwatch._engine.verdict import State
+from deathwatch._operator.delivery import config
+from deathwatch._operator.delivery.events import (
+    Answer,
+    Outcome,
+    backoff,
+    event_id,
+    judge,
+    outgoing,
+    request,
+    retry_after,
+)
+from deathwatch._operator.delivery.outbox import Deliveries, SinkOutbox
+from deathwatch._operator.resources import DeliveryMark, DeliveryOutcome, SandboxVerdictStatus
+from deathwatch._operator.verdict_document import VerdictDocument, document
+
+NOW = datetime(2026, 12, 2, 10, 0, 0, tzinfo=UTC)
+KEY_A, KEY_B = b"a" * 32, b"b" * 32
+
+
+def whsec(key: bytes) -> str:
+    return "whsec_" + base64.b64encode(key).decode()
+
+
+def sink_file(tmp_path: Path, **sink: Any) -> Path:
+    secret = tmp_path / "billing"
+    secret.mkdir(exist_ok=True)
+    (secret / "keys").write_text(whsec(KEY_A) + "\n")
+    path = tmp_path / "sinks.yaml"
+    path.write_text(json.dumps({"cluster": "prod-eu-1", "sinks": [
+        {"name": "billing", "url": "https://billing.example/hooks", "secretDir": str(secret),
+         **sink}]}))  # fmt: skip
+    return path
+
+
+@pytest.mark.parametrize(
+    ("sink", "said"),
+    [
+        ({"url": "http://billing.example/hooks"}, "sinks[0].url: 'http://billing.example/hooks' is plain http"),
+        ({"url": "https://u:p@billing.example/"}, "carries credentials"),
+        ({"url": "ftp://billing.example/"}, "sinks[0].url: expected an https:// URL with a host"),
+        ({"timeoutSeconds": 90}, "sinks[0].timeoutSeconds: expected seconds, above 0 and at most 30, got 90"),
+        ({"states": ["Dead", "Zombie"]}, "sinks[0].states[1]: expected one of Alive, Suspect, Dead, Gone, got 'Zombie'"),
+        ({"mode": "batched"}, "sinks[0].mode: expected structured or binary, got 'batched'"),
+        ({"retries": 3}, "unknown field 'retries'"),
+        ({"name": "Billing"}, "sinks[0].name: expected a DNS label of at most 63 characters, got 'Billing'"),
+    ],
+)  # fmt: skip
+def test_a_bad_sinks_file_is_one_line_naming_the_field(
+    tmp_path: Path, sink: dict[str, Any], said: str
+) -> None:
+    with pytest.raises(config.ConfigError) as caught:
+        config.load(sink_file(tmp_path, **sink))
+    assert said in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
+
+
+def test_the_sinks_file_and_keys_read_back(tmp_path: Path) -> None:
+    loaded = config.load(sink_file(tmp_path, states=["Dead", "Gone"], namespaces=["team-a"]))
+    (sink,) = loaded.sinks
+    assert loaded.cluster == "prod-eu-1" and sink.states == {State.DEAD, State.GONE}
+    assert sink.wants("team-a", State.DEAD) and not sink.wants("team-b", State.DEAD)
+    assert not sink.wants("team-a", State.ALIVE)
+    assert config.keys(sink) == (KEY_A,)
+    (sink.secret_dir / "keys").write_text(f"{whsec(KEY_A)}\n{whsec(KEY_B)}\n")  # a rotation
+    assert config.keys(sink) == (KEY_A, KEY_B)
+    (sink.secret_dir / "keys").write_text("not-a-key\n")
+    with pytest.raises(config.ConfigError, match="line 1: expected a key starting with 'whsec_'"):
+        config.keys(sink)
+    (sink.secret_dir / "keys").write_text(whsec(b"short") + "\n")
+    with pytest.raises(config.ConfigError, match="a key of 5 bytes; at least 24"):
+        config.keys(sink)
+    with pytest.raises(config.ConfigError, match="plain http"):
+        config.parse(
+            {"cluster": "c", "sinks": [{"name": "x", "url": "http://x", "secretDir": "/"}]}
+        )
+    assert config.parse({"cluster": "c", "sinks": [
+        {"name": "x", "url": "http://x.svc:8080/", "secretDir": "/", "allowInsecure": True}]})  # fmt: skip
+
+
+def doc(state: State = State.DEAD) -> VerdictDocument:
+    status = msgspec.convert({
+        "state": state.value, "policy": "no-probe", "podUID": "uid-1", "restartCounts": {},
+        "readyDrops": 1, "flaps": 0, "falsePositive": False, "probeBlockedByFirewall": False,
+        "cause": "OOMKilled", "exitCode": 137, "declaredAt": "2026-12-02T10:00:00Z",
+        "transitions": 2,
+    }, SandboxVerdictStatus)  # fmt: skip
+    return document("team-a", "sbx-7", "sandboxes", status, {"deathwatch.dev/pod-uid": "uid-1"})
+
+
+@pytest.mark.parametrize("mode", ["structured", "binary"])
+def test_the_event_parses_as_a_cloudevent_and_both_rotation_keys_verify(mode: str) -> None:
+    out = outgoing("billing", "prod-eu-1", doc(), 2, NOW)
+    # signed now: the library refuses a timestamp more than 5 minutes off its clock
+    headers, body = request(out, mode, (KEY_A, KEY_B), int(time.time()), "deathwatch/test")
+    event = from_http(headers, body)
+    assert event["specversion"] == "1.0" and event["id"] == "uid-1/dead"
+    assert event["type"] == "dev.deathwatch.sandbox.dead"
+    assert event["source"] == "//deathwatch.dev/clusters/prod-eu-1/namespaces/team-a"
+    assert event["subject"] == "sbx-7" and event["sequence"] == "0000000002"
+    assert event["time"] == "2026-12-02T10:00:00Z"
+    data = event.get_data()
+    data = json.loads(data) if isinstance(data, bytes | str) else data
+    typed = msgspec.convert(data, VerdictDocument)  # the client's type decodes it
+    assert (typed.state, typed.cause, typed.evidence.exit_code) == (State.DEAD, "OOMKilled", 137)
+    # each key alone verifies (receivers mid-rotation hold one or the other)
+    for key in (KEY_A, KEY_B):
+        with_key = {k.lower(): v for k, v in headers.items()}
+        Webhook(whsec(key)).verify(body, with_key, json_parse=False)
+    tampered = body.replace(b"OOMKilled", b"Completed")
+    with pytest.raises(Exception, match="No matching signature"):
+        Webhook(whsec(KEY_A)).verify(tampered, dict(headers), json_parse=False)
+
+
+def test_ids_are_stable_per_verdict_and_transition() -> None:
+    assert event_id("u", State.DEAD, 3) == event_id("u", State.DEAD, 5) == "u/dead"
+    assert event_id("u", State.GONE, 1) == "u/gone"
+    assert event_id("u", State.SUSPECT, 3) == "u/3" != event_id("u", State.SUSPECT, 5)
+    a = outgoing("s", "c", doc(), 2, NOW)
+    b = outgoing("s", "c", doc(), 2, NOW)
+    assert (a.id, a.data) == (b.id, b.data)  # sent again: the same event
+
+
+def test_what_each_answer_means() -> None:
+    assert judge(204, {}, NOW) == Answer(Outcome.DELIVERED, "2xx")
+    assert judge(400, {}, NOW).outcome is Outcome.REFUSED
+    assert judge(410, {}, NOW).outcome is Outcome.REFUSED
+    assert judge(308, {"Location": "http://elsewhere"}, NOW).outcome is Outcome.REFUSED
+    assert judge(408, {}, NOW) == Answer(Outcome.RETRY, "408")
+    assert judge(500, {"Retry-After": "9"}, NOW) == Answer(Outcome.RETRY, "500")  # not a 429/503
+    assert judge(429, {"Retry-After": "7"}, NOW) == Answer(Outcome.RETRY, "429", 7.0)
+    date = "Wed, 02 Dec 2026 10:00:30 GMT"
+    assert judge(503, {"Retry-After": date}, NOW) == Answer(Outcome.RETRY, "503", 30.0)
+    assert retry_after("999999", NOW) == 3600.0 and retry_after("soon", NOW) is None
+    assert retry_after("Wed, 02 Dec 2026 09:00:00 GMT", NOW) == 0.0
+    assert [backoff(n, 0.999) for n in (0, 1, 4, 30)] == pytest.approx(
+        [0.999, 1.998, 15.984, 299.7]
+    )
+    assert backoff(5, 0.0) == 0.0
+
+
+def box(concurrency: int = 2) -> SinkOutbox:
+    sink = config.Sink("billing", "https://x", Path("/"), frozenset(State), "structured",
+                       frozenset(), 30.0, concurrency, 60.0)  # fmt: skip
+    return SinkOutbox(sink)
+
+
+def test_the_outbox_keeps_order_per_sandbox_and_supersedes_what_moved_on() -> None:
+    b = box()
+    b.owe("u1", 1, State.ALIVE, NOW, ("ns", "dw"))
+    b.owe("u2", 1, State.ALIVE, NOW, ("ns", "dw"))
+    taken = b.take(0.0)
+    assert taken is not None and taken[0] == "u1"
+    # u1 moves on while its Alive is in flight: the Suspect waits for that attempt
+    assert b.owe("u1", 2, State.SUSPECT, NOW, ("ns", "dw")) is False  # in flight: not superseded
+    nxt = b.take(0.0)
+    assert nxt is not None and nxt[0] == "u2"
+    assert b.take(0.0) is None  # u1 is in flight: never two at once
+    b.ended("u1", 1)
+    again = b.take(0.0)
+    assert again is not None and again[0] == "u1" and again[1].sequence == 2
+    # an owed Suspect superseded by Dead before it went: counted; Dead goes
+    b.ended("u2", 1)
+    b.owe("u2", 2, State.SUSPECT, NOW, ("ns", "dw"))
+    assert b.owe("u2", 3, State.DEAD, NOW, ("ns", "dw")) is True and b.coalesced == 1
+    b.ended("u1", 2)
+    last = b.take(0.0)
+    assert last is not None and last[1].state is State.DEAD and not b.owe("u2", 3, State.DEAD,
+                                                                           NOW, ("ns", "dw"))  # fmt: skip
+
+
+def test_a_failure_pauses_the_sink_and_the_event_goes_first_again() -> None:
+    b = box(concurrency=4)
+    for uid in ("u1", "u2", "u3"):
+        b.owe(uid, 1, State.DEAD, NOW, ("ns", "dw"))
+    first = b.take(10.0)
+    assert first is not None
+    wait = b.failed("u1", 1, Answer(Outcome.RETRY, "429", 30.0), "429", 10.0, 0.5)
+    assert wait == 30.0 and b.take(20.0) is None and b.wait(20.0) == 20.0
+    retried = b.take(40.0)
+    assert retried is not None and retried[0] == "u1"  # oldest first, in order
+    b.ended("u1", 1)
+    assert b.failures == 0 and b.last_error is None
+    # no longer the leader: in flight is owed again, first
+    taken = b.take(40.0)
+    assert taken is not None and taken[0] == "u2"
+    b.abandoned()
+    assert b.inflight == {} and next(iter(b.ready)) == "u2"
+    b.put_back("u2")  # idempotent
+    assert list(b.ready) == ["u2", "u3"]
+
+
+def test_deliveries_owe_each_sink_what_it_wants_and_no_mark_covers(tmp_path: Path) -> None:
+    cfg = config.DeliveryConfig("c", (
+        config.Sink("dead", "https://a", tmp_path, frozenset({State.DEAD}), "structured",
+                    frozenset(), 30.0, 2, 60.0),
+        config.Sink("all", "https://b", tmp_path, frozenset(State), "binary",
+                    frozenset({"team-a"}), 30.0, 2, 60.0),
+    ))  # fmt: skip
+    d = Deliveries(cfg)
+    d.changed("u1", "team-a", State.ALIVE, 1, NOW, {}, ("team-a", "dw"))
+    assert "u1" not in d.sinks["dead"].owed and "u1" in d.sinks["all"].owed
+    mark = DeliveryMark(sink="dead", id="u1/dead", sequence=2, state=State.DEAD,
+                        outcome=DeliveryOutcome.DELIVERED, at=NOW)  # fmt: skip
+    d.changed("u1", "team-a", State.DEAD, 2, NOW, {"dead": mark}, ("team-a", "dw"))
+    assert "u1" not in d.sinks["dead"].owed  # its mark covers it (a restart, a new leader)
+    assert d.sinks["all"].owed["u1"].state is State.DEAD and d.owes("u1")
+    d.changed("u2", "team-b", State.DEAD, 1, NOW - timedelta(minutes=5), {}, ("team-b", "dw"))
+    assert [(s, u) for s, u, _ in d.expired(NOW)] == [("dead", "u2")]
+    backlogs = d.backlogs([("team-a", "dw"), ("team-b", "dw")])
+    assert [(b.sink, b.owed) for b in backlogs[("team-b", "dw")]] == [("dead", 1), ("all", 0)]
+    d.forget("u1")
+    assert not d.owes("u1")
+
+
+# --- the controller's side: owed on a transition, built from the record, marked back ----------
+
+from deathwatch._engine.podview import read_pod  # noqa: E402
+from deathwatch._operator.agent_sandboxes import AgentSandboxes  # noqa: E402
+from deathwatch._operator.controller import Controller, Firewall, Verdict  # noqa: E402
+from deathwatch._operator.deathwatches import DeathWatches  # noqa: E402
+from deathwatch._operator.delivery.outbox import Ended  # noqa: E402
+from deathwatch._operator.metrics import Metrics  # noqa: E402
+from deathwatch._operator.records import Records  # noqa: E402
+from deathwatch._operator.reflector import EventType  # noqa: E402
+from deathwatch._operator.resources import DW_PLURAL, SV_PLURAL  # noqa: E402
+from deathwatch._operator.summary import Summaries  # noqa: E402
+from deathwatch._operator.writer import Writer  # noqa: E402
+from deathwatch._policies import default_registry  # noqa: E402
+from tests.builders import at, pod, terminated  # noqa: E402
+from tests.fakeapi import FakeApi, FakeTimers  # noqa: E402
+from tests.unit.test_core import NS, Clock, deathwatch_body  # noqa: E402
+from tests.writer_driver import workers  # noqa: E402
+
+
+def controller(
+    writer: Writer, clock: Clock, metrics: Metrics, max_age: float = 3600.0
+) -> Controller:
+    registry = default_registry()
+    sinks = config.DeliveryConfig("prod", (
+        config.Sink("billing", "https://b", Path("/"), frozenset({State.DEAD}), "structured",
+                    frozenset(), 30.0, 2, max_age),
+    ))  # fmt: skip
+    return Controller(
+        deathwatches=DeathWatches(registry), records=Records(), policies=registry,
+        summaries=Summaries(), writer=writer, metrics=metrics, firewall=Firewall(None, None),
+        agent_sandboxes=AgentSandboxes(), fresh=lambda: None, stale_after=90.0, clock=clock,
+        deliveries=Deliveries(sinks),
+    )  # fmt: skip
+
+
+def died(c: Controller, clock: Clock) -> None:
+    c.on_deathwatch(None, deathwatch_body())
+    clock.now = at(2)
+    c.on_pod(EventType.MODIFIED, read_pod(pod(ready=True, ready_at=2, node="n1")))
+    clock.now = at(50)
+    c.on_pod(EventType.MODIFIED, read_pod(pod(ready=False, ready_at=50, phase="Failed",
+                                              containers=[terminated(code=7)], node="n1")))  # fmt: skip
+
+
+async def test_a_death_is_owed_built_from_the_record_and_its_mark_written_back() -> None:
+    api = FakeApi()
+    api.objects[(DW_PLURAL, NS, "sandboxes")] = deathwatch_body()
+    clock, metrics = Clock(), Metrics()
+    writer = Writer(api, metrics, schedule=FakeTimers(), clock=clock)
+    async with workers(writer):
+        c = controller(writer, clock, metrics)
+        c.on_deathwatch(None, deathwatch_body())
+        clock.now = at(2)
+        c.on_pod(EventType.MODIFIED, read_pod(pod(ready=True, ready_at=2, node="n1")))
+        box = c.deliveries.sinks["billing"]
+        assert box.owed == {}  # Alive: this sink wants Dead only
+        died(c, clock)
+        ((uid, owed),) = box.owed.items()
+        assert owed.state is State.DEAD and owed.sequence == 2  # Pending->Alive, Alive->Dead
+        out = c.outgoing(uid, "billing", owed)
+        assert out is not None and out.id == f"{uid}/dead" and out.sequence == 2
+        event = msgspec.json.decode(out.data, type=VerdictDocument)
+        assert (event.state, event.cause, event.evidence.exit_code) == (State.DEAD,
+                                                                        "ContainerExited", 7)  # fmt: skip
+        assert event.labels["deathwatch.dev/origin"] == "Workload"
+        await asyncio.wait_for(writer.idle(), 5)
+        mark = DeliveryMark(sink="billing", id=out.id, sequence=2, state=State.DEAD,
+                            outcome=DeliveryOutcome.DELIVERED, at=clock.now)  # fmt: skip
+        c.delivered(Ended(uid, mark))
+        await asyncio.wait_for(writer.idle(), 5)
+        assert box.owed == {} and not c.deliveries.owes(uid)
+    written = api.status(SV_PLURAL, NS, "sbx-1")
+    assert written is not None and written["transitions"] == 2
+    assert [(m["sink"], m["id"], m["outcome"]) for m in written["delivery"]] == [
+        ("billing", f"{uid}/dead", "Delivered")]  # fmt: skip
+    # a restart: restored from the verdict, nothing is owed; without the mark, it would be
+    api2 = FakeApi()
+    writer2 = Writer(api2, Metrics(), schedule=FakeTimers(), clock=clock, leading=False)
+    c2 = controller(writer2, clock, Metrics())
+    assert c2.restore(Verdict(NS, "sbx-1", "5", "sandboxes", {}, written))
+    assert not c2.deliveries.owes(uid)
+    unmarked = {k: v for k, v in written.items() if k != "delivery"}
+    c3 = controller(Writer(FakeApi(), Metrics(), schedule=FakeTimers(), clock=clock), clock,
+                    Metrics())  # fmt: skip
+    assert c3.restore(Verdict(NS, "sbx-1", "5", "sandboxes", {}, unmarked))
+    assert c3.deliveries.owes(uid)
+    # a standby owing it levels with the leader's mark as its watch shows it
+    c3.writer.standby()
+    c3.on_verdict(EventType.MODIFIED, Verdict(NS, "sbx-1", "6", "sandboxes", {}, written))
+    assert not c3.deliveries.owes(uid)
+
+
+async def test_a_verdict_owed_to_a_sink_outlives_its_retention_until_the_sinks_max_age() -> None:
+    """Retirement waits for what is owed; at the sink's maxAge it is given up, said on the
+    verdict (Expired), counted, and the verdict then retires."""
+    api = FakeApi()
+    api.objects[(DW_PLURAL, NS, "sandboxes")] = deathwatch_body()
+    clock, metrics = Clock(), Metrics()
+    writer = Writer(api, metrics, schedule=FakeTimers(), clock=clock)
+    async with workers(writer):
+        c = controller(writer, clock, metrics, max_age=7200.0)
+        died(c, clock)
+        clock.now = at(60)
+        c.on_pod(EventType.DELETED, read_pod(pod(ready=False, ready_at=50, phase="Failed",
+                                                 containers=[terminated(code=7)], node="n1")))  # fmt: skip
+        await asyncio.wait_for(writer.idle(), 5)
+        clock.now = at(60 + 3600 + 1)  # past the retention (1 h): still owed, kept
+        assert c.retire() == 0 and api.status(SV_PLURAL, NS, "sbx-1") is not None
+        clock.now = at(50 + 7200 + 1)  # past the sink's maxAge: given up, said, counted
+        assert c.retire() == 0
+        await asyncio.wait_for(writer.idle(), 5)
+        written = api.status(SV_PLURAL, NS, "sbx-1")
+        assert written is not None
+        assert [(m["sink"], m["outcome"]) for m in written["delivery"]] == [("billing", "Expired")]
+        expired = {"sink": "billing", "outcome": "expired"}
+        assert metrics.registry.get_sample_value("deathwatch_delivery_events_total", expired) == 1
+        assert c.retire() == 1
+        await asyncio.wait_for(writer.idle(), 5)
+    assert api.status(SV_PLURAL, NS, "sbx-1") is None
