@@ -58,7 +58,7 @@ class Replicas:
     members: dict[str, Replica] = field(default_factory=dict)
     reader: str | None = None  # a token that may read the replicas' /readyz and /metrics
 
-    def start(self, identity: str) -> Replica:
+    def start(self, identity: str, extra: tuple[str, ...] = ()) -> Replica:
         if self.reader is None:
             self.reader = metrics_reader_token(self.api)
         proxy = ChaosProxy(self.cp.apiserver_port).start()
@@ -70,7 +70,7 @@ class Replicas:
         process = ControllerProcess(
             kubeconfig, [self.namespace], self.tmp / f"{identity}.log",
             extra=["--leader-elect", f"--identity={identity}", f"--lease-duration={lease}",
-                   f"--renew-deadline={renew}", f"--retry-period={retry}"],
+                   f"--renew-deadline={renew}", f"--retry-period={retry}", *extra],
             reader_token=self.reader,
         ).start()  # fmt: skip
         replica = self.members[identity] = Replica(identity, proxy, process)

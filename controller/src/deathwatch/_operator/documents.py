@@ -475,18 +475,18 @@ def delivered_condition(
     cond: Callable[[str, ConditionStatus, str, str], Condition],
 ) -> Condition:
     """Delivered: True while every sink has what it is owed within DELIVERY_LATE seconds;
-    False naming each late sink, how much it is owed, since when and its last error."""
+    False naming each late sink, how much it is owed, since when and its last error. Said
+    with times, never ages: a message that changed every second would be a write a second."""
     late = [b for b in backlogs if b.oldest and (now - b.oldest).total_seconds() > DELIVERY_LATE]
     kind = ConditionType.DELIVERED
     if not late:
-        owed = sum(b.owed for b in backlogs)
         sinks = ", ".join(b.sink for b in backlogs)
-        said = f"{owed} transitions on their way" if owed else "nothing owed"
-        return cond(kind, ConditionStatus.TRUE, Reason.UP_TO_DATE, f"sinks {sinks}: {said}")
+        said = f"every sink ({sinks}) has what it is owed within {DELIVERY_LATE:.0f}s"
+        return cond(kind, ConditionStatus.TRUE, Reason.UP_TO_DATE, said)
     parts = []
     for b in late:
-        age = (now - b.oldest).total_seconds() if b.oldest else 0.0
-        part = f"{b.sink}: {b.owed} owed, the oldest for {age:.0f}s"
+        since = format_time(b.oldest) if b.oldest else "?"
+        part = f"{b.sink}: {b.owed} owed, the oldest since {since}"
         parts.append(part + (f" (last error: {b.last_error[:120]})" if b.last_error else ""))
     return cond(kind, ConditionStatus.FALSE, Reason.BACKLOG, "; ".join(parts))
 

@@ -40,7 +40,8 @@ SPEC_VERSION = "1.0"
 TYPES = {state: f"dev.deathwatch.sandbox.{state.value.lower()}" for state in State}
 STRUCTURED = "application/cloudevents+json; charset=utf-8"
 JSON = "application/json"
-BACKOFF_BASE, BACKOFF_CAP = 1.0, 300.0  # seconds: full jitter between 0 and min(cap, 2^n)
+BACKOFF_BASE, BACKOFF_CAP = 1.0, 60.0  # seconds: full jitter between 0 and min(cap, 2^n); a
+# pause is the whole sink's, so a receiver back from an outage has its backlog within a minute
 RETRY_AFTER_CAP = 3600.0  # a Retry-After longer than this is taken as this
 
 
