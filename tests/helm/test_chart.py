@@ -387,6 +387,56 @@ def test_name_overrides_rename_every_object_and_every_reference_to_one() -> None
         template("fullnameOverride=" + "x" * 41)
 
 
+def test_delivery_sinks_become_the_controllers_config_secrets_and_egress() -> None:
+    """The sinks file the chart renders is one the controller's own parser accepts; each
+    sink's Secret is mounted where the file says; the NetworkPolicy lets the controller reach
+    the sinks; a change of the sinks rolls the controller; bad sinks are refused by the schema."""
+    from deathwatch._operator.delivery import config as delivery_config
+
+    sinks = ("delivery.clusterName=prod-eu-1", "delivery.sinks[0].name=billing",
+             "delivery.sinks[0].url=https://billing.internal/hooks",
+             "delivery.sinks[0].secretName=billing-hook", "delivery.sinks[0].states={Dead,Gone}",
+             "delivery.sinks[1].name=pool", "delivery.sinks[1].url=http://pool.platform.svc:8080/",
+             "delivery.sinks[1].secretName=pool-hook", "delivery.sinks[1].allowInsecure=true",
+             "delivery.sinks[1].mode=binary", "delivery.egress[0].cidr=10.20.0.0/16",
+             "delivery.egress[0].ports={443,8080}")  # fmt: skip
+    rendered = template(*sinks)
+    text = rendered[("ConfigMap", NAMESPACE, "deathwatch-delivery")]["data"]["sinks.yaml"]
+    parsed = delivery_config.parse(yaml.safe_load(text))
+    assert parsed.cluster == "prod-eu-1"
+    assert [(s.name, str(s.secret_dir), s.mode) for s in parsed.sinks] == [
+        ("billing", "/etc/deathwatch/delivery/billing", "structured"),
+        ("pool", "/etc/deathwatch/delivery/pool", "binary"),
+    ]
+    deploy = rendered[("Deployment", NAMESPACE, "deathwatch-controller")]["spec"]["template"]
+    container = deploy["spec"]["containers"][0]
+    assert "--delivery-config=/etc/deathwatch/delivery-config/sinks.yaml" in container["args"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["sink-billing"] == "/etc/deathwatch/delivery/billing"
+    volumes = {v["name"]: v for v in deploy["spec"]["volumes"]}
+    assert volumes["sink-pool"]["secret"] == {"secretName": "pool-hook"}
+    assert deploy["metadata"]["annotations"]["deathwatch.dev/delivery-config"]
+    other = template(*sinks[:-3], "delivery.sinks[1].mode=structured")
+    roll = other[("Deployment", NAMESPACE, "deathwatch-controller")]["spec"]["template"]
+    assert roll["metadata"]["annotations"] != deploy["metadata"]["annotations"]
+    policy = rendered[("NetworkPolicy", NAMESPACE, "deathwatch-controller")]["spec"]["egress"]
+    assert {"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}],
+            "ports": [{"port": 443, "protocol": "TCP"}, {"port": 8080, "protocol": "TCP"}]} in policy  # fmt: skip
+    assert ("ConfigMap", NAMESPACE, "deathwatch-delivery") not in template()
+    for bad, said in (
+        (("delivery.sinks[0].name=b", "delivery.sinks[0].url=https://b",
+          "delivery.sinks[0].secretName=s"), "clusterName"),
+        (("delivery.clusterName=c", "delivery.sinks[0].name=b", "delivery.sinks[0].url=http://b",
+          "delivery.sinks[0].secretName=s"), "allowInsecure"),
+        (("delivery.clusterName=c", "delivery.sinks[0].name=B", "delivery.sinks[0].url=https://b",
+          "delivery.sinks[0].secretName=s"), "/delivery/sinks/0/name"),
+        (("delivery.clusterName=c", "delivery.sinks[0].name=b", "delivery.sinks[0].url=https://b",
+          "delivery.sinks[0].secretName=s", "delivery.sinks[0].timeoutSeconds=90"), "timeoutSeconds"),
+    ):  # fmt: skip
+        with pytest.raises(SystemExit, match=said):
+            template(*bad)
+
+
 def test_every_value_is_documented_inline_and_in_the_charts_readme() -> None:
     """Each value (or its section) has a `# --` comment in values.yaml; the chart's README
     table is rendered from them and up to date."""

@@ -3,9 +3,11 @@ handed (each transition once, across relists) and the explain document."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import msgspec
+import pytest
 
 from deathwatch._operator.resources import SandboxVerdictStatus
 from deathwatch._verdicts import explain
@@ -86,3 +88,18 @@ def test_explain_names_a_disruption_and_whose_doing_it_was() -> None:
     text = explain.text(doc)
     assert text.splitlines()[0] == "ns/s: Dead (Drained), by Infrastructure"
     assert "disrupted: EvictionByEvictionAPI: Eviction API: evicting" in text
+
+
+def test_a_delivered_events_data_decodes_to_the_explain_document_typed() -> None:
+    """What a receiver gets in an event's data is what `explain -o json` prints, and
+    `verdict_document` types it; a wrong field is one ValueError naming it."""
+    from deathwatch.client import State, VerdictDocument, verdict_document
+
+    v = verdict("s", "Dead", cause="OOMKilled", exitCode=137, declaredAt="2026-12-01T10:05:00Z")
+    doc = explain.document(v, [])
+    typed = verdict_document(json.dumps(doc))
+    assert isinstance(typed, VerdictDocument) and typed.state is State.DEAD
+    assert (typed.cause, typed.evidence.exit_code, typed.pod) == ("OOMKilled", 137, "s")
+    assert verdict_document(doc) == typed
+    with pytest.raises(ValueError, match=r"not a verdict document: .*\$\.state"):
+        verdict_document({**doc, "state": "Zombie"})

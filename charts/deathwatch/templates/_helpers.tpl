@@ -42,3 +42,37 @@ helm.sh/chart: {{ printf "%s-%s" $root.Chart.Name $root.Chart.Version }}
 {{ $image.repository }}:{{ $image.tag | default $root.Chart.AppVersion }}
 {{- end -}}
 {{- end }}
+
+{{/* The controller's sinks file (deathwatch._operator.delivery.config): the chart's sinks,
+each pointed at the directory its Secret is mounted at. */}}
+{{- define "deathwatch.deliveryConfig" -}}
+{{- $d := .Values.delivery -}}
+cluster: {{ $d.clusterName | quote }}
+sinks:
+{{- range $d.sinks }}
+  - name: {{ .name }}
+    url: {{ .url | quote }}
+    secretDir: /etc/deathwatch/delivery/{{ .name }}
+    {{- with .states }}
+    states: {{ toJson . }}
+    {{- end }}
+    {{- with .mode }}
+    mode: {{ . }}
+    {{- end }}
+    {{- with .namespaces }}
+    namespaces: {{ toJson . }}
+    {{- end }}
+    {{- with .timeoutSeconds }}
+    timeoutSeconds: {{ . }}
+    {{- end }}
+    {{- with .concurrency }}
+    concurrency: {{ . }}
+    {{- end }}
+    {{- with .maxAgeSeconds }}
+    maxAgeSeconds: {{ . }}
+    {{- end }}
+    {{- if .allowInsecure }}
+    allowInsecure: true
+    {{- end }}
+{{- end }}
+{{- end }}

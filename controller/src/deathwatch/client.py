@@ -26,6 +26,10 @@ Dead and Gone are final for a pod: a Dead verdict is never taken back (the CRD r
 and a Gone pod cannot die. `wait_for` raises `Unreachable` as soon as the verdict is final
 and not one of the states asked for, and `TimeoutError` at the deadline.
 
+A platform that receives verdicts as CloudEvents (`--delivery-config`; README "Delivering
+verdicts") decodes each event's `data` with `verdict_document`: the same `VerdictDocument`
+that `deathwatch explain -o json` prints.
+
 An agent-sandbox Sandbox outlives its pods (suspended, its pod is deleted; resumed, a new pod
 has a verdict of its own): `of_sandbox` and `wait_for_sandbox` follow the verdict of its
 current pod, found by the `deathwatch.dev/sandbox` label.
@@ -34,7 +38,7 @@ current pod, found by the `deathwatch.dev/sandbox` label.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import TracebackType
@@ -64,6 +68,7 @@ from deathwatch._operator.resources import (
     SandboxVerdictStatus,
 )
 from deathwatch._operator.rest import Rest
+from deathwatch._operator.verdict_document import VerdictDocument
 
 __all__ = [
     "FINAL",
@@ -80,8 +85,10 @@ __all__ = [
     "State",
     "Unreachable",
     "Verdict",
+    "VerdictDocument",
     "current",
     "get_verdict",
+    "verdict_document",
     "wait_for_verdict",
 ]
 
@@ -151,6 +158,17 @@ class Verdict:
     @property
     def declared_at(self) -> datetime | None:
         return self.status.declared_at if self.status else None
+
+
+def verdict_document(data: bytes | str | Mapping[str, Any]) -> VerdictDocument:
+    """A delivered event's `data` (structured mode: the event's `data`; binary mode: the
+    body), typed. Raises ValueError naming the field that is wrong."""
+    try:
+        if isinstance(data, bytes | str):
+            return msgspec.json.decode(data, type=VerdictDocument)
+        return msgspec.convert(data, VerdictDocument)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise ValueError(f"not a verdict document: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)

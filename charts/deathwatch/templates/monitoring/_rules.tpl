@@ -219,6 +219,37 @@ groups:
             {{ $for.firewallSyncFailing }}: that node's datapath skips the table. Its
             sandboxes read Shielded=False RuleBypassed.
           runbook_url: {{ $runbook }}#deathwatchfirewallrulebypassed
+  - name: deathwatch.delivery
+    rules:
+      # the standby keeps what is owed too (levelled by the leader's marks): the smaller of
+      # the two replicas' is the leader's, never a standby's that lags it
+      - alert: DeathwatchDeliveryBacklog
+        expr: >-
+          min by (sink) (deathwatch_delivery_oldest_undelivered_seconds{job=~{{ $controllerJob | quote }}})
+          > {{ $r.deliveryLateSeconds }}
+        for: {{ $for.deliveryBacklog }}
+        labels: {severity: warning}
+        annotations:
+          summary: A sink has not received verdicts it is owed
+          description: >-
+            Sink {{`{{ $labels.sink }}`}} has been owed a transition for
+            {{`{{ $value | humanizeDuration }}`}}: its receiver is down, slow or refusing
+            connections. Nothing is lost meanwhile (what is owed lives on the verdicts) until
+            the sink's maxAgeSeconds.
+          runbook_url: {{ $runbook }}#deathwatchdeliverybacklog
+      - alert: DeathwatchDeliveryRefused
+        expr: >-
+          max by (sink, outcome) (increase(deathwatch_delivery_events_total{job=~{{ $controllerJob | quote }}, outcome=~"refused|expired"}[10m]))
+          > 0
+        for: {{ $for.deliveryRefused }}
+        labels: {severity: critical}
+        annotations:
+          summary: A sink will never get some verdicts
+          description: >-
+            Sink {{`{{ $labels.sink }}`}}: {{`{{ $value | printf "%.0f" }}`}} events
+            {{`{{ $labels.outcome }}`}} in 10 minutes (refused: its receiver answered a 4xx;
+            expired: owed past maxAgeSeconds). They are not sent again.
+          runbook_url: {{ $runbook }}#deathwatchdeliveryrefused
   - name: deathwatch.ports
     rules:
       - alert: DeathwatchPortUnderPressure
