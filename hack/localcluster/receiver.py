@@ -63,6 +63,7 @@ class Received:
 class Receiver:
     secret: str  # whsec_...: the one key this receiver holds (mid-rotation: either of two)
     tls: bool = False
+    host: str = "127.0.0.1"  # the address it listens on (the CNI bridge's, for pods)
     port: int = field(default_factory=free_port)
     received: list[Received] = field(default_factory=list)
     attempts: list[tuple[str, str]] = field(default_factory=list)  # (id or "?", what we did)
@@ -75,7 +76,7 @@ class Receiver:
 
     @property
     def url(self) -> str:
-        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/hooks/deathwatch"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}/hooks/deathwatch"
 
     @property
     def ca_cert(self) -> Path:
@@ -109,7 +110,7 @@ class Receiver:
             def do_POST(self) -> None:
                 receiver._handle(self)
 
-        server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        server = ThreadingHTTPServer((self.host, self.port), Handler)
         server.daemon_threads = True
         if self.tls:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

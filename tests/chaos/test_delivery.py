@@ -18,6 +18,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -325,3 +326,78 @@ def test_both_rotation_keys_sign_and_a_structured_receiver_on_the_old_key_verifi
         lane.receiver = original
     finally:
         old.stop()
+
+
+def test_the_documented_receivers_verify_and_handle_each_death_once(
+    lane: Lane, tmp_path: Path
+) -> None:
+    """docs/receivers: the Python example (structured mode) and the Go one (binary mode,
+    standard library only), each its own sink, run as processes against the controller:
+    each handles every death once, and a replayed event (the same id, signed again, as a
+    retry or a new leader sends it) is taken as the duplicate it is."""
+    import shutil
+    import urllib.request
+
+    from deathwatch._operator.delivery.events import outgoing, request
+    from deathwatch.client import verdict_document
+    from hack.localcluster.controlplane import free_port
+
+    go = shutil.which("go")
+    if go is None:
+        pytest.skip("no Go to build docs/receivers/main.go")
+    docs = Path(__file__).resolve().parents[2] / "docs" / "receivers"
+    binary = tmp_path / "go-receiver"
+    subprocess.run([go, "build", "-o", str(binary), str(docs / "main.go")], check=True,
+                   capture_output=True, timeout=300, cwd=tmp_path)  # fmt: skip
+    ports = {"python": free_port(), "go": free_port()}
+    logs = {name: tmp_path / f"{name}.log" for name in ports}
+    env = {"DEATHWATCH_SECRET": whsec(KEY), "PATH": "/usr/bin:/bin"}
+    procs = [
+        subprocess.Popen([sys.executable, str(docs / "receiver.py")],
+                         env={**env, "PORT": str(ports["python"]), "PYTHONPATH": ":".join(sys.path)},
+                         stdout=logs["python"].open("w"), stderr=subprocess.STDOUT),
+        subprocess.Popen([str(binary)], env={**env, "PORT": str(ports["go"])},
+                         stdout=logs["go"].open("w"), stderr=subprocess.STDOUT),
+    ]  # fmt: skip
+    try:
+        secret = sink_secret(tmp_path / "examples", whsec(KEY))
+        config = tmp_path / "examples.yaml"
+        config.write_text(json.dumps({"cluster": "lane", "sinks": [
+            {"name": name, "url": f"http://127.0.0.1:{port}/", "secretDir": str(secret),
+             "allowInsecure": True, "mode": "structured" if name == "python" else "binary"}
+            for name, port in ports.items()]}))  # fmt: skip
+        for name, port in ports.items():
+            wait_for(partial(controlplane.port_open, port), timeout=30, what=f"{name} receiver up")
+        lane.env.start_controller(extra=["--delivery-config", str(config)])
+        lane.env.deathwatch()
+        victims = lane.sandboxes(3, "example")
+        lane.kill(*victims)
+
+        def handled(name: str) -> list[str]:
+            return [line for line in logs[name].read_text().splitlines()
+                    if line.startswith("handled dead")]  # fmt: skip
+
+        for name in ports:
+            wait_for(lambda name=name: len(handled(name)) == 3, timeout=60,  # type: ignore[misc]
+                     what=f"the {name} receiver handled 3 deaths")  # fmt: skip
+            assert all("cause=ContainerExited origin=Workload" in line for line in handled(name))
+        # replayed: the same event, signed again now
+        shown = subprocess.run([sys.executable, "-m", "deathwatch._cli", "explain",
+                                f"{lane.env.ns}/{victims[0].name}", "-o", "json", "--kubeconfig",
+                                str(lane.env.cp.kubeconfig)], capture_output=True, text=True,
+                               timeout=60, check=True)  # fmt: skip
+        doc = verdict_document(shown.stdout)
+        out = outgoing("replay", "lane", doc, doc.transitions or 0, datetime.now(UTC))
+        for name, port in ports.items():
+            mode = "structured" if name == "python" else "binary"
+            headers, body = request(out, mode, (KEY,), int(time.time()), "replay")
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/", data=body, headers=headers)
+            with urllib.request.urlopen(req, timeout=10) as answer:  # noqa: S310 - loopback
+                assert answer.status == 204
+            wait_for(lambda name=name: f"duplicate {out.id}" in logs[name].read_text(),  # type: ignore[misc]
+                     timeout=10, what=f"the {name} receiver took the replay as a duplicate")  # fmt: skip
+            assert len(handled(name)) == 3
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(10)

@@ -23,6 +23,7 @@ the end ("helm lane measurements").
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -51,6 +52,7 @@ from hack.localcluster.controller_process import service_account_token
 from hack.localcluster.controlplane import free_port
 from hack.localcluster.netns_tool import connect_once
 from hack.localcluster.node import BRIDGE, NODE_NAME
+from hack.localcluster.receiver import Fault, Receiver
 from hack.render_manifests import CHART, helm_bin
 from tests.conftest import _binaries_or_skip
 from tests.kube import WaitTimeout, wait_for
@@ -66,7 +68,7 @@ RESULTS: dict[str, Any] = {"alerts_fired_after_seconds": {}}
 FOR_KEYS = (
     "controllerDown", "noLeader", "watchStale", "taskCrashLooping", "apiErrors", "policyErrors",
     "writesRefused", "writesRetrying", "deathBurst", "uncoveredNodes", "firewallDown",
-    "firewallSyncFailing", "verdictLatency", "portPressure",
+    "firewallSyncFailing", "verdictLatency", "portPressure", "deliveryBacklog", "deliveryRefused",
 )  # fmt: skip
 LANE_RULES = [
     *(f"prometheusRule.for.{k}=5s" for k in FOR_KEYS),
@@ -74,6 +76,7 @@ LANE_RULES = [
     "prometheusRule.deathBurst.cluster=3",
     "prometheusRule.deathBurst.infrastructure=2",
     "prometheusRule.watchStaleSeconds=75",
+    "prometheusRule.deliveryLateSeconds=5",
 ]
 WEBHOOK_DELAY = 4.0  # seconds an admission webhook holds each verdict status write
 
@@ -178,10 +181,19 @@ class Lane:
             with urllib.request.urlopen(f"{self.prometheus}/api/v1/targets", timeout=10) as r:  # noqa: S310
                 targets = [(t["labels"].get("pod"), t["health"], t.get("lastError"))
                            for t in json.load(r)["data"]["activeTargets"]]  # fmt: skip
-            raise WaitTimeout(f"{exc}; the alert: {states}; targets: {targets}") from exc
+            rule: dict[str, Any] = next((r for g in self._rules() for r in g["rules"]
+                         if r.get("name") == alert), {})  # fmt: skip
+            seen = self.query(str(rule.get("query", "vector(0)")).split(" > ")[0])
+            raise WaitTimeout(f"{exc}; the alert: {states}; its expression now: {seen}; "
+                              f"targets: {targets}") from exc  # fmt: skip
         key = f"{alert} ({fault})" if fault else alert
         RESULTS["alerts_fired_after_seconds"][key] = round(time.monotonic() - since, 1)
         return found[0]
+
+    def _rules(self) -> list[dict[str, Any]]:
+        with urllib.request.urlopen(f"{self.prometheus}/api/v1/rules", timeout=10) as r:  # noqa: S310
+            groups: list[dict[str, Any]] = json.load(r)["data"]["groups"]
+        return groups
 
     def object(self, *what: str) -> dict[str, Any]:
         """An object as `kubectl get -o json` returns it, ready to be created again."""
@@ -695,6 +707,63 @@ def test_every_dashboard_panel_returns_data(lane: Lane) -> None:
     RESULTS["dashboard_panels_with_data"] = len(dashboard["panels"])
 
 
+def test_a_sink_refusing_and_then_down_fires_the_delivery_alerts(lane: Lane) -> None:
+    """The chart's delivery wiring on the real node: a sink (a real receiver on the CNI
+    bridge's address, its key in a Secret the kubelet mounts) gets a death, signed and valid;
+    a 400 fires DeathwatchDeliveryRefused; the receiver down fires DeathwatchDeliveryBacklog;
+    back, the backlog is delivered."""
+    secret = "whsec_" + base64.b64encode(b"lane-sink-key-0123456789abcdef").decode()
+    receiver = Receiver(secret, host=cluster.BRIDGE_IP).start()
+    try:
+        lane.core.create_namespaced_secret(SYSTEM, {"metadata": {"name": "lane-sink"},
+                                                    "stringData": {"keys": secret + "\n"}},
+                                           _request_timeout=30)  # fmt: skip
+        took = lane.upgrade("delivery.clusterName=lane", "delivery.sinks[0].name=lane",
+                            f"delivery.sinks[0].url={receiver.url}",
+                            "delivery.sinks[0].secretName=lane-sink",
+                            "delivery.sinks[0].allowInsecure=true",
+                            f"delivery.egress[0].cidr={cluster.BRIDGE_IP}/32",
+                            f"delivery.egress[0].ports={{{receiver.port}}}")  # fmt: skip
+        RESULTS["delivery_upgrade_seconds"] = round(took, 1)
+
+        def dies(name: str) -> str:
+            lane.sandbox(name)
+            wait_for(lambda: lane.state(name) == "Alive", timeout=60, what=f"{name} Alive")
+            (lane.ctl(NS, name) / "exit").write_text("3")
+            wait_for(lambda: lane.state(name) == "Dead", timeout=30, what=f"{name} Dead")
+            return name
+
+        first = dies("delivered")
+        wait_for(lambda: receiver.of(first), timeout=60, what="the death delivered")
+        (event,) = receiver.of(first)
+        assert event.type == "dev.deathwatch.sandbox.dead" and receiver.invalid == []
+        assert event.source == f"//deathwatch.dev/clusters/lane/namespaces/{NS}"
+        refused = "refused-by-sink"
+        receiver.fault(Fault("refuse", subject=refused))
+        started = time.monotonic()
+        dies(refused)
+        uid = lane.core.read_namespaced_pod(refused, NS, _request_timeout=10).metadata.uid
+        try:
+            wait_for(lambda: receiver.attempts_of(f"{uid}/dead") == ["400"], timeout=60,
+                     what="the receiver's 400 for the refused death")  # fmt: skip
+            alert = lane.fires("DeathwatchDeliveryRefused", started)
+        except WaitTimeout:
+            print("receiver attempts:", receiver.attempts, "faults left:", list(receiver.faults))
+            print(lane.c.kubectl("logs", "-n", SYSTEM, "-l", "app.kubernetes.io/component=controller",
+                                 "--tail=200", "--prefix", check=False).stdout[-6000:])  # fmt: skip
+            raise
+        assert (alert["labels"]["sink"], alert["labels"]["outcome"]) == ("lane", "refused")
+        receiver.down()
+        started = time.monotonic()
+        late = dies("while-down")
+        alert = lane.fires("DeathwatchDeliveryBacklog", started)
+        assert alert["labels"]["sink"] == "lane"
+        receiver.up()
+        wait_for(lambda: receiver.of(late), timeout=90, what="the backlog delivered")
+    finally:
+        receiver.stop()
+
+
 def test_helm_upgrade_with_new_values_rolls_the_agents_and_lets_nothing_through(lane: Lane) -> None:
     name = lane.sandbox("upgrade")
     wait_for(lambda: lane.state(name) == "Alive", timeout=60, what="upgrade Alive")
@@ -707,7 +776,8 @@ def test_helm_upgrade_with_new_values_rolls_the_agents_and_lets_nothing_through(
     assert outcomes["connected"] == 0, outcomes
     assert outcomes["refused"] > 100, outcomes
     history = json.loads(lane.helm("history", "deathwatch", "-n", SYSTEM, "-o", "json"))
-    assert [h["revision"] for h in history] == [1, 2] and history[-1]["status"] == "deployed"
+    # install, the sink's upgrade (test_a_sink_refusing...), this one
+    assert [h["revision"] for h in history] == [1, 2, 3] and history[-1]["status"] == "deployed"
     config = yaml.safe_load(lane.core.read_namespaced_config_map(
         "deathwatch-firewall", SYSTEM, _request_timeout=10).data["config.yaml"])  # fmt: skip
     assert config["allowedSources"] == ["192.0.2.10/32"] and config["podCIDRs"] == []
