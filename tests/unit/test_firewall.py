@@ -751,3 +751,42 @@ def test_a_self_check_outcome_is_the_connection_and_our_counter_together() -> No
     assert outcome("connected", 4, 5) is Measured.BYPASSED  # a neighbour's refusal meanwhile
     assert outcome("timeout", 4, 5) is Measured.INCONCLUSIVE
     assert outcome("error:101", 4, 4) is Measured.INCONCLUSIVE
+
+
+class Unlisted:
+    """A Node watch that has not listed yet."""
+
+    def snapshot(self) -> list[Mapping[str, Any]] | None:
+        return None
+
+
+def test_a_new_agent_never_replaces_the_table_in_force_before_it_knows_the_pod_ranges(
+    tmp_path: Path,
+) -> None:
+    """A rollout: the old agent's table (its output rule over the learned range) is in force;
+    the new agent, its Node watch not listed yet, would know no range and drop the rule. It
+    touches nothing until the listing comes, then applies (the Helm lane caught the hole)."""
+    path = tmp_path / "fw.yaml"
+    path.write_text(json.dumps({"agentPorts": [49983]}))  # no podCIDRs: learned from the nodes
+    api, nft = FakeApi(), FakeNft()
+    old = Agent(path, nft)
+    old.nodes = Nodes(("node-a", ["10.42.0.0/24"]))  # type: ignore[assignment]
+    old.link = None
+    old.step()
+    in_force = nft.table
+    assert in_force is not None and in_force.chains[0].rules  # the output rule, over 10.42/24
+    new = Agent(path, nft, link=ClusterLink(api.agent(), "node-a", "fw-b", "deathwatch-system"))
+    new.nodes = Unlisted()  # type: ignore[assignment]
+    new.step()
+    assert nft.table is in_force and len(nft.applied) == 1  # untouched
+    new.nodes = Nodes(("node-a", ["10.42.0.0/24"]))  # type: ignore[assignment]
+    new.step()
+    assert nft.table == in_force
+    # with no table at all (a first install) there is nothing to keep: it applies what it knows
+    fresh_nft = FakeNft()
+    first = Agent(
+        path, fresh_nft, link=ClusterLink(api.agent(), "node-b", "fw-c", "deathwatch-system")
+    )
+    first.nodes = Unlisted()  # type: ignore[assignment]
+    first.step()
+    assert fresh_nft.table is not None
