@@ -237,10 +237,14 @@ groups:
             connections. Nothing is lost meanwhile (what is owed lives on the verdicts) until
             the sink's maxAgeSeconds.
           runbook_url: {{ $runbook }}#deathwatchdeliverybacklog
+      # a replica whose first scrape already counts a refusal (it refused within seconds of
+      # starting) shows no increase(): a series above 0 that did not exist 10 minutes ago fires too
       - alert: DeathwatchDeliveryRefused
         expr: >-
-          max by (sink, outcome) (increase(deathwatch_delivery_events_total{job=~{{ $controllerJob | quote }}, outcome=~"refused|expired"}[10m]))
-          > 0
+          max by (sink, outcome) (
+          increase(deathwatch_delivery_events_total{job=~{{ $controllerJob | quote }}, outcome=~"refused|expired"}[10m]) > 0
+          or (deathwatch_delivery_events_total{job=~{{ $controllerJob | quote }}, outcome=~"refused|expired"} > 0
+          unless deathwatch_delivery_events_total{job=~{{ $controllerJob | quote }}, outcome=~"refused|expired"} offset 10m))
         for: {{ $for.deliveryRefused }}
         labels: {severity: critical}
         annotations:
