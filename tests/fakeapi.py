@@ -133,6 +133,25 @@ class FakeApi:
         self.objects[key]["status"] = copy.deepcopy(status)
         return self._bump(key)
 
+    async def apply_status(
+        self, plural: str, namespace: str, name: str, status: dict[str, Any], manager: str
+    ) -> str:
+        """Server-side apply as the API server does it for a DeathWatch status: the
+        `shards` list merged by its key, every other field the applier's."""
+        key = (plural, namespace, name)
+        await self._call("apply_status", key)
+        if key not in self.objects:
+            raise ApiError(404, "NotFound")
+        self.writes.append((key, copy.deepcopy(status)))
+        current = copy.deepcopy(self.objects[key].get("status") or {})
+        parts = {p["shard"]: p for p in current.get("shards") or []}
+        parts.update({p["shard"]: p for p in status.get("shards") or []})
+        current.update({k: v for k, v in status.items() if k != "shards"})
+        if parts:
+            current["shards"] = [parts[k] for k in sorted(parts)]
+        self.objects[key]["status"] = current
+        return self._bump(key)
+
     async def patch_labels(
         self, plural: str, namespace: str, name: str, labels: dict[str, str], version: str
     ) -> str:

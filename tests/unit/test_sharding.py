@@ -72,3 +72,186 @@ def test_a_bad_slot_description_names_the_part() -> None:
         sharding.parse("0-3,64")
     with pytest.raises(ValueError, match="'x' is not a slot"):
         sharding.parse("x")
+
+
+# --- who owns which slots: the shards' Leases (shards.py) -----------------------------------
+
+from deathwatch._operator.shards import (  # noqa: E402
+    ALL,
+    Claim,
+    Spec,
+    claim_annotations,
+    decide,
+    read_claim,
+)
+
+
+def lease(
+    name: str, spec: Spec, owned: frozenset[int], holder: str | None = "p"
+) -> dict[str, object]:
+    return {"metadata": {"name": name, "annotations": claim_annotations(spec, owned)},
+            "spec": {"holderIdentity": holder}}  # fmt: skip
+
+
+def claims(*leases: tuple[dict[str, object], bool]) -> list[Claim]:
+    out = [read_claim(body, live) for body, live in leases]
+    assert all(c is not None for c in out)
+    return [c for c in out if c is not None]
+
+
+def test_a_lease_says_its_shard_epoch_and_slots_and_reads_back() -> None:
+    body = lease("dw-shard-1", Spec(1, 3, 7), frozenset(range(21, 30)))
+    c = read_claim(body, True)
+    assert c == Claim("dw-shard-1", "p", 1, 3, 7, frozenset(range(21, 30)), True)
+    released = read_claim(lease("dw-shard-1", Spec(1, 3, 7), frozenset(), holder=None), True)
+    assert released is not None and released.live is False  # released: claims nothing
+    assert read_claim({"metadata": {"name": "someone-elses"}}, True) is None
+    assert read_claim({"metadata": {"annotations": {"deathwatch.dev/shard": "5/3",
+                                                    "deathwatch.dev/epoch": "1"}}}, True) is None  # fmt: skip
+
+
+def test_a_shard_gains_what_nobody_live_claims_and_waits_for_the_rest() -> None:
+    me = Spec(1, 4, 2)  # slots 16-31
+    old0 = lease("dw-shard-0", Spec(0, 3, 1), frozenset(range(0, 21)))  # old epoch: 0-20
+    d = decide(me, frozenset(), claims((old0, True)), "dw-shard-1")
+    assert d.gain == frozenset(range(21, 32)) and set(d.waiting) == set(range(16, 21))
+    # the old owner's Lease expired (or it gave them up): gained
+    d = decide(me, d.gain, claims((old0, False)), "dw-shard-1")
+    assert d.gain == frozenset(range(16, 21)) and d.waiting == {}
+
+
+def test_an_older_epoch_gives_up_what_a_live_newer_shard_is_assigned_and_gains_nothing_of_it() -> (
+    None
+):
+    me = Spec(0, 3, 1)  # 0-20, epoch 1
+    owned = frozenset(range(0, 21))
+    newer1 = lease("dw-shard-1", Spec(1, 4, 2), frozenset(range(21, 32)))  # 16-31 assigned
+    d = decide(me, owned, claims((newer1, True)), "dw-shard-0")
+    assert d.give_up == frozenset(range(16, 21)) and d.gain == frozenset()
+    # the newer shard not live yet: keep writing them
+    assert decide(me, owned, claims((newer1, False)), "dw-shard-0").give_up == frozenset()
+
+
+def test_one_shard_owns_everything_and_a_misconfigured_reshard_gains_nothing_contested() -> None:
+    solo = Spec()
+    assert solo.slots == ALL and solo.lease("deathwatch-controller") == "deathwatch-controller"
+    assert decide(solo, frozenset(), [], "deathwatch-controller").gain == ALL
+    assert Spec(2, 3).lease("deathwatch-controller") == "deathwatch-controller-shard-2"
+    me = Spec(0, 2, 5)  # 0-31
+    stray = lease("dw-shard-1", Spec(1, 4, 5), frozenset())  # same epoch, another count
+    d = decide(me, frozenset(), claims((stray, True)), "dw-shard-0")
+    assert d.conflict is not None and "same epoch 5" in d.conflict
+    assert d.gain == frozenset(range(0, 16))  # 16-31 is also the stray's: not taken
+    with pytest.raises(ValueError, match="expected 0 <= shard < shards"):
+        Spec(3, 3)
+
+
+@given(st.integers(1, 8), st.integers(1, 8))
+def test_through_any_reshard_no_slot_ever_has_two_owners(before: int, after: int) -> None:
+    """Every shard of both configs deciding in turn, the old ones giving up before the new
+    ones gain (the Lease says it between): at no step do two live leases own one slot, and
+    in the end the new shards own all 64."""
+    old = {f"old-{i}": (Spec(i, before, 1), assign_all(i, before)) for i in range(before)}
+    new = {f"new-{i}": (Spec(i, after, 2), frozenset[int]()) for i in range(after)}
+    state = {**old, **new}
+    for _ in range(4):
+        for name in list(state):
+            spec, owned = state[name]
+            seen = claims(*((lease(n, s, o), True) for n, (s, o) in state.items()))
+            d = decide(spec, owned, seen, name)
+            state[name] = (spec, (owned - d.give_up) | d.gain)
+            owners = [s for _, o in state.values() for s in o]
+            assert len(owners) == len(set(owners)), state
+    assert sorted(s for n, (_, o) in state.items() if n.startswith("new") for s in o) == list(
+        range(64)
+    )
+
+
+def assign_all(i: int, n: int) -> frozenset[int]:
+    return Spec(i, n).slots
+
+
+# --- a shard's controller: its slots only, verdicts labelled, its part of the status ---------
+
+import asyncio  # noqa: E402
+
+from deathwatch._engine.podview import read_pod  # noqa: E402
+from deathwatch._operator.agent_sandboxes import AgentSandboxes  # noqa: E402
+from deathwatch._operator.controller import Controller, Firewall  # noqa: E402
+from deathwatch._operator.deathwatches import DeathWatches  # noqa: E402
+from deathwatch._operator.metrics import Metrics  # noqa: E402
+from deathwatch._operator.records import Records  # noqa: E402
+from deathwatch._operator.reflector import EventType  # noqa: E402
+from deathwatch._operator.resources import DW_PLURAL, SV_PLURAL  # noqa: E402
+from deathwatch._operator.sharding import assign, slot_of  # noqa: E402
+from deathwatch._operator.summary import Summaries  # noqa: E402
+from deathwatch._operator.writer import Writer  # noqa: E402
+from deathwatch._policies import default_registry  # noqa: E402
+from tests.builders import at, pod  # noqa: E402
+from tests.fakeapi import FakeApi, FakeTimers  # noqa: E402
+from tests.unit.test_core import NS, Clock, deathwatch_body  # noqa: E402
+from tests.writer_driver import workers  # noqa: E402
+
+
+def uids_in(slots: frozenset[int], n: int) -> list[str]:
+    """n pod uids whose slots are in `slots`."""
+    found, i = [], 0
+    while len(found) < n:
+        uid = f"uid-{i:05d}"
+        if slot_of(uid) in slots:
+            found.append(uid)
+        i += 1
+    return found
+
+
+def shard_controller(
+    api: FakeApi, index: int, count: int, clock: Clock
+) -> tuple[Controller, Writer]:
+    spec = Spec(index, count, 3)
+    owned = spec.slots
+    writer = Writer(api, Metrics(), schedule=FakeTimers(), clock=clock,
+                    owns=lambda slot: slot is None or slot in owned)  # fmt: skip
+    registry = default_registry()
+    c = Controller(
+        deathwatches=DeathWatches(registry), records=Records(), policies=registry,
+        summaries=Summaries(), writer=writer, metrics=Metrics(), firewall=Firewall(None, None),
+        agent_sandboxes=AgentSandboxes(), fresh=lambda: True, stale_after=90.0, clock=clock,
+        leader=lambda: f"pod-{index}", shard=spec, owned=lambda: owned,
+    )  # fmt: skip
+    return c, writer
+
+
+async def test_each_shard_judges_its_slots_labels_its_verdicts_and_shard_0_sums_the_parts() -> None:
+    api, clock = FakeApi(), Clock()
+    api.objects[(DW_PLURAL, NS, "sandboxes")] = deathwatch_body()
+    (c0, w0), (c1, w1) = shard_controller(api, 0, 2, clock), shard_controller(api, 1, 2, clock)
+    mine0, mine1 = uids_in(assign(0, 2), 3), uids_in(assign(1, 2), 2)
+    async with workers(w0), workers(w1):
+        for c in (c0, c1):
+            c.on_deathwatch(None, deathwatch_body())
+        clock.now = at(2)
+        for i, uid in enumerate(mine0 + mine1):
+            for c in (c0, c1):  # every shard's watch, as if the server filtered nothing
+                c.on_pod(EventType.MODIFIED, read_pod(pod(uid=uid, name=f"sbx-{i}")))
+        assert {r.uid for r in c0.records} == set(mine0)
+        assert {r.uid for r in c1.records} == set(mine1)
+        assert c0.metrics.registry.get_sample_value("deathwatch_shard_filtered_total",
+                                                    {"where": "pods"}) == 2  # fmt: skip
+        await asyncio.wait_for(asyncio.gather(w0.idle(), w1.idle()), 5)
+        for i, uid in enumerate(mine0 + mine1):
+            labels = api.labels(SV_PLURAL, NS, f"sbx-{i}")
+            assert labels["deathwatch.dev/slot"] == str(slot_of(uid)), labels
+        # each its part; shard 0 the totals, from the part shard 1 wrote (as kopf shows it)
+        c1.publish()
+        await asyncio.wait_for(w1.idle(), 5)
+        c0.on_deathwatch(
+            None, {**deathwatch_body(), "status": api.status(DW_PLURAL, NS, "sandboxes")}
+        )
+        c0.publish()
+        await asyncio.wait_for(w0.idle(), 5)
+    status = api.status(DW_PLURAL, NS, "sandboxes")
+    assert status is not None
+    assert [(p["shard"], p["tracked"], p["leader"]) for p in status["shards"]] == [
+        (0, 3, "pod-0"), (1, 2, "pod-1")]  # fmt: skip
+    assert (status["tracked"], status["alive"], status["leader"]) == (5, 5, "0=pod-0 1=pod-1")
+    assert [op for op, k in api.calls if k[0] == DW_PLURAL] == ["apply_status", "apply_status"]

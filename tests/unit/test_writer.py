@@ -404,3 +404,37 @@ async def test_a_verdicts_latency_is_measured_once_when_the_api_first_holds_it_d
     assert [p.get("podDeletedAt") for k, p in api.writes if k == key("a")] == [None, "x"]
     assert [p.get("podDeletedAt") for k, p in api.writes if k == key("b")] == ["x"]
     assert count == 1
+
+
+async def test_a_slot_this_shard_does_not_own_is_owed_and_written_once_it_is_gained() -> None:
+    """Sharding: a desire for a slot not owned is owed (nothing sent), as a standby owes;
+    gaining the slot returns it to be said; giving a slot up turns what is pending into debts
+    and nothing more of it is sent, even a desire already queued."""
+    owned: set[int] = {1}
+    async with running() as (writer, api, _):
+        writer.owns = lambda slot: slot is None or slot in owned
+        a, b = sv("a"), sv("b")
+        a.slot, b.slot = 1, 2
+        writer.want(a)
+        writer.want(b)
+        await settle(writer)
+        assert [k[2] for _, k in api.calls if k[2] in ("a", "b")] == ["a", "a"]  # create, status
+        owned.add(2)
+        assert writer.gained(frozenset({2})) == [key("b")]
+        b2 = sv("b")
+        b2.slot = 2
+        writer.want(b2)
+        await settle(writer)
+        assert api.status(*key("b")) == {"state": "Alive", "podUID": "uid-b"}
+        # given up: a queued desire is not sent, it is owed
+        api.hold = asyncio.Event()
+        c1, a2 = sv("c"), sv("a", state="Dead", priority=URGENT)
+        c1.slot, a2.slot = 3, 1
+        writer.want(c1)  # slot 3: owed
+        owned.discard(1)
+        writer.gave_up(frozenset({1}))
+        writer.want(a2)
+        api.hold.set()
+        await settle(writer)
+        assert api.status(*key("a")) == {"state": "Alive", "podUID": "uid-a"}
+        assert writer.backlog == 2  # a's Dead and c, owed to whoever owns 1 and 3

@@ -27,17 +27,19 @@ BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)  # seconds between tries to list a n
 INACTIVITY = 70.0  # never used by a listing (no watch), the transport's own
 
 
-def _once(label_selector: str | None = None) -> ListWatch:
-    return ListWatch(label_selector=label_selector, follow=False, backoff=BACKOFF,
-                     attempts=len(BACKOFF) + 1)  # fmt: skip
+def _once(label_selector: str | None = None, shard_selector: str | None = None) -> ListWatch:
+    return ListWatch(label_selector=label_selector, shard_selector=shard_selector,
+                     follow=False, backoff=BACKOFF, attempts=len(BACKOFF) + 1)  # fmt: skip
 
 
 class Adoption:
     def __init__(self, rest: Rest, controller: Controller, metrics: Metrics,
-                 scopes: tuple[str | None, ...], label_selector: str | None) -> None:  # fmt: skip
+                 scopes: tuple[str | None, ...], label_selector: str | None,
+                 shard_selector: str | None = None) -> None:  # fmt: skip
         self.rest, self.controller, self.metrics = rest, controller, metrics
         self.scopes = scopes
         self.label_selector = label_selector
+        self.shard_selector = shard_selector
 
     async def deathwatches(self) -> None:
         """Every DeathWatch of the served scopes, to the controller. A listing that keeps
@@ -65,7 +67,7 @@ class Adoption:
         assert rules is not None  # noqa: S101 - only valid DeathWatches select
         namespace = rules.namespace
         transport = self.rest.transport(f"/api/v1/namespaces/{namespace}/pods", INACTIVITY)
-        protocol = _once(self.label_selector)
+        protocol = _once(self.label_selector, self.shard_selector)
         adopted = 0
         page: list[msgspec.Raw] = []
         versions: dict[str, str] = {}

@@ -40,11 +40,15 @@ from deathwatch._operator.endpoints import Address, Endpoints
 from deathwatch._operator.kube import ApiLease, ApiWrites, load_configuration
 from deathwatch._operator.leader import Elector, LeaseTimings
 from deathwatch._operator.metrics import Metrics
+from deathwatch._operator.ownership import Ownership
 from deathwatch._operator.readiness import Readiness, Streams
 from deathwatch._operator.records import Records
 from deathwatch._operator.reflector import Reflector
-from deathwatch._operator.resources import DW_PLURAL, GROUP, VERSION
+from deathwatch._operator.resources import DW_PLURAL, GROUP, SLOT_LABEL, VERSION
 from deathwatch._operator.rest import Rest
+from deathwatch._operator.sharding import selector as shard_selector
+from deathwatch._operator.sharding import slot_of
+from deathwatch._operator.shards import Spec
 from deathwatch._operator.sinks import AgentSandboxSink, PodSink, VerdictSink, contained
 from deathwatch._operator.summary import Summaries
 from deathwatch._operator.supervisor import Supervisor
@@ -81,6 +85,7 @@ class Config:
     lease_namespace: str = "deathwatch-system"
     lease_timings: LeaseTimings = field(default_factory=LeaseTimings)
     delivery: DeliveryConfig | None = None  # the sinks verdicts are delivered to (delivery/)
+    shard: Spec = field(default_factory=Spec)  # which slots this process judges (ADR 0025)
 
     @property
     def scopes(self) -> tuple[str | None, ...]:
@@ -130,18 +135,30 @@ class App:
             readiness=self.readyz, heartbeat=self.heartbeat,
         )  # fmt: skip
         may_write: Callable[[], bool] = lambda: True  # noqa: E731 - the only writer
+        shard = cfg.shard
+        lease_name = shard.lease(cfg.lease_name)
+        self.ownership = Ownership(shard, lease_name, cfg.lease_namespace, metrics,
+                                   cfg.lease_timings.retry_period)  # fmt: skip
         if cfg.leader_elect:
-            lease = ApiLease(rest("lease", 2), cfg.lease_name, cfg.lease_namespace,
+            self.lease_rest = rest("lease", 2)
+            lease = ApiLease(self.lease_rest, lease_name, cfg.lease_namespace,
                              cfg.lease_timings.renew_deadline / 2, cfg.identity)  # fmt: skip
-            self.elector = Elector(lease, cfg.identity, cfg.lease_name, cfg.lease_namespace,
-                                   metrics, cfg.lease_timings, on_change=self._leading)  # fmt: skip
+            self.elector = Elector(lease, cfg.identity, lease_name, cfg.lease_namespace,
+                                   metrics, cfg.lease_timings, on_change=self._leading,
+                                   claim=self.ownership.claim)  # fmt: skip
             may_write = self.elector.may_write
         # the only writer stamps its statuses with its start time: a new process is a new term
         term = 0 if cfg.leader_elect else time.time_ns() // 1_000_000
+        ownership = self.ownership
         self.writer = Writer(
             ApiWrites(writes, may_write=may_write, field_manager=cfg.identity),
             metrics, may_write=may_write, leading=not cfg.leader_elect, term=term,
+            owns=ownership.owns if shard.sharded else _everything,
         )  # fmt: skip
+        ownership.on_gain = self._gained
+        ownership.on_give_up = self.writer.gave_up
+        if not cfg.leader_elect:
+            ownership.lead()
         registry = default_registry()
         metrics.policies_known(registry.names)
         elector = self.elector
@@ -161,17 +178,29 @@ class App:
             stale_after=cfg.stream_stale_after,
             leader=(lambda: elector.leader) if elector else (lambda: cfg.identity),
             deliveries=deliveries,
+            shard=shard,
+            owned=lambda: ownership.owned,
         )
         if deliveries:
             self.sender = Sender(deliveries, self.controller.outgoing, self.controller.delivered,
                                  metrics, may_send=may_write, user_agent=f"deathwatch/{_version()}",
-                                 clock=self.controller.clock)  # fmt: skip
+                                 clock=self.controller.clock,
+                                 sendable=(lambda uid: ownership.owns(slot_of(uid)))
+                                 if shard.sharded else None)  # fmt: skip
+        # sharded: the API server filters the pod watch by slot where it can (KEP-5866), and a
+        # shard watches its own verdicts, and those from before sharding (no slot label yet)
+        pods_by_slot = shard_selector(shard.slots) if shard.sharded else None
+        verdict_selectors: tuple[str | None, ...] = (
+            (f"{SLOT_LABEL} in ({','.join(str(x) for x in sorted(shard.slots))})",
+             f"!{SLOT_LABEL}") if shard.sharded else (None,)
+        )  # fmt: skip
         self.adoption = Adoption(self.watches, self.controller, metrics, cfg.scopes,
-                                 cfg.pod_label_selector)  # fmt: skip
+                                 cfg.pod_label_selector, pods_by_slot)  # fmt: skip
         c, w, s = self.controller, self.writer, self.streams
         s.verdicts.extend(
-            Reflector(self.watches, verdicts(scope), VerdictSink(c, w, metrics), metrics)
+            Reflector(self.watches, verdicts(scope, selector), VerdictSink(c, w, metrics), metrics)
             for scope in cfg.scopes
+            for selector in verdict_selectors
         )
         s.agent_sandboxes.extend(
             Reflector(self.watches, sandboxes(scope), AgentSandboxSink(c, metrics), metrics)
@@ -179,7 +208,12 @@ class App:
         )
         label_selector = cfg.pod_label_selector
         s.pods.extend(
-            Reflector(self.watches, pods(scope, label_selector), PodSink(c, metrics), metrics)
+            Reflector(
+                self.watches,
+                pods(scope, label_selector, pods_by_slot),
+                PodSink(c, metrics),
+                metrics,
+            )
             for scope in cfg.scopes
         )
         self.built = True
@@ -233,6 +267,9 @@ class App:
         if self.elector is not None:
             sup.start("leader-election", self.elector.run)
             sup.start("lease-watch", self.elector.watch)
+            if cfg.shard.sharded:
+                rest_ = self.lease_rest
+                sup.start("shard-slots", lambda: self.ownership.run(rest_))
         c, m, probe, fw = self.controller, self.metrics, self.probe, cfg.firewall_daemonset
         sup.start("deadlines", lambda: timers.suspects(c))
         sup.start(
@@ -269,15 +306,27 @@ class App:
     def _leading(self, leading: bool) -> None:
         """The elector's verdict: write (what this replica owes first), or stand by."""
         if not leading:
+            self.ownership.standby()
             if self.sender is not None:
                 self.sender.standby()
             self.writer.standby()
             return
+        self.ownership.lead()
         self.reconcile_events()
-        owed = self.writer.lead(self.elector.term if self.elector else None)
+        term = self.elector.term if self.elector else None
+        if term is not None and self.config.shard.sharded:
+            term = term * 64 + self.config.shard.index  # unique across the shards' Leases
+        owed = self.writer.lead(term)
         self.controller.republish(owed)
         if self.sender is not None:
             self.sender.lead()  # what the old leader left undelivered, then what comes
+
+    def _gained(self, slots: frozenset[int]) -> None:
+        """Sharded: these slots are this shard's to write from now on: what it owes there is
+        said again, and their deliveries may go."""
+        self.controller.republish(self.writer.gained(slots))
+        if self.sender is not None:
+            self.sender.wake.set()
 
     def reconcile_events(self) -> None:
         """Taking over the writing: post again any SandboxDead Event a crash may have lost."""
@@ -292,6 +341,12 @@ class App:
         failing = tuple(f"{n}: {e}"[:200] for n, e in self.supervisor.failing().items())
         return failing, self.readyz()[0]
 
+    def _shard_status(self) -> dict[str, Any]:
+        if not self.config.shard.sharded:
+            return {}
+        filtered = [r.server_filtered for r in self.streams.pods]
+        return {"shard": {**self.ownership.status(), "server_filtered": filtered}}
+
     def readyz(self) -> tuple[bool, dict[str, Any]]:
         """/readyz, from what the parts keep (readiness.py)."""
         built = self.built
@@ -304,11 +359,16 @@ class App:
                 "failing_tasks": self.supervisor.failing(),
                 "pods_with_failing_policy": c.records.failing if c else 0,
                 "leader": self.elector.status() if self.elector else {"leader_election": "off"},
+                **self._shard_status(),
                 "tracked": len(c.records) if c else 0,
                 "write_backlog": self.writer.backlog if built else 0,
             }
 
         return readiness.report(self.readiness, self.streams, parts)
+
+
+def _everything(slot: int | None) -> bool:
+    return True  # one shard writes every slot
 
 
 def _version() -> str:

@@ -95,6 +95,20 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="the sinks verdicts are delivered to, as signed CloudEvents (YAML: cluster, sinks; "
         "README 'Delivering verdicts'); read at start, each sink's keys at every send",
     )
+    shards = p.add_argument_group(
+        "shards",
+        "past one replica pair: N shards, each a leader and a hot standby on a Lease "
+        "of its own, each judging the pods of its slots (ADR 0025)",
+    )
+    shards.add_argument("--shards", type=int, default=1, metavar="N",
+                        help="how many shards judge the cluster's sandboxes (1-64; default 1: "
+                        "this process's pair judges all of them, as ever)")  # fmt: skip
+    shards.add_argument("--shard", type=int, default=0, metavar="I",
+                        help="which of them this process is (0 .. N-1)")  # fmt: skip
+    shards.add_argument("--shard-epoch", type=int, default=0, metavar="E",
+                        help="the configuration's epoch: a reshard must come with a higher one "
+                        "(the chart: the release's revision); the older shards give up the "
+                        "slots the newer ones are assigned")  # fmt: skip
     election = p.add_argument_group(
         "leader election", "replicas elect one writer on a Lease; the others stand by, hot"
     )
@@ -151,6 +165,17 @@ def run(args: argparse.Namespace) -> int:
             f"got {args.coverage_interval}",
             file=sys.stderr,
         )
+        return EXIT_BAD_CONFIG
+    from deathwatch._operator.shards import Spec
+
+    try:
+        shard = Spec(args.shard, args.shards, args.shard_epoch)
+    except ValueError as exc:
+        print(f"deathwatch controller: --shards/--shard/--shard-epoch: {exc}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    if shard.sharded and not args.leader_elect:
+        print("deathwatch controller: --shards above 1 needs --leader-elect: a shard's slots "
+              "are claimed on its Lease", file=sys.stderr)  # fmt: skip
         return EXIT_BAD_CONFIG
     try:
         flag = "--metrics-address"
@@ -217,6 +242,7 @@ def run(args: argparse.Namespace) -> int:
         lease_namespace=args.lease_namespace,
         lease_timings=timings,
         delivery=delivery,
+        shard=shard,
     )
     try:
         app = App(config)

@@ -59,9 +59,13 @@ from deathwatch._operator.resources import (
     DeliveryOutcome,
     EventReason,
     SandboxRef,
+    ShardPart,
     to_document,
 )
 from deathwatch._operator.rules import Rules
+from deathwatch._operator.sharding import describe as slots_text
+from deathwatch._operator.sharding import slot_of
+from deathwatch._operator.shards import ALL, Spec
 from deathwatch._operator.shield import Shield
 from deathwatch._operator.summary import Summaries
 from deathwatch._operator.verdict_document import document as verdict_document
@@ -112,11 +116,14 @@ class Controller:
         leader: Callable[[], str | None] = lambda: None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         deliveries: Deliveries | None = None,
+        shard: Spec | None = None,
+        owned: Callable[[], frozenset[int]] = lambda: ALL,
     ) -> None:
         """`fresh`: whether every pod stream delivered something lately (None: unknown);
         `stale_after`: the seconds that takes, for the DeathWatch condition's message;
         `leader`: who holds the Lease; `deliveries`: what each sink is owed (none: no sink
-        configured)."""
+        configured); `shard`: which slots this process judges (sharding, ADR 0025; the
+        default: all of them), `owned()` the ones its leader writes now."""
         self.deathwatches = deathwatches
         self.records = records
         self.policies = policies
@@ -132,6 +139,11 @@ class Controller:
         self.leader = leader
         self.clock = clock
         self.deliveries = deliveries if deliveries is not None else Deliveries(None)
+        self.shard = shard or Spec()
+        self.owned = owned
+        # sharded: the slots this shard is assigned; a pod of another slot is not its to judge
+        self.assigned: frozenset[int] | None = self.shard.slots if self.shard.sharded else None
+        self.parts: dict[DeathWatchKey, dict[int, ShardPart]] = {}  # other shards' parts
         self.wake = asyncio.Event()  # a new Suspect deadline to wait for
         self.malformed: set[str] = set()  # objects reported undecodable (once each)
 
@@ -142,6 +154,8 @@ class Controller:
         """A pod event or a listed pod: one pass, from the engine to the writer. `version`:
         its resourceVersion; a state older than one already judged is not judged again (a
         watch event still in the stream behind a newer listing, a DeathWatch's adoption)."""
+        if not self.mine(pod.uid, "pods"):
+            return
         listed = kind is EventType.LISTED
         deleted_at = self.clock() if kind is EventType.DELETED else None
         if not self.records.newer(pod.uid, version):
@@ -163,6 +177,20 @@ class Controller:
                 return  # its DeathWatch is invalid for now: judged again once it is valid
             rules = found
         self._judge(kind, pod, record, rules, changed, received)
+
+    def mine(self, uid: str | None, where: str) -> bool:
+        """Sharded: whether this shard judges the sandbox of this pod uid (a pod or verdict
+        of another shard's slots is counted and dropped: the API server filters the pod watch
+        where it can, this filter runs anyway)."""
+        if self.assigned is None:
+            return True
+        if uid and slot_of(uid) in self.assigned:
+            return True
+        self.metrics.shard_filtered.labels(where).inc()
+        return False
+
+    def _slot(self, uid: str) -> int | None:
+        return slot_of(uid) if self.assigned is not None else None
 
     def _track(self, pod: PodView, rules: Rules, listed: bool,
                deleted_at: datetime | None = None) -> Record:  # fmt: skip
@@ -260,7 +288,7 @@ class Controller:
         ref = self.agent_sandboxes.ref(track.namespace, owner) if owner is not None else None
         status, obj, labels, events = documents.verdict(
             track, rules, record.node, record.deleted_at, record.shield, record.shield_since,
-            announce, ref, record.transitions, record.marks,
+            announce, ref, record.transitions, record.marks, self._slot(track.uid),
         )  # fmt: skip
         return Desired(
             SV_PLURAL, track.namespace, track.name,
@@ -271,6 +299,7 @@ class Controller:
             priority=priority if priority is not None else URGENT if dead else NORMAL,
             received=received if dead else None,
             ready_drop_at=track.ready_drop_at if dead else None,
+            slot=self._slot(track.uid),
         )  # fmt: skip
 
     def _report(self, step: Step, record: Record) -> None:
@@ -353,7 +382,8 @@ class Controller:
                                           record.shield_since, ref, record.transitions,
                                           record.marks)  # fmt: skip
         labels = (documents.verdict_object(record.namespace, record.name, rules, record.uid, ref,
-                                           documents.verdict_labels(track))["metadata"]["labels"]
+                                           documents.verdict_labels(track, self._slot(record.uid))
+                                           )["metadata"]["labels"]
                   if rules is not None else {})  # fmt: skip
         name = rules.name if rules is not None else None
         doc = verdict_document(record.namespace, record.name, name, status, labels)
@@ -412,8 +442,11 @@ class Controller:
             self._drop_deathwatch(key)
             return None
         status = body.get("status")
-        self.writer.observed(DW_PLURAL, *key, status if isinstance(status, dict) else {},
-                             str(meta.get("resourceVersion") or ""))  # fmt: skip
+        if self.assigned is not None:  # sharded: parts applied, not replaced (no term to compare)
+            self._keep_parts(key, status)
+        else:
+            self.writer.observed(DW_PLURAL, *key, status if isinstance(status, dict) else {},
+                                 str(meta.get("resourceVersion") or ""))  # fmt: skip
         change = self.deathwatches.update(body)
         if change is None:
             return None
@@ -424,6 +457,15 @@ class Controller:
                 if record.memory is not None:
                     record.memory.settings = change.rules.settings
         return change if change.rules is not None and change.select else None
+
+    def _keep_parts(self, key: DeathWatchKey, status: Any) -> None:
+        """The other shards' parts of a DeathWatch's status, as they wrote them (shard 0
+        sums them)."""
+        try:
+            parts = msgspec.convert((status or {}).get("shards") or [], list[ShardPart])
+        except (msgspec.ValidationError, AttributeError):
+            return
+        self.parts[key] = {p.shard: p for p in parts if p.shard != self.shard.index}
 
     def adopt(self, key: DeathWatchKey, revision: Revision, pods: Iterable[PodView],
               versions: Mapping[str, str] | None = None) -> int:  # fmt: skip
@@ -437,6 +479,8 @@ class Controller:
             return 0
         adopted = 0
         for pod in pods:
+            if not self.mine(pod.uid, "pods"):
+                continue
             if self.records.get(pod.uid) is not None or self.records.recently_deleted(pod.uid):
                 continue  # an event brought it already, or its deletion came after this list
             owner = self.deathwatches.owner(pod)
@@ -484,6 +528,8 @@ class Controller:
         with its DeathWatch's settings: at once if that DeathWatch is compiled already, else
         as soon as it is (`on_deathwatch`); until then, the defaults."""
         status = verdict.status or {}
+        if not self.mine(verdict.labels.get(POD_UID_LABEL) or status.get("podUID"), "verdicts"):
+            return False
         self.writer.knows(SV_PLURAL, verdict.namespace, verdict.name, status, verdict.version,
                           verdict.labels)  # fmt: skip
         track = documents.track_from_status(verdict.namespace, verdict.name, status)
@@ -527,6 +573,9 @@ class Controller:
         """A SandboxVerdict as its watch shows it (the leader's writes, seen by a standby;
         another term's, seen by a leader)."""
         status = None if kind is EventType.DELETED else verdict.status
+        uid = verdict.labels.get(POD_UID_LABEL) or (verdict.status or {}).get("podUID")
+        if not self.mine(uid, "verdicts"):
+            return
         key = (SV_PLURAL, verdict.namespace, verdict.name)
         if status and self.deliveries and not self.writer.leading:
             self._level(verdict.namespace, verdict.name, status)
@@ -538,12 +587,11 @@ class Controller:
             and self.writer.leading
             and not verdict.status
             and self.records.named(verdict.namespace, verdict.name) is None
+            and uid
         ):
             # created, status-less, for a pod this leader does not track: an earlier term's
             # create that landed after this term retired the verdict. Not left behind.
-            uid = verdict.labels.get(POD_UID_LABEL)
-            if uid:
-                self.writer.want(Desired(*key, delete=uid, priority=LOW))
+            self.writer.want(Desired(*key, delete=uid, priority=LOW, slot=self._slot(uid)))
 
     def _level(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         """A standby takes the leader's word for what was delivered (and how its verdict's
@@ -623,7 +671,8 @@ class Controller:
             if now < max(record.deleted_at, declared) + retention:
                 continue
             if record.persisted:
-                self.writer.want(Desired(*record.verdict, delete=record.uid, priority=LOW))
+                self.writer.want(Desired(*record.verdict, delete=record.uid, priority=LOW,
+                                         slot=self._slot(record.uid)))  # fmt: skip
             self._forget(record)
             retired += 1
         return retired
@@ -703,12 +752,20 @@ class Controller:
                     self.summaries[key], coverage, conditions,
                     rules.generation if rules else None, leader,
                 )  # fmt: skip
-                document = to_document(status)
+                document = (
+                    self._shard_status(key, status, rules.generation if rules else None)
+                    if self.assigned is not None else to_document(status)
+                )  # fmt: skip
             except Exception:
                 self.metrics.handler_errors.labels("publish").inc()
                 log.exception("deathwatch status not computed", namespace=key[0], deathwatch=key[1])
                 continue
-            self.writer.want(Desired(DW_PLURAL, *key, status=document, priority=LOW))
+            if self.assigned is not None:
+                manager = f"deathwatch-shard-{self.shard.index}"
+                self.writer.want(Desired(DW_PLURAL, *key, status=document, priority=LOW,
+                                         apply_as=manager))  # fmt: skip
+            else:
+                self.writer.want(Desired(DW_PLURAL, *key, status=document, priority=LOW))
         for state in State:
             self.metrics.tracked.labels(str(state)).set(self.summaries.states[state])
         if self.coverage is not None:
@@ -724,6 +781,18 @@ class Controller:
             self.metrics.delivery_oldest.labels(name).set(
                 (now - oldest).total_seconds() if oldest is not None else 0.0
             )
+
+    def _shard_status(self, key: DeathWatchKey, whole: Any, generation: int | None
+                      ) -> dict[str, Any]:  # fmt: skip
+        """Sharded: this shard's part of the DeathWatch's status; shard 0's carries the totals
+        of every part too (and the conditions, computed from what it sees: ADR 0025)."""
+        mine = documents.shard_part(self.summaries[key], self.shard.index,
+                                    slots_text(self.owned()), self.leader())  # fmt: skip
+        if self.shard.index != 0:
+            return {"shards": [to_document(mine)]}
+        parts = [*self.parts.get(key, {}).values(), mine]
+        return to_document(documents.sharded_status(parts, whole.firewall, whole.conditions,
+                                                    generation))  # fmt: skip
 
     def unannounced_deaths(self, window: timedelta = EVENT_RECONCILE_WINDOW) -> list[PodEvent]:
         """The SandboxDead Event of every Dead verdict declared within `window`: what a crash

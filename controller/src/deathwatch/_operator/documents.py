@@ -19,7 +19,7 @@ import msgspec
 
 from deathwatch._engine.engine import Track
 from deathwatch._engine.podview import Disruption
-from deathwatch._engine.timeutil import format_time
+from deathwatch._engine.timeutil import UTC, format_time
 from deathwatch._engine.verdict import Cause, Evidence, Origin, State, origin_of
 from deathwatch._operator.resources import (
     API_VERSION,
@@ -27,6 +27,7 @@ from deathwatch._operator.resources import (
     ORIGIN_LABEL,
     POD_UID_LABEL,
     SANDBOX_LABEL,
+    SLOT_LABEL,
     WATCH_LABEL,
     Condition,
     ConditionStatus,
@@ -42,6 +43,7 @@ from deathwatch._operator.resources import (
     SandboxRef,
     SandboxVerdictSpec,
     SandboxVerdictStatus,
+    ShardPart,
     to_document,
 )
 from deathwatch._operator.rules import Rules
@@ -237,23 +239,26 @@ def verdict(
     sandbox: SandboxRef | None = None,
     transitions: int = 0,
     marks: Mapping[str, DeliveryMark] | None = None,
+    slot: int | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, str], list[PodEvent]]:
     """A sandbox's SandboxVerdict: its status document, the object to create if it does not
     exist yet, the labels it must carry as it changes (its origin, once it has ended), and
     the Events that announce what `decide` chose to."""
     status = verdict_status(track, node, deleted_at, shield, shield_since, sandbox, transitions,
                             marks)  # fmt: skip
-    labels = verdict_labels(track)
+    labels = verdict_labels(track, slot)
     obj = verdict_object(track.namespace, track.name, rules, track.uid, sandbox, labels)
     return to_document(status), obj, labels, events(track, announce)
 
 
-def verdict_labels(track: Track) -> dict[str, str]:
+def verdict_labels(track: Track, slot: int | None = None) -> dict[str, str]:
     """The labels a verdict gains as it changes: `deathwatch.dev/origin` once it has ended
-    (a terminal verdict never changes again, so neither does the label)."""
-    if not track.state.terminal:
-        return {}
-    return {ORIGIN_LABEL: str(origin_of(track.cause))}
+    (a terminal verdict never changes again, so neither does the label); sharded, its slot
+    (a verdict from before sharding gains it with its shard's first write)."""
+    labels = {SLOT_LABEL: str(slot)} if slot is not None else {}
+    if track.state.terminal:
+        labels[ORIGIN_LABEL] = str(origin_of(track.cause))
+    return labels
 
 
 def events(track: Track, announcements: Iterable[Announcement]) -> list[PodEvent]:
@@ -535,6 +540,51 @@ def deathwatch_status(
         ],
         conditions=conditions,
     )
+
+
+def shard_part(summary: Summary, shard: int, slots: str, leader: str | None) -> ShardPart:
+    """This shard's part of a DeathWatch's status (sharded): its counts and its deaths."""
+    own = deathwatch_status(summary, None, [], None)
+    return ShardPart(
+        shard=shard, leader=leader, slots=slots, tracked=own.tracked, pending=own.pending,
+        alive=own.alive, suspect=own.suspect, dead=own.dead, gone=own.gone, flaps=own.flaps,
+        false_positives=own.false_positives, deaths=own.deaths,
+        uncovered_nodes=own.uncovered_nodes, last_deaths=own.last_deaths,
+    )  # fmt: skip
+
+
+def sharded_status(
+    parts: Iterable[ShardPart],
+    firewall: FirewallCoverage | None,
+    conditions: list[Condition],
+    generation: int | None,
+) -> DeathWatchStatus:
+    """Shard 0's: the totals of every shard's part (each written by its own leader), the
+    newest deaths of them all, and who leads each shard."""
+    ordered = sorted(parts, key=lambda p: p.shard)
+
+    def total(field: str) -> int:
+        return sum(getattr(p, field) for p in ordered)
+
+    deaths = sorted((d for p in ordered for d in p.last_deaths),
+                    key=lambda d: d.declared_at or datetime.min.replace(tzinfo=UTC),
+                    reverse=True)  # fmt: skip
+    return DeathWatchStatus(
+        tracked=total("tracked"), pending=total("pending"), alive=total("alive"),
+        suspect=total("suspect"), dead=total("dead"), gone=total("gone"),
+        flaps=total("flaps"), false_positives=total("false_positives"),
+        deaths=OriginCounts(**{
+            k: sum(getattr(p.deaths, k) for p in ordered)
+            for k in ("workload", "infrastructure", "platform", "unknown")
+        }),
+        observed_generation=generation,
+        leader=" ".join(f"{p.shard}={p.leader or '-'}" for p in ordered),
+        firewall=firewall,
+        uncovered_nodes=sorted({n for p in ordered for n in p.uncovered_nodes})[:100],
+        last_deaths=deaths[:LAST_DEATHS],
+        conditions=conditions,
+        shards=ordered,
+    )  # fmt: skip
 
 
 # --- Events on sandbox pods ------------------------------------------------------------------

@@ -100,6 +100,27 @@ class ApiWrites:
         )
         return _versioned(data).metadata.resource_version
 
+    async def apply_status(
+        self, plural: str, namespace: str, name: str, status: dict[str, Any], manager: str
+    ) -> str:
+        """Server-side apply of the fields this `manager` owns (a shard's part of a
+        DeathWatch status: ADR 0025): the other shards' parts are theirs, so no write fights
+        another and none needs the object's resourceVersion. Forced: the fields were another
+        manager's before a reshard (the one writer's PUT)."""
+        body = {
+            "apiVersion": API_VERSION,
+            "kind": KINDS[plural],
+            "metadata": {"name": name, "namespace": namespace},
+            "status": status,
+        }
+        self._guard()
+        data = await self.rest.request(
+            "PATCH", f"{objects(plural, namespace)}/{name}/status",
+            params={"fieldManager": manager, "force": "true"}, body=body,
+            content_type="application/apply-patch+yaml",
+        )  # fmt: skip
+        return _versioned(data).metadata.resource_version
+
     async def patch_labels(
         self, plural: str, namespace: str, name: str, labels: dict[str, str], version: str
     ) -> str:

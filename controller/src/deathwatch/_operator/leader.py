@@ -78,8 +78,12 @@ class Elector:
         on_change: Callable[[bool], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+        claim: Callable[[], tuple[dict[str, str], dict[str, str]]] | None = None,
     ) -> None:
+        """`claim()`: the labels and annotations written on the Lease with each acquisition
+        and renewal (a shard's slots: shards.py)."""
         self.api = api
+        self.claim = claim
         self.identity = identity
         self.name, self.namespace = name, namespace
         self.metrics = metrics
@@ -256,6 +260,8 @@ class Elector:
 
     def _body(self, lease: Mapping[str, Any] | None, spec: dict[str, Any]) -> dict[str, Any]:
         meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        if self.claim is not None:
+            meta["labels"], meta["annotations"] = self.claim()
         if lease is not None:
             meta["resourceVersion"] = lease["metadata"]["resourceVersion"]
         return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta,

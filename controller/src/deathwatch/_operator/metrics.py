@@ -222,6 +222,27 @@ class Metrics:
             registry=r,
         )
 
+        self.shard_owned_slots = Gauge(
+            "deathwatch_shard_owned_slots",
+            "Slots (of 64) this replica writes now: all of them for the leader of the only "
+            "shard, its share for a shard's leader, 0 for a standby",
+            ["shard"],
+            registry=r,
+        )
+        self.shard_filtered = Counter(
+            "deathwatch_shard_filtered",
+            "Objects of another shard's slots dropped here (where: pods, verdicts): none when "
+            "the API server filters the pod watch (KEP-5866); all of them when it does not",
+            ["where"],
+            registry=r,
+        )
+        self.shard_server_filtered = Gauge(
+            "deathwatch_shard_server_filtered",
+            "1 when the API server applied this shard's pod selector (it echoed it back), 0 "
+            "when the filter runs here only",
+            registry=r,
+        )
+
     def sinks_known(self, names: Iterable[str]) -> None:
         """Every sink's series from the start, at 0 (a first refusal must show in increase())."""
         for name in names:

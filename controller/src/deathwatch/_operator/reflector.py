@@ -84,6 +84,7 @@ class Collection(Generic[T]):
     decode: Callable[[msgspec.Raw], T]
     scope: str | None = None  # the namespace the path is in (None: all)
     label_selector: str | None = None
+    shard_selector: str | None = None  # KEP-5866 (sharding.selector): this shard's pods only
     # another project's CRD, which may be installed after we start: a 404 from its list is
     # not an error but "not installed (yet)", checked again every ABSENT_RETRY seconds
     optional: bool = False
@@ -103,14 +104,15 @@ class Reflector(Generic[T]):
     started: float = field(default_factory=time.monotonic)
     last_activity: float | None = None  # monotonic: anything delivered, bookmarks included
     streaming: bool = False  # a watch is open now (not between a failure and its retry)
+    server_filtered: bool | None = None  # sharded: the server applied the shard selector
     _listed: asyncio.Event = field(default_factory=asyncio.Event)
     _settled: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
         c = self.collection
         self.protocol = ListWatch(
-            label_selector=c.label_selector, server_timeout=self.server_timeout,
-            optional=c.optional, absent_retry=ABSENT_RETRY,
+            label_selector=c.label_selector, shard_selector=c.shard_selector,
+            server_timeout=self.server_timeout, optional=c.optional, absent_retry=ABSENT_RETRY,
         )  # fmt: skip
 
     @property
@@ -139,6 +141,8 @@ class Reflector(Generic[T]):
                 count = 0
                 sink.listing(c.scope)
             elif isinstance(out, Listed):
+                if c.shard_selector:
+                    self._echoed(self.protocol.echo == c.shard_selector)
                 sink.listed(c.scope)
                 self._listed.set()
                 self._settled.set()
@@ -146,6 +150,16 @@ class Reflector(Generic[T]):
                          resource_version=out.version)  # fmt: skip
             else:
                 self._noted(out)
+
+    def _echoed(self, applied: bool) -> None:
+        """Sharded: whether the API server said it applied our selector (KEP-5866); either
+        way the filter runs here too (the controller's `mine`)."""
+        self.metrics.shard_server_filtered.set(1 if applied else 0)
+        if applied != self.server_filtered:
+            self.server_filtered = applied
+            log.info("shard selector " + ("applied by the API server" if applied else
+                     "not applied by the API server: filtered here"),
+                     resource=self.collection.resource, echo=self.protocol.echo)  # fmt: skip
 
     def _noted(self, note: Noted) -> None:
         c = self.collection

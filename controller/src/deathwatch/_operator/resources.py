@@ -32,6 +32,9 @@ POD_UID_LABEL: Final = "deathwatch.dev/pod-uid"  # on each SandboxVerdict: its p
 # on the SandboxVerdict of an agent-sandbox Sandbox's pod: the Sandbox's name, which a warm
 # pool's adoption by a claim keeps (`kubectl get sv -l deathwatch.dev/sandbox=NAME`)
 SANDBOX_LABEL: Final = "deathwatch.dev/sandbox"
+# sharded: on each SandboxVerdict, its pod's slot (sharding.py), so that a shard watches its
+# own verdicts only (`-l deathwatch.dev/slot in (...)`)
+SLOT_LABEL: Final = "deathwatch.dev/slot"
 # on a terminal SandboxVerdict: whose doing its end was (Workload, Infrastructure, Platform,
 # Unknown): `kubectl get sv -l deathwatch.dev/origin=Infrastructure`
 ORIGIN_LABEL: Final = "deathwatch.dev/origin"
@@ -160,6 +163,30 @@ class OriginCounts(_Object, frozen=True):
     unknown: int
 
 
+class ShardPart(_Object, frozen=True):
+    """One shard's share of a DeathWatch (sharding: each shard's leader applies its own
+    entry; shard 0 writes the totals from all of them: ADR 0025)."""
+
+    shard: int
+    slots: str  # the slots it owns, "0-15"
+    tracked: int
+    pending: int
+    alive: int
+    suspect: int
+    dead: int
+    gone: int
+    flaps: int
+    false_positives: int
+    deaths: OriginCounts
+    leader: str | None = None
+    uncovered_nodes: Annotated[list[str], msgspec.Meta(max_length=100)] = msgspec.field(
+        default_factory=list
+    )
+    last_deaths: Annotated[list[LastDeath], msgspec.Meta(max_length=20)] = msgspec.field(
+        default_factory=list
+    )
+
+
 class DeathWatchStatus(_Object, frozen=True):
     # the counts have no default: they are always written, so `kubectl get dw` shows 0
     tracked: int
@@ -184,6 +211,9 @@ class DeathWatchStatus(_Object, frozen=True):
         default_factory=list
     )
     conditions: list[Condition] = msgspec.field(default_factory=list)
+    # sharded (N > 1): each shard's part, written by that shard's leader; the fields above are
+    # shard 0's sums of them, and `leader` says who leads each shard ("0=pod-a 1=pod-b")
+    shards: Annotated[list[ShardPart], msgspec.Meta(max_length=64)] | None = None
 
 
 # --- SandboxVerdict ------------------------------------------------------------------------

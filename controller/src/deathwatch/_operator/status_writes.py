@@ -24,7 +24,7 @@ import msgspec
 
 TERM: Final = "term"  # the status field the writer stamps: which term wrote it (ADR 0011)
 # the labels the writer maintains on an object it created (documents.verdict_labels)
-WRITTEN_LABELS: Final = ("deathwatch.dev/origin",)
+WRITTEN_LABELS: Final = ("deathwatch.dev/origin", "deathwatch.dev/slot")
 # When each replica noticed something: masked by value, kept by presence.
 VOLATILE: Final = frozenset({"declaredAt", "podDeletedAt", "lastTransitionTime", "observedAt"})
 _encode = msgspec.json.Encoder(order="sorted").encode

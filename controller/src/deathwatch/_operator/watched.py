@@ -77,13 +77,17 @@ def _decode_verdict(raw: msgspec.Raw) -> Verdict:
                    v.status)  # fmt: skip
 
 
-def pods(namespace: str | None, label_selector: str | None = None) -> Collection[PodView]:
+def pods(namespace: str | None, label_selector: str | None = None,
+         shard_selector: str | None = None) -> Collection[PodView]:  # fmt: skip
     path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
-    return Collection("pods", path, _decode_pod, namespace, label_selector)
+    return Collection("pods", path, _decode_pod, namespace, label_selector, shard_selector)
 
 
-def verdicts(namespace: str | None) -> Collection[Verdict]:
-    return Collection(SV_PLURAL, objects(SV_PLURAL, namespace), _decode_verdict, namespace)
+def verdicts(namespace: str | None, label_selector: str | None = None) -> Collection[Verdict]:
+    """`label_selector`: a shard's verdicts (`deathwatch.dev/slot in (...)`), and those from
+    before sharding, which carry no slot yet (`!deathwatch.dev/slot`), as a second collection."""
+    return Collection(SV_PLURAL, objects(SV_PLURAL, namespace), _decode_verdict, namespace,
+                      label_selector)  # fmt: skip
 
 
 def _decode_sandbox(raw: msgspec.Raw) -> SandboxObject:

@@ -91,6 +91,10 @@ class WriteApi(Protocol):
         self, plural: str, namespace: str, name: str, labels: dict[str, str], version: str
     ) -> str: ...
 
+    async def apply_status(
+        self, plural: str, namespace: str, name: str, status: dict[str, Any], manager: str
+    ) -> str: ...
+
     async def delete(self, plural: str, namespace: str, name: str, version: str) -> None: ...
 
     async def read_status(
@@ -130,6 +134,10 @@ class Desired:
     priority: int = NORMAL
     received: float | None = None  # monotonic time the triggering pod event arrived
     ready_drop_at: datetime | None = None  # for the verdict latency metric (Dead only)
+    slot: int | None = None  # its sandbox's slot (sharding.py); None: not a sandbox's, or unsharded
+    # sharded, a DeathWatch status part: server-side applied as this field manager, the
+    # other shards' parts left as they are (no resourceVersion, no term stamp: ADR 0025)
+    apply_as: str | None = None
     attempt: int = 0
     gist: int = field(init=False)
     label_gist: int | None = field(init=False)
@@ -181,6 +189,7 @@ class Debt:
     delete: str | None
     priority: int
     events: list[PodEvent]
+    slot: int | None = None
 
     def settled_by(self, held: Held | None) -> bool:
         """The API holds what this debt was for (the leader wrote it)."""
@@ -208,7 +217,10 @@ class Writer:
         may_write: Callable[[], bool] = lambda: True,
         leading: bool = True,
         term: int = 0,
+        owns: Callable[[int | None], bool] = lambda slot: True,
     ) -> None:
+        """`owns(slot)`: whether this shard writes that slot's objects now (sharding: a slot
+        not owned is owed, as a standby owes; one shard owns every slot)."""
         self.api = api
         self.metrics = metrics
         self.clock = clock
@@ -226,6 +238,7 @@ class Writer:
         self._idle.set()
         self.instance = os.environ.get("HOSTNAME", "deathwatch")
         self.may_write = may_write
+        self.owns = owns
         self.leading = leading
         self.term = term  # stamped on every status this writer sends (leader.py)
         self._leading = asyncio.Event()
@@ -258,17 +271,22 @@ class Writer:
             return
         if self._refused.get(key) == d.gist and not d.events and d.delete is None:
             return  # the API refused exactly this already: counted and logged once
-        if not self.leading:
-            debt = self._owed.get(key)
-            events = d.events if debt is None else debt.events + [
-                e for e in d.events if e not in debt.events
-            ]  # fmt: skip
-            priority = d.priority if debt is None else min(debt.priority, d.priority)
-            self._owed[key] = Debt(d.gist, d.label_gist, d.delete, priority, events)
+        if not self.leading or not self.owns(d.slot):
+            self._owe(d)
             return
         previous = self._pending.get(key)
         self._pending[key] = previous.merged_into(d) if previous else d
         self._enqueue(key, self._pending[key].priority)
+
+    def _owe(self, d: Desired) -> None:
+        """A standby's desire (or one for a slot this shard does not own): a debt."""
+        key = d.key
+        debt = self._owed.get(key)
+        events = d.events if debt is None else debt.events + [
+            e for e in d.events if e not in debt.events
+        ]  # fmt: skip
+        priority = d.priority if debt is None else min(debt.priority, d.priority)
+        self._owed[key] = Debt(d.gist, d.label_gist, d.delete, priority, events, d.slot)
 
     def _nothing_to_do(self, d: Desired) -> bool:
         """The API already holds what `d` asks, and it has no Event to post."""
@@ -295,16 +313,40 @@ class Writer:
             self.term = term
         self.leading = True
         self._leading.set()
+        return self._take_over(self.owns)
+
+    def gained(self, slots: frozenset[int]) -> list[ObjectKey]:
+        """This shard writes these slots from now on (sharding): the objects it owes there,
+        as `lead` returns them."""
+        if not self.leading:
+            return []
+        return self._take_over(lambda slot: slot in slots)
+
+    def gave_up(self, slots: frozenset[int]) -> None:
+        """Nothing more is sent for these slots (the caller has stopped owning them): their
+        pending desires become debts, kept for whoever takes the slot over; a write already
+        in flight ends on its own (its preconditions and term fence it: ADR 0011)."""
+        for key, d in list(self._pending.items()):
+            if d.slot is not None and d.slot in slots:
+                del self._pending[key]
+                self._owe(d)
+        self._update_idle()
+
+    def _take_over(self, which: Callable[[int | None], bool]) -> list[ObjectKey]:
         owed: list[ObjectKey] = []
         for key, debt in list(self._owed.items()):
+            if not which(debt.slot):
+                continue
             settled = debt.settled_by(self.held.get(key))
             if settled and not debt.events:
                 continue
             owed.append(key)
             if debt.events:  # they go out with the desire the controller builds again
-                self._pending[key] = Desired(*key, events=debt.events, priority=debt.priority)
+                self._pending[key] = Desired(*key, events=debt.events, priority=debt.priority,
+                                             slot=debt.slot)  # fmt: skip
                 self._enqueue(key, debt.priority)
-        self._owed.clear()
+        for key in [k for k, debt in self._owed.items() if which(debt.slot)]:
+            del self._owed[key]  # owed again as a desire, or settled: nothing owed any more
         owed.sort(key=lambda k: self._pending[k].priority if k in self._pending else NORMAL)
         self._update_idle()
         return owed
@@ -389,6 +431,10 @@ class Writer:
                 if self.leading:
                     self.standby()  # the elector's own timer says the same at this deadline
                 continue
+            if not self.owns(d.slot):  # given up between want and now: owed, not sent
+                self._owe(d)
+                self._update_idle()
+                continue
             if self._nothing_to_do(d):
                 self._update_idle()  # written meanwhile
                 continue
@@ -448,10 +494,12 @@ class Writer:
 
     # --- the writes -----------------------------------------------------------------------
 
-    def _check(self) -> None:
+    def _check(self, slot: int | None = None) -> None:
         """Right before anything is sent (the API client checks again in its own call)."""
         if not self.leading or not self.may_write():
             raise Fenced("not sent: no longer provably the leader")
+        if not self.owns(slot):
+            raise Fenced(f"not sent: slot {slot} is no longer this shard's")
 
     async def _call(self, operation: str, fn: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -485,7 +533,7 @@ class Writer:
         failure: BaseException | None = None
         for event in list(d.events):
             try:
-                self._check()
+                self._check(d.slot)
                 await self._call(
                     "create_event", self.api.create_event, event.namespace,
                     event.document(self.clock(), self.instance),
@@ -515,6 +563,12 @@ class Writer:
         the version it was computed against; the status first, because it is the verdict."""
         assert d.status is not None  # noqa: S101 - called only for a status
         key, noun = d.key, NOUNS[d.plural]
+        if d.apply_as is not None:
+            self._check(d.slot)
+            version = await self._call(f"apply_{noun}_status", self.api.apply_status, d.plural,
+                                       d.namespace, d.name, d.status, d.apply_as)  # fmt: skip
+            self.held[key] = Held(d.gist, version)
+            return
         for attempt in range(4):  # created, conflicted or vanished meanwhile: try again, bounded
             held = self.held.get(key)
             if held is None and attempt == 0 and d.create is None:
@@ -523,7 +577,7 @@ class Writer:
             if held is None:
                 if d.create is None:
                     return  # a DeathWatch that is gone: nothing to report on
-                self._check()
+                self._check(d.slot)
                 try:
                     version = await self._call(
                         f"create_{noun}", self.api.create, d.plural, d.namespace, d.create
@@ -536,7 +590,7 @@ class Writer:
                 created = label_gist(d.create.get("metadata", {}).get("labels"))
                 held = self.held[key] = Held(EMPTY, version, created)
             if held.gist != d.gist:
-                self._check()
+                self._check(d.slot)
                 try:
                     version = await self._call(
                         f"replace_{noun}_status", self.api.replace_status, d.plural,
@@ -550,7 +604,7 @@ class Writer:
                 held = self.held[key] = Held(d.gist, version, held.labels, says_dead(d.status))
                 self._written(d, was_dead)
             if d.labels is not None and held.labels != d.label_gist:
-                self._check()
+                self._check(d.slot)
                 try:
                     version = await self._call(
                         f"label_{noun}", self.api.patch_labels, d.plural, d.namespace, d.name,
@@ -599,7 +653,7 @@ class Writer:
                 held, status = read
                 if status.get("podUID") not in (None, uid):
                     return  # a newer pod's verdict: it stays
-            self._check()
+            self._check(d.slot)
             try:
                 await self._call(
                     "delete_verdict", self.api.delete, d.plural, d.namespace, d.name, held.version

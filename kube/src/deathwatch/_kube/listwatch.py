@@ -105,9 +105,14 @@ _OUTPUTS: Final = (Listing, Item, Listed, Noted)
 # --- the envelopes, decoded once each: only what the protocol reads ------------------------
 
 
+class _ShardInfo(msgspec.Struct):
+    selector: str = ""
+
+
 class _ListMeta(msgspec.Struct, rename="camel"):
     resource_version: str = ""
     continue_: str | None = msgspec.field(name="continue", default=None)
+    shard_info: _ShardInfo | None = None  # KEP-5866: the shard selector the server applied
 
 
 class _Page(msgspec.Struct):
@@ -153,6 +158,13 @@ def page(data: bytes) -> tuple[list[msgspec.Raw], str | None, str]:
     return listed.items, listed.metadata.continue_, listed.metadata.resource_version
 
 
+def shard_echo(data: bytes) -> str | None:
+    """The shard selector a sharded list says it applied (None: it says none: the server
+    did not filter, its gate off or too old to know the parameter)."""
+    info = _page(data).metadata.shard_info
+    return info.selector if info is not None else None
+
+
 class _Absent(Exception):
     pass
 
@@ -168,6 +180,7 @@ class ListWatch:
         *,
         label_selector: str | None = None,
         field_selector: str | None = None,
+        shard_selector: str | None = None,
         page_size: int = PAGE,
         server_timeout: int = 240,
         backoff: tuple[float, ...] = BACKOFF,
@@ -177,7 +190,9 @@ class ListWatch:
         fatal: Callable[[BaseException], bool] = lambda exc: False,
         attempts: int | None = None,
     ) -> None:
-        """`optional`: a 404 of its listing means "not installed". `follow=False`: one
+        """`shard_selector`: KEP-5866's `shardSelector`, sent with every list and watch; what
+        the server echoed at the last listing is `echo` (None: not applied: the caller must
+        filter). `optional`: a 404 of its listing means "not installed". `follow=False`: one
         complete listing, then the run ends. `fatal(exc)`: an error that ends the run (a
         client that must not wait on a 403). `attempts`: failures in a row after which the
         last is raised (None: never)."""
@@ -186,6 +201,9 @@ class ListWatch:
             self.selectors["labelSelector"] = label_selector
         if field_selector:
             self.selectors["fieldSelector"] = field_selector
+        if shard_selector:
+            self.selectors["shardSelector"] = shard_selector
+        self.echo: str | None = None  # the shard selector the last listing says it applied
         self.page_size = page_size
         self.server_timeout = server_timeout
         self.backoff = backoff
@@ -244,6 +262,8 @@ class ListWatch:
                 raise
             assert isinstance(data, bytes)  # noqa: S101 - the driver replies to a Get with bytes
             items, token, version = page(data)
+            if "shardSelector" in self.selectors and not token:
+                self.echo = shard_echo(data)
             for raw in items:
                 yield Item(LISTED, raw, version_of(raw))
                 count += 1

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -81,16 +81,22 @@ class SinkOutbox:
         self.owed.pop(uid, None)
         self.ready.pop(uid, None)
 
-    def take(self, now: float) -> tuple[str, Owed] | None:
-        """The next sandbox to send, oldest first: None while paused or full."""
+    def take(self, now: float, sendable: Callable[[str], bool] | None = None
+             ) -> tuple[str, Owed] | None:  # fmt: skip
+        """The next sandbox to send, oldest first: None while paused or full. `sendable`:
+        sharded, whether this shard writes the sandbox's slot now (the others stay owed)."""
         if now < self.paused_until or len(self.inflight) >= self.sink.concurrency:
             return None
-        while self.ready:
-            uid, _ = self.ready.popitem(last=False)
+        for uid in list(self.ready):
             owed = self.owed.get(uid)
-            if owed is not None:
-                self.inflight[uid] = owed.sequence
-                return uid, owed
+            if owed is None:
+                del self.ready[uid]
+                continue
+            if sendable is not None and not sendable(uid):
+                continue
+            del self.ready[uid]
+            self.inflight[uid] = owed.sequence
+            return uid, owed
         return None
 
     def wait(self, now: float) -> float | None:

@@ -51,10 +51,12 @@ class Sender:
         user_agent: str,
         clock: Callable[[], datetime],
         rand: Callable[[], float] = random.random,
+        sendable: Callable[[str], bool] | None = None,
     ) -> None:
+        """`sendable(uid)`: sharded, whether this shard writes that sandbox's slot now."""
         self.deliveries, self.compose, self.report = deliveries, compose, report
         self.metrics, self.may_send, self.user_agent = metrics, may_send, user_agent
-        self.clock, self.rand = clock, rand
+        self.clock, self.rand, self.sendable = clock, rand, sendable
         self.wake = deliveries.wake  # something became owed, or an attempt ended
         self._leading = asyncio.Event()
         self._attempts: set[asyncio.Task[None]] = set()
@@ -89,12 +91,15 @@ class Sender:
         box = self.deliveries.sinks[name]
         while True:
             await self._leading.wait()
-            taken = box.take(time.monotonic())
+            taken = box.take(time.monotonic(), self.sendable)
             if taken is None:
+                # nothing to take now: until the pause ends, or something changes (a new
+                # debt, an attempt ended, a slot gained); 0 here means what is ready is
+                # another shard's for now
                 wait = box.wait(time.monotonic())
                 self.wake.clear()
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(wait if wait is not None else 5.0):
+                    async with asyncio.timeout(wait or 5.0):
                         await self.wake.wait()
                 continue
             uid, owed = taken
