@@ -195,7 +195,8 @@ from tests.writer_driver import workers  # noqa: E402
 
 def uids_in(slots: frozenset[int], n: int) -> list[str]:
     """n pod uids whose slots are in `slots`."""
-    found, i = [], 0
+    found: list[str] = []
+    i = 0
     while len(found) < n:
         uid = f"uid-{i:05d}"
         if slot_of(uid) in slots:
