@@ -2,7 +2,10 @@
 # Build the pinned Kubernetes components (and etcd) from Go modules into a cache
 # outside the repository, the way envtest-style suites get a real control plane.
 #
-#   hack/build-k8s.sh [component...]     default: etcd kube-apiserver kube-controller-manager kubectl
+#   hack/build-k8s.sh [--version vX.Y.Z] [component...]
+#                                        default: etcd kube-apiserver kube-controller-manager kubectl
+#   --version: another release than K8S_VERSION (the shard lanes' kube-apiserver, with
+#   KEP-5866's ShardedListAndWatch: SHARDS_APISERVER_VERSION), in its own cache directory
 #   components: etcd kube-apiserver kube-controller-manager kubectl kubelet kube-scheduler kube-proxy
 #
 # Idempotent: a binary whose --version already reports the pinned version is kept.
@@ -11,6 +14,10 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
 . "$here/versions.env"
+if [ "${1:-}" = --version ]; then
+  K8S_VERSION=$2
+  shift 2
+fi
 
 cache=${DEATHWATCH_CACHE:-$HOME/.cache/deathwatch}
 bin=$cache/k8s/$K8S_VERSION/bin

@@ -55,8 +55,13 @@ def peer_home(module: str, version: str) -> Path:
     return cache_dir() / "peers" / f"{module.replace('/', '_')}@{version}"
 
 
-def bin_dir() -> Path:
-    return cache_dir() / "k8s" / versions()["K8S_VERSION"] / "bin"
+def bin_dir(version: str | None = None) -> Path:
+    return cache_dir() / "k8s" / (version or versions()["K8S_VERSION"]) / "bin"
+
+
+def shards_apiserver() -> Path:
+    """The shard lanes' kube-apiserver (KEP-5866's gate: SHARDS_APISERVER_VERSION)."""
+    return bin_dir(versions()["SHARDS_APISERVER_VERSION"]) / "kube-apiserver"
 
 
 def free_port() -> int:
@@ -216,6 +221,10 @@ class ControlPlane:
     # every write to deathwatch's objects, Events and Leases, as JSON lines (audit_log)
     audit: bool = False
     audit_policy: str = AUDIT_POLICY  # which writes it keeps (bench/peers.py: every tool's)
+    # another kube-apiserver than the pinned release's (the shard lanes': shards_apiserver()),
+    # and its extra flags (e.g. --feature-gates=ShardedListAndWatch=true)
+    apiserver_binary: Path | None = None
+    apiserver_flags: list[str] = field(default_factory=list)
     etcd_port: int = field(default_factory=free_port)
     etcd_peer_port: int = field(default_factory=free_port)
     apiserver_port: int = field(default_factory=free_port)
@@ -249,6 +258,8 @@ class ControlPlane:
         for b in needed + ["kube-scheduler"] * self.with_scheduler:
             if not (self.binaries / b).exists():
                 raise StartError(f"{self.binaries / b} is missing: run hack/build-k8s.sh {b}")
+        if self.apiserver_binary is not None and not self.apiserver_binary.exists():
+            raise StartError(f"{self.apiserver_binary} is missing: run hack/setup.sh")
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         extra_ips = () if self.bind_address == "127.0.0.1" else (self.bind_address,)
         make_certs(self.certs, extra_ips)
@@ -320,7 +331,8 @@ class ControlPlane:
     def apiserver_args(self) -> list[str]:
         pki = self.certs
         return [
-            str(self.binaries / "kube-apiserver"),
+            str(self.apiserver_binary or self.binaries / "kube-apiserver"),
+            *self.apiserver_flags,
             *self._audit_args(),
             f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
             f"--bind-address={self.bind_address}",

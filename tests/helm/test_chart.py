@@ -437,6 +437,35 @@ def test_delivery_sinks_become_the_controllers_config_secrets_and_egress() -> No
             template(*bad)
 
 
+def test_three_shards_are_three_pairs_each_on_its_own_lease_and_disruption_budget() -> None:
+    rendered = template("controller.shards=3")
+    deployments = {k[2]: o for k, o in rendered.items() if k[0] == "Deployment"
+                   and "controller" in k[2]}  # fmt: skip
+    assert sorted(deployments) == [f"deathwatch-controller-shard-{i}" for i in range(3)]
+    selectors = set()
+    for i in range(3):
+        d = deployments[f"deathwatch-controller-shard-{i}"]["spec"]
+        args = d["template"]["spec"]["containers"][0]["args"]
+        assert {"--shards=3", f"--shard={i}", "--shard-epoch=1",
+                "--lease-name=deathwatch-controller"} <= set(args)  # fmt: skip
+        assert d["replicas"] == 2 and d["template"]["metadata"]["labels"][
+            "deathwatch.dev/shard"
+        ] == str(i)
+        selectors.add(tuple(sorted(d["selector"]["matchLabels"].items())))
+        pdb = rendered[("PodDisruptionBudget", NAMESPACE, f"deathwatch-controller-shard-{i}")]
+        assert pdb["spec"]["selector"] == d["selector"] and pdb["spec"]["minAvailable"] == 1
+    assert len(selectors) == 3  # no Deployment adopts another shard's pods
+    role = rendered[("Role", NAMESPACE, "deathwatch-controller-leader-election")]
+    names = [r.get("resourceNames") for r in role["rules"] if r.get("resourceNames")]
+    assert names == [
+        ["deathwatch-controller", *(f"deathwatch-controller-shard-{i}" for i in range(3))]
+    ]
+    one = template()
+    assert ("Deployment", NAMESPACE, "deathwatch-controller") in one  # one shard: as ever
+    with pytest.raises(SystemExit, match="shards"):
+        template("controller.shards=65")
+
+
 def test_every_value_is_documented_inline_and_in_the_charts_readme() -> None:
     """Each value (or its section) has a `# --` comment in values.yaml; the chart's README
     table is rendered from them and up to date."""
