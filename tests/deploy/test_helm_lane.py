@@ -69,6 +69,7 @@ FOR_KEYS = (
     "controllerDown", "noLeader", "watchStale", "taskCrashLooping", "apiErrors", "policyErrors",
     "writesRefused", "writesRetrying", "deathBurst", "uncoveredNodes", "firewallDown",
     "firewallSyncFailing", "verdictLatency", "portPressure", "deliveryBacklog", "deliveryRefused",
+    "shardNoLeader",
 )  # fmt: skip
 LANE_RULES = [
     *(f"prometheusRule.for.{k}=5s" for k in FOR_KEYS),
@@ -646,6 +647,8 @@ def test_rbac_drift_fires_writes_retrying_api_errors_and_no_leader(lane: Lane) -
         alert = lane.fires("DeathwatchAPIErrors", unbound)
         assert alert["labels"]["code"] == "403"
         lane.fires("DeathwatchNoLeader", unbound)
+        alert = lane.fires("DeathwatchShardNoLeader", unbound)  # all 64 slots: the one shard
+        assert float(alert["value"]) == 64, alert
     finally:
         lane.put("create", binding)
     wait_for(lambda: lane.leaders() == 1, timeout=90, interval=1, what="a leader again")

@@ -219,6 +219,23 @@ groups:
             {{ $for.firewallSyncFailing }}: that node's datapath skips the table. Its
             sandboxes read Shielded=False RuleBypassed.
           runbook_url: {{ $runbook }}#deathwatchfirewallrulebypassed
+  - name: deathwatch.shards
+    rules:
+      # every slot's writer: the leader of its shard (one shard: the leader); a reshard
+      # leaves a slot to nobody for seconds, a shard with no leader for good
+      - alert: DeathwatchShardNoLeader
+        expr: >-
+          64 - sum(max by (shard) (deathwatch_shard_owned_slots{job=~{{ $controllerJob | quote }}})) > 0
+          or absent(deathwatch_shard_owned_slots{job=~{{ $controllerJob | quote }}}) * 64
+        for: {{ $for.shardNoLeader }}
+        labels: {severity: critical}
+        annotations:
+          summary: Some sandboxes have no controller writing their verdicts
+          description: >-
+            {{`{{ $value | printf "%.0f" }}`}} of the 64 slots have no shard leader writing
+            them: the sandboxes there are judged (by a standby, or by nobody) but their
+            verdicts are not written.
+          runbook_url: {{ $runbook }}#deathwatchshardnoleader
   - name: deathwatch.delivery
     rules:
       # the standby keeps what is owed too (levelled by the leader's marks): the smaller of

@@ -1,0 +1,321 @@
+"""Shards on real parts (ADR 0025): kube-apiserver v1.36 built from its modules with KEP-5866's
+ShardedListAndWatch gate (the kubelet's and controller-manager's release stays 1.35, a
+supported skew), shards of two replicas each as processes under the controller's
+ServiceAccount, the audit log of every write. Checked each time: every pod has exactly one
+verdict, written only by the shard its slot belongs to (from the audit log); every death
+judged Dead once (one SandboxDead Event), none taken back; and, through a shard leader's kill
+and reshards 3 -> 4 -> 2 while sandboxes die, no slot ever written by two shards at once."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import ssl
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from deathwatch._operator.sharding import assign, selector, slot_of
+from hack.localcluster import controlplane
+from hack.localcluster.replicas import AuditLog, Replica, Replicas
+from hack.localcluster.sandbox_script import SandboxScript
+from hack.render_manifests import CHART, NAMESPACE, helm, without_helm_labels
+from tests.conftest import _binaries_or_skip
+from tests.controller_env import Env, VerdictRecorder, admin_api, fate_status, prepare
+from tests.kube import fresh_namespace, wait_for
+
+pytestmark = pytest.mark.chaos
+RESULTS: dict[str, Any] = {}
+TIMINGS = (6.0, 4.0, 1.0)  # lease, renew deadline, retry: failovers within seconds
+
+
+@pytest.fixture(scope="module")
+def cp() -> Iterator[controlplane.ControlPlane]:
+    _binaries_or_skip()
+    binary = controlplane.shards_apiserver()
+    if not binary.exists():
+        pytest.skip(f"{binary} not built (hack/setup.sh)")
+    c = controlplane.ControlPlane(
+        Path(tempfile.mkdtemp(prefix="deathwatch-cp-")), audit=True, apiserver_binary=binary,
+        apiserver_flags=["--feature-gates=ShardedListAndWatch=true"],
+    )  # fmt: skip
+    c.start()
+    try:
+        prepare(c)
+        # the controller's RBAC as a 4-shard install grants it (every shard's Lease by name)
+        rbac = helm("template", "deathwatch", str(CHART), "-n", NAMESPACE, "--set",
+                    "controller.shards=4", "--show-only", "templates/rbac/controller.yaml")  # fmt: skip
+        c.kubectl_run("apply", "-f", "-", input=without_helm_labels(rbac))
+        yield c
+    finally:
+        c.destroy()
+        print("\nshard measurements:", json.dumps(RESULTS, indent=1))
+
+
+@dataclass
+class Fleet:
+    """Shards of replicas, by epoch."""
+
+    env: Env
+    replicas: Replicas
+    audit: AuditLog
+    recorder: VerdictRecorder
+    shards_of: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # id: (i, N, epoch)
+    killed: list[str] = field(default_factory=list)
+    uids: dict[str, str] = field(default_factory=dict)  # pod name -> uid
+
+    def start(self, count: int, epoch: int, per_shard: int = 2) -> list[str]:
+        """`per_shard` replicas of each of `count` shards at `epoch` (a pair, as shipped)."""
+        started = []
+        for i in range(count):
+            for r in "abc"[:per_shard]:
+                identity = f"e{epoch}-s{i}-{r}"
+                self.replicas.start(identity, ("--shards", str(count), "--shard", str(i),
+                                               "--shard-epoch", str(epoch)))  # fmt: skip
+                self.shards_of[identity] = (i, count, epoch)
+                started.append(identity)
+        return started
+
+    def leading(self, identity: str) -> bool:
+        replica = self.replicas.members[identity]
+        return replica.alive() and replica.leading()
+
+    def leaders(self, epoch: int) -> dict[int, str]:
+        out = {}
+        for identity, (i, _, e) in self.shards_of.items():
+            if e == epoch and self.leading(identity):
+                out[i] = identity
+        return out
+
+    def owned(self, identity: str) -> str:
+        shard = (self.replicas.members[identity].readyz().get("details") or {}).get("shard") or {}
+        return str(shard.get("owned", ""))
+
+    def wait_owning(self, count: int, epoch: int, timeout: float = 90) -> dict[int, str]:
+        """Every shard of this epoch led, and owning all it is assigned."""
+
+        def done() -> dict[int, str] | None:
+            leaders = self.leaders(epoch)
+            if len(leaders) < count:
+                return None
+            for i, identity in leaders.items():
+                a = sorted(assign(i, count))
+                if self.owned(identity) != f"{a[0]}-{a[-1]}":
+                    return None
+            return leaders
+
+        return wait_for(done, timeout=timeout, interval=0.2,
+                        what=f"the {count} shards of epoch {epoch} owning their slots")  # fmt: skip
+
+    def sandboxes(self, n: int, prefix: str) -> list[SandboxScript]:
+        scripts = self.env.alive_sandboxes(n, prefix, first_exit_code=1, timeout=90)
+        for s in scripts:
+            self.uids[s.name] = self.env.core.read_namespaced_pod(
+                s.name, self.env.ns, _request_timeout=10).metadata.uid  # fmt: skip
+        return scripts
+
+    def kill(self, *scripts: SandboxScript) -> None:
+        for s in scripts:
+            self.env.kubelet.status(self.env.ns, s.name, fate_status(s))
+            self.killed.append(s.name)
+
+    def verify(self, case: str, **extra: Any) -> None:
+        """Exactly one verdict per pod; every death Dead with one Event; every verdict write by
+        a shard its slot belonged to; per slot, once a newer epoch wrote it, no older one did."""
+        for name in self.killed:
+            self.env.wait_state(name, "Dead", timeout=90)
+        items = self.env.custom.list_namespaced_custom_object(
+            "deathwatch.dev", "v1alpha1", self.env.ns, "sandboxverdicts", _request_timeout=30
+        )["items"]
+        names = [i["metadata"]["name"] for i in items]
+        assert sorted(names) == sorted(self.uids), (len(names), len(self.uids))
+        for item in items:
+            uid = self.uids[item["metadata"]["name"]]
+            assert item["metadata"]["labels"].get("deathwatch.dev/slot") == str(slot_of(uid))
+        events = {n: len(self.env.events(n, "SandboxDead")) for n in self.killed}
+        assert events == dict.fromkeys(self.killed, 1), events
+        assert self.recorder.taken_back() == []
+        wrong, older_after_newer = [], []
+        newest: dict[int, tuple[int, datetime]] = {}  # slot -> (epoch, first write of it)
+        writes = sorted((w for w in self.audit.verdict_writes()
+                         if w.resource == "sandboxverdicts" and w.code < 300 and w.name in self.uids),
+                        key=lambda w: w.received)  # fmt: skip
+        writers: dict[str, set[str]] = {}
+        for w in writes:
+            assert w.identity is not None
+            i, count, epoch = self.shards_of[w.identity]
+            slot = slot_of(self.uids[w.name])
+            if slot not in assign(i, count):
+                wrong.append((w.identity, w.name, slot))
+            seen = newest.get(slot)
+            if seen is None or epoch > seen[0]:
+                newest[slot] = (epoch, w.received)
+            elif epoch < seen[0]:
+                older_after_newer.append((w.identity, w.name, slot))
+            writers.setdefault(w.name, set()).add(f"{i}/{count}@{epoch}")
+        RESULTS[case] = {
+            "pods": len(self.uids), "deaths": len(self.killed), "verdict_writes": len(writes),
+            "outside_the_writers_slots": len(wrong), "older_epoch_after_newer": len(older_after_newer),
+            "shards_that_wrote_one_verdict_max": max((len(v) for v in writers.values()), default=0),
+            **extra,
+        }  # fmt: skip
+        assert wrong == [], wrong[:5]
+        assert older_after_newer == [], older_after_newer[:5]
+
+
+@pytest.fixture
+def fleet(cp: controlplane.ControlPlane, tmp_path: Path) -> Iterator[Fleet]:
+    api = admin_api(cp)
+    ns = f"shards-{time.monotonic_ns() % 10**8}"
+    fresh_namespace(api, ns)
+    env = Env(cp, api, ns, tmp_path)
+    env.bind_controller()
+    env.deathwatch()
+    f = Fleet(env, Replicas(cp, api, ns, tmp_path, timings=TIMINGS),
+              AuditLog(cp.audit_log, ns), VerdictRecorder(api, ns).start())  # fmt: skip
+    try:
+        yield f
+    finally:
+        f.recorder.stop()
+        for r in f.replicas.members.values():
+            print(f"--- {r.identity}\n{r.process.tail(15)}")
+        f.replicas.stop_all()
+        for identity in f.shards_of:
+            i, count, _ = f.shards_of[identity]
+            name = f"deathwatch-controller-shard-{i}" if count > 1 else "deathwatch-controller"
+            with contextlib.suppress(client.ApiException):
+                client.CoordinationV1Api(api).delete_namespaced_lease(name, "deathwatch-system",
+                                                                      _request_timeout=10)  # fmt: skip
+        client.CoreV1Api(api).delete_namespace(ns, _request_timeout=30)
+        api.close()
+
+
+def admin_get(cp: controlplane.ControlPlane, path: str) -> bytes:
+    context = ssl.create_default_context(cafile=str(cp.certs / "ca.crt"))
+    context.load_cert_chain(cp.certs / "admin.crt", cp.certs / "admin.key")
+    with urllib.request.urlopen(f"{cp.server}{path}", context=context, timeout=10) as r:  # noqa: S310
+        body: bytes = r.read()
+    return body
+
+
+def apiserver_metric(cp: controlplane.ControlPlane, name: str) -> float:
+    text = admin_get(cp, "/metrics").decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name) and 'resource="pods"' in line)  # fmt: skip
+
+
+def filtered_here(replica: Replica) -> float:
+    return replica.process.metric("deathwatch_shard_filtered_total", where="pods")
+
+
+def test_three_shards_partition_exactly_and_the_api_server_filters_their_watches(
+    fleet: Fleet, cp: controlplane.ControlPlane
+) -> None:
+    filtered_before = apiserver_metric(cp, "apiserver_watch_filtered_events_total")
+    fleet.start(3, 1)
+    leaders = fleet.wait_owning(3, 1)
+    scripts = fleet.sandboxes(30, "p")
+    fleet.kill(*scripts[:9])
+    fleet.verify("three_shards")
+    # the server applied each shard's selector: echoed back, events filtered there, and
+    # nothing of another shard's reached a controller
+    for identity in leaders.values():
+        shard = fleet.replicas.members[identity].readyz()["details"]["shard"]
+        assert shard["server_filtered"] == [True], shard
+        assert filtered_here(fleet.replicas.members[identity]) == 0
+    filtered = apiserver_metric(cp, "apiserver_watch_filtered_events_total") - filtered_before
+    assert filtered > 0
+    # the DeathWatch: shard 0's totals of the three parts, who leads each shard
+    status = fleet.env.dw().get("status") or {}
+    wait_for(lambda: (fleet.env.dw().get("status") or {}).get("tracked") == 30, timeout=30,
+             what="the DeathWatch's totals")  # fmt: skip
+    status = fleet.env.dw()["status"]
+    assert [p["shard"] for p in status["shards"]] == [0, 1, 2]
+    assert sum(p["tracked"] for p in status["shards"]) == 30 and status["dead"] == 9
+    assert status["leader"] == " ".join(f"{i}={leaders[i]}" for i in range(3))
+    RESULTS["three_shards"]["apiserver_filtered_events"] = filtered
+    # the server's hash is ours: a list with each shard's selector holds exactly the pods
+    # our FNV-1a-64 puts in its slots, and says it applied the selector
+    seen: set[str] = set()
+    for i in range(3):
+        wanted = selector(assign(i, 3))
+        query = urllib.parse.urlencode({"shardSelector": wanted})
+        listed = json.loads(admin_get(cp, f"/api/v1/namespaces/{fleet.env.ns}/pods?{query}"))
+        assert listed["metadata"]["shardInfo"]["selector"] == wanted
+        uids = {item["metadata"]["uid"] for item in listed["items"]}
+        assert all(slot_of(u) in assign(i, 3) for u in uids), i
+        seen |= uids
+    assert seen == set(fleet.uids.values())
+
+
+def test_a_killed_shard_leader_is_replaced_by_its_standby_within_the_lease(fleet: Fleet) -> None:
+    fleet.start(3, 1)
+    leaders = fleet.wait_owning(3, 1)
+    scripts = fleet.sandboxes(18, "k")
+    victim = leaders[1]
+    ones = [s for s in scripts if slot_of(fleet.uids[s.name]) in assign(1, 3)]
+    assert ones, "no sandbox in shard 1's slots"
+    fleet.replicas.stop(victim, signal.SIGKILL)
+    killed_at = time.monotonic()
+    fleet.kill(*ones)
+    new = wait_for(lambda: fleet.leaders(1).get(1) not in (None, victim) and fleet.leaders(1)[1],
+                   timeout=30, interval=0.1, what="shard 1's standby leading")  # fmt: skip
+    fleet.wait_owning(3, 1)
+    took = round(time.monotonic() - killed_at, 2)
+    fleet.verify("shard_leader_killed", takeover_seconds=took, new_leader=new)
+    assert took < TIMINGS[0] + 10
+
+
+def test_resharding_3_to_4_to_2_while_sandboxes_die_loses_nothing(fleet: Fleet) -> None:
+    """The older shards give up each slot the newer ones are assigned, fencing first; the
+    newer ones gain it once no live Lease claims it. Sandboxes die throughout."""
+    first = fleet.start(3, 1)
+    fleet.wait_owning(3, 1)
+    alive = fleet.sandboxes(24, "r")
+    fleet.kill(*alive[:4])
+    # the newer epochs' shards one replica each: the machine runs 2 cores
+    second = fleet.start(4, 2, per_shard=1)
+    fleet.kill(*alive[4:8])  # while both epochs run
+    fleet.wait_owning(4, 2, timeout=120)
+    for identity in first:
+        fleet.replicas.stop(identity)
+    fleet.kill(*alive[8:12])
+    fleet.start(2, 3, per_shard=1)
+    fleet.kill(*alive[12:16])
+    fleet.wait_owning(2, 3, timeout=120)
+    for identity in second:
+        fleet.replicas.stop(identity)
+    fleet.kill(*alive[16:20])
+    more = fleet.sandboxes(4, "after")
+    fleet.kill(*more[:2])
+    fleet.verify("reshard_3_4_2")
+
+
+def test_with_the_gate_off_each_shard_filters_what_it_is_sent(
+    fleet: Fleet, cp: controlplane.ControlPlane
+) -> None:
+    """Last (it restarts the API server without the gate): the selector is not echoed, so
+    each shard filters every event itself; the partition is the same."""
+    cp.stop_apiserver()
+    cp.apiserver_flags = []
+    cp.processes.pop("kube-apiserver", None)
+    cp.start_apiserver()
+    fleet.start(3, 1)
+    leaders = fleet.wait_owning(3, 1)
+    scripts = fleet.sandboxes(15, "g")
+    fleet.kill(*scripts[:5])
+    fleet.verify("gate_off")
+    for identity in leaders.values():
+        replica = fleet.replicas.members[identity]
+        assert replica.readyz()["details"]["shard"]["server_filtered"] == [False]
+        assert filtered_here(replica) > 0  # the others' pods arrived, and were dropped here
