@@ -16,7 +16,7 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -85,6 +85,33 @@ class Fleet:
                 self.shards_of[identity] = (i, count, epoch)
                 started.append(identity)
         return started
+
+    def reshard(self, before: int, old: int, after: int, new: int, meanwhile: Callable[[], None]
+                ) -> float:  # fmt: skip
+        """From `before` shards at epoch `old` to `after` at `new`, as `helm upgrade` rolls it:
+        shard by shard, the new replica up, then the old one stopped; `meanwhile()` (deaths)
+        between the steps. Returns the seconds until the new shards own every slot."""
+        started = time.monotonic()
+        for i in range(max(before, after)):
+            if i < after:
+                (identity,) = self.start_one(i, after, new)
+                replica = self.replicas.members[identity]
+                wait_for(replica.readyz, timeout=60, what=f"{identity} up")
+            meanwhile()
+            for old_identity, (j, count, epoch) in list(self.shards_of.items()):
+                if (j, count, epoch) == (i, before, old) and self.replicas.members[
+                    old_identity
+                ].alive():
+                    self.replicas.stop(old_identity)  # SIGTERM: it releases the shard's Lease
+        self.wait_owning(after, new, timeout=120)
+        return round(time.monotonic() - started, 1)
+
+    def start_one(self, i: int, count: int, epoch: int) -> list[str]:
+        identity = f"e{epoch}-s{i}-a"
+        self.replicas.start(identity, ("--shards", str(count), "--shard", str(i),
+                                       "--shard-epoch", str(epoch)))  # fmt: skip
+        self.shards_of[identity] = (i, count, epoch)
+        return [identity]
 
     def leading(self, identity: str) -> bool:
         replica = self.replicas.members[identity]
@@ -236,9 +263,9 @@ def test_three_shards_partition_exactly_and_the_api_server_filters_their_watches
     filtered = apiserver_metric(cp, "apiserver_watch_filtered_events_total") - filtered_before
     assert filtered > 0
     # the DeathWatch: shard 0's totals of the three parts, who leads each shard
-    status = fleet.env.dw().get("status") or {}
-    wait_for(lambda: (fleet.env.dw().get("status") or {}).get("tracked") == 30, timeout=30,
-             what="the DeathWatch's totals")  # fmt: skip
+    # the totals follow the parts within a publish or two (each shard's once a second)
+    wait_for(lambda: ((s := fleet.env.dw().get("status") or {}).get("tracked"), s.get("dead"))
+             == (30, 9), timeout=30, what="the DeathWatch's totals")  # fmt: skip
     status = fleet.env.dw()["status"]
     assert [p["shard"] for p in status["shards"]] == [0, 1, 2]
     assert sum(p["tracked"] for p in status["shards"]) == 30 and status["dead"] == 9
@@ -277,28 +304,23 @@ def test_a_killed_shard_leader_is_replaced_by_its_standby_within_the_lease(fleet
 
 
 def test_resharding_3_to_4_to_2_while_sandboxes_die_loses_nothing(fleet: Fleet) -> None:
-    """The older shards give up each slot the newer ones are assigned, fencing first; the
-    newer ones gain it once no live Lease claims it. Sandboxes die throughout."""
-    first = fleet.start(3, 1)
+    """Each reshard as Helm makes it: every shard's Deployment rolls (its new pod comes up
+    as the standby of the shard's Lease, the old one is stopped and releases it), new shards'
+    Deployments are created, surplus ones deleted. The older shards give up each slot a newer
+    one is assigned, fencing first; a newer one gains it once no live Lease claims it.
+    Sandboxes die throughout."""
+    fleet.start(3, 1, per_shard=1)
     fleet.wait_owning(3, 1)
     alive = fleet.sandboxes(24, "r")
-    fleet.kill(*alive[:4])
-    # the newer epochs' shards one replica each: the machine runs 2 cores
-    second = fleet.start(4, 2, per_shard=1)
-    fleet.kill(*alive[4:8])  # while both epochs run
-    fleet.wait_owning(4, 2, timeout=120)
-    for identity in first:
-        fleet.replicas.stop(identity)
-    fleet.kill(*alive[8:12])
-    fleet.start(2, 3, per_shard=1)
-    fleet.kill(*alive[12:16])
-    fleet.wait_owning(2, 3, timeout=120)
-    for identity in second:
-        fleet.replicas.stop(identity)
-    fleet.kill(*alive[16:20])
+    batches = iter([alive[i : i + 3] for i in range(0, 24, 3)])
+    fleet.kill(*next(batches))
+    took = {"3->4": fleet.reshard(3, 1, 4, 2, lambda: fleet.kill(*next(batches, [])))}
+    took["4->2"] = fleet.reshard(4, 2, 2, 3, lambda: fleet.kill(*next(batches, [])))
+    for rest in batches:
+        fleet.kill(*rest)
     more = fleet.sandboxes(4, "after")
     fleet.kill(*more[:2])
-    fleet.verify("reshard_3_4_2")
+    fleet.verify("reshard_3_4_2", reshard_seconds=took)
 
 
 def test_with_the_gate_off_each_shard_filters_what_it_is_sent(

@@ -460,8 +460,15 @@ def test_three_shards_are_three_pairs_each_on_its_own_lease_and_disruption_budge
     assert names == [
         ["deathwatch-controller", *(f"deathwatch-controller-shard-{i}" for i in range(3))]
     ]
+    cluster_role = rendered[("ClusterRole", "", "deathwatch-controller")]
+    status_verbs = next(r["verbs"] for r in cluster_role["rules"]
+                        if r["resources"] == ["deathwatches/status"])  # fmt: skip
+    assert status_verbs == ["get", "update", "patch"]  # each shard applies its part
     one = template()
     assert ("Deployment", NAMESPACE, "deathwatch-controller") in one  # one shard: as ever
+    one_role = one[("ClusterRole", "", "deathwatch-controller")]
+    assert ["get", "update"] in [r["verbs"] for r in one_role["rules"]
+                                 if r["resources"] == ["deathwatches/status"]]  # fmt: skip
     with pytest.raises(SystemExit, match="shards"):
         template("controller.shards=65")
 
