@@ -98,6 +98,15 @@ def dead_watcher(custom: client.CustomObjectsApi) -> Watcher:
     )  # fmt: skip
 
 
+def namespace_ready(core: client.CoreV1Api) -> bool:
+    """The bench namespace's default ServiceAccount exists: pods can be created."""
+    try:
+        core.read_namespaced_service_account("default", NS, _request_timeout=TIMEOUT)
+    except client.ApiException:
+        return False
+    return True
+
+
 def wait_until(probe: Any, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -211,7 +220,7 @@ def main() -> int:
         configuration.connection_pool_maxsize = 16
         api = client.ApiClient(configuration)
         core = client.CoreV1Api(api)
-        wait_until(lambda: _service_account(core), 60)
+        wait_until(lambda: namespace_ready(core), 60)
         cp.kubectl_run("apply", "-f", "-", input=(
             f"apiVersion: deathwatch.dev/v1alpha1\nkind: DeathWatch\nmetadata: {{name: bench, "
             f"namespace: {NS}}}\nspec: {{podSelector: {{matchLabels: {{app: sandbox}}}}}}\n"))  # fmt: skip
@@ -251,14 +260,6 @@ def main() -> int:
         cp.destroy()
     print(json.dumps(result, indent=2) if args.json else _text(result))
     return 0
-
-
-def _service_account(core: client.CoreV1Api) -> bool:
-    try:
-        core.read_namespaced_service_account("default", NS, _request_timeout=TIMEOUT)
-    except client.ApiException:
-        return False
-    return True
 
 
 def _text(r: dict[str, Any]) -> str:

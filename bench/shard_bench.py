@@ -33,8 +33,8 @@ from typing import Any
 
 from kubernetes import client, config
 
-from bench.controller_bench import NS, TIMEOUT, create_ready, rss_mib, wait_alive
-from bench.delivery_bench import cpu_seconds, wait_until
+from bench.controller_bench import NS, create_ready, rss_mib, wait_alive
+from bench.delivery_bench import cpu_seconds, namespace_ready, wait_until
 from deathwatch._operator.sharding import assign, selector
 from hack.localcluster import controlplane
 from hack.localcluster.controller_process import ControllerProcess, metrics_reader_token
@@ -118,7 +118,7 @@ def main() -> int:
         config.load_kube_config(config_file=str(cp.kubeconfig), client_configuration=configuration)
         api = client.ApiClient(configuration)
         core = client.CoreV1Api(api)
-        wait_until(lambda: _ready(core), 60)
+        wait_until(lambda: namespace_ready(core), 60)
         cp.kubectl_run("apply", "-f", "-", input=(
             f"apiVersion: deathwatch.dev/v1alpha1\nkind: DeathWatch\nmetadata: {{name: bench, "
             f"namespace: {NS}}}\nspec: {{podSelector: {{matchLabels: {{app: sandbox}}}}}}\n"))  # fmt: skip
@@ -143,14 +143,6 @@ def main() -> int:
         cp.destroy()
     print(json.dumps(result, indent=2))
     return 0
-
-
-def _ready(core: client.CoreV1Api) -> bool:
-    try:
-        core.read_namespaced_service_account("default", NS, _request_timeout=TIMEOUT)
-    except client.ApiException:
-        return False
-    return True
 
 
 if __name__ == "__main__":

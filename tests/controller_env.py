@@ -4,11 +4,15 @@ control-plane lanes (tests/apiserver/, tests/chaos/) and the node lane (tests/no
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import json
 import os
 import shutil
 import subprocess
+import tempfile
 import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -38,6 +42,26 @@ def prepare(cp: controlplane.ControlPlane) -> None:
     cp.kubectl_run("create", "namespace", "deathwatch-system")
     for role in ("controller.yaml", "metrics-reader.yaml"):
         cp.kubectl_run("apply", "-f", str(ROOT / "manifests" / "base" / "rbac" / role))
+
+
+@contextlib.contextmanager
+def audited(
+    name: str, results: dict[str, Any], **options: Any
+) -> Iterator[controlplane.ControlPlane]:
+    """A module's own control plane with an audit log of every write, made ready for the
+    controller (`prepare`); the module's measurements printed when it ends."""
+    from tests.conftest import _binaries_or_skip
+
+    _binaries_or_skip()
+    c = controlplane.ControlPlane(Path(tempfile.mkdtemp(prefix="deathwatch-cp-")), audit=True,
+                                  **options)  # fmt: skip
+    c.start()
+    try:
+        prepare(c)
+        yield c
+    finally:
+        c.destroy()
+        print(f"\n{name} measurements:", json.dumps(results, indent=1))
 
 
 def admin_api(cp: controlplane.ControlPlane) -> client.ApiClient:

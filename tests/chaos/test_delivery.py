@@ -14,7 +14,6 @@ import json
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,8 +29,7 @@ from hack.localcluster import controlplane
 from hack.localcluster.receiver import Fault, Receiver, sink_secret
 from hack.localcluster.replicas import Replicas
 from hack.localcluster.sandbox_script import SandboxScript
-from tests.conftest import _binaries_or_skip
-from tests.controller_env import Env, admin_api, fate_status, prepare
+from tests.controller_env import Env, admin_api, audited, fate_status
 from tests.kube import fresh_namespace, wait_for
 
 pytestmark = pytest.mark.chaos
@@ -45,15 +43,8 @@ def whsec(key: bytes) -> str:
 
 @pytest.fixture(scope="module")
 def cp() -> Iterator[controlplane.ControlPlane]:
-    _binaries_or_skip()
-    c = controlplane.ControlPlane(Path(tempfile.mkdtemp(prefix="deathwatch-cp-")), audit=True)
-    c.start()
-    try:
-        prepare(c)
+    with audited("delivery", RESULTS) as c:
         yield c
-    finally:
-        c.destroy()
-        print("\ndelivery measurements:", json.dumps(RESULTS, indent=1))
 
 
 @dataclass

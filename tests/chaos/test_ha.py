@@ -12,9 +12,7 @@ after its successor's first write. Failover and handover times are reported at t
 from __future__ import annotations
 
 import itertools
-import json
 import signal
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -28,8 +26,7 @@ from kubernetes import client, config
 from hack.localcluster import controlplane
 from hack.localcluster.replicas import AuditLog, Replica, Replicas, Write
 from hack.localcluster.sandbox_script import SandboxScript
-from tests.conftest import _binaries_or_skip
-from tests.controller_env import Env, VerdictRecorder, fate_status, prepare
+from tests.controller_env import Env, VerdictRecorder, audited, fate_status
 from tests.kube import fresh_namespace, wait_for
 
 pytestmark = pytest.mark.chaos
@@ -39,16 +36,8 @@ RESULTS: dict[str, Any] = {}
 
 @pytest.fixture(scope="module")
 def cp() -> Iterator[controlplane.ControlPlane]:
-    _binaries_or_skip()
-    workdir = Path(tempfile.mkdtemp(prefix="deathwatch-cp-"))
-    c = controlplane.ControlPlane(workdir, audit=True)
-    c.start()
-    try:
-        prepare(c)
+    with audited("HA", RESULTS) as c:
         yield c
-    finally:
-        c.destroy()
-        print("\nHA measurements:", json.dumps(RESULTS, indent=1))
 
 
 @dataclass

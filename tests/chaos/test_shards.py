@@ -12,7 +12,6 @@ import contextlib
 import json
 import signal
 import ssl
-import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -30,8 +29,7 @@ from hack.localcluster import controlplane
 from hack.localcluster.replicas import AuditLog, Replica, Replicas
 from hack.localcluster.sandbox_script import SandboxScript
 from hack.render_manifests import CHART, NAMESPACE, helm, without_helm_labels
-from tests.conftest import _binaries_or_skip
-from tests.controller_env import Env, VerdictRecorder, admin_api, fate_status, prepare
+from tests.controller_env import Env, VerdictRecorder, admin_api, audited, fate_status
 from tests.kube import fresh_namespace, wait_for
 
 pytestmark = pytest.mark.chaos
@@ -41,25 +39,20 @@ TIMINGS = (6.0, 4.0, 1.0)  # lease, renew deadline, retry: failovers within seco
 
 @pytest.fixture(scope="module")
 def cp() -> Iterator[controlplane.ControlPlane]:
-    _binaries_or_skip()
     binary = controlplane.shards_apiserver()
     if not binary.exists():
         pytest.skip(f"{binary} not built (hack/setup.sh)")
-    c = controlplane.ControlPlane(
-        Path(tempfile.mkdtemp(prefix="deathwatch-cp-")), audit=True, apiserver_binary=binary,
+    with audited(
+        "shard",
+        RESULTS,
+        apiserver_binary=binary,
         apiserver_flags=["--feature-gates=ShardedListAndWatch=true"],
-    )  # fmt: skip
-    c.start()
-    try:
-        prepare(c)
+    ) as c:
         # the controller's RBAC as a 4-shard install grants it (every shard's Lease by name)
         rbac = helm("template", "deathwatch", str(CHART), "-n", NAMESPACE, "--set",
                     "controller.shards=4", "--show-only", "templates/rbac/controller.yaml")  # fmt: skip
         c.kubectl_run("apply", "-f", "-", input=without_helm_labels(rbac))
         yield c
-    finally:
-        c.destroy()
-        print("\nshard measurements:", json.dumps(RESULTS, indent=1))
 
 
 @dataclass
