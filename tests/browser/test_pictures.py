@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from hack.browser import FLAGS
+
 pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parents[2]
 RECORDING = ROOT / "tests" / "data" / "disruptions.json"
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync")  # fmt: skip
 
 
 @pytest.fixture

@@ -710,6 +710,34 @@ def test_every_dashboard_panel_returns_data(lane: Lane) -> None:
     RESULTS["dashboard_panels_with_data"] = len(dashboard["panels"])
 
 
+def test_the_dashboard_with_the_lanes_data_is_photographed_in_a_real_browser(
+    lane: Lane, tmp_path: Path
+) -> None:
+    """The dashboard's panels, their own queries over the lane's real Prometheus so far
+    (deaths, evictions, the webhook's latency, RBAC drift, the partition), drawn and taken in
+    headless Chromium. DEATHWATCH_SCREENSHOTS=docs/images keeps the picture for the README."""
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    from hack import browser, dashboard_preview
+
+    if browser.chromium() is None:
+        pytest.skip("chromium not installed (hack/setup.sh installs Debian's)")
+    dashboard = json.loads(dashboard_preview.DASHBOARD.read_text())
+    end = time.time()
+    panels = dashboard_preview.fetch(lane.prometheus, dashboard, end - 30 * 60, end)
+    drawn = [name for name, series in panels if any(points for _, points in series)]
+    assert len(drawn) == len(dashboard["panels"]), drawn
+    page = tmp_path / "dashboard.html"
+    page.write_text(dashboard_preview.page(panels, "deathwatch: the Helm lane's Prometheus"))
+    picture = tmp_path / "dashboard.png"
+    browser.photograph(page, picture, 1150, 1450)
+    rgb = (mpimg.imread(picture)[..., :3] * 255).astype(np.uint8).reshape(-1, 3)
+    assert float((rgb.min(axis=1) < 200).mean()) > 0.03 and len(np.unique(rgb // 32, axis=0)) > 12
+    if os.environ.get("DEATHWATCH_SCREENSHOTS"):
+        shutil.copy(picture, Path(os.environ["DEATHWATCH_SCREENSHOTS"]) / "dashboard.png")
+
+
 def test_a_sink_refusing_and_then_down_fires_the_delivery_alerts(lane: Lane) -> None:
     """The chart's delivery wiring on the real node: a sink (a real receiver on the CNI
     bridge's address, its key in a Secret the kubelet mounts) gets a death, signed and valid;
