@@ -131,6 +131,20 @@ class Lane:
         return self.c.kubectl("get", "pods", "-n", SYSTEM, "-l", "app.kubernetes.io/component=firewall",
                               "-o", "jsonpath={.items[*].metadata.uid}").stdout  # fmt: skip
 
+    def agent_pid(self) -> int | None:
+        """The running agent container's process, by its container id on this lane's node
+        (an agent left by another lane's node on the same host has the same command line)."""
+        pods = self.core.list_namespaced_pod(
+            SYSTEM, label_selector="app.kubernetes.io/component=firewall", _request_timeout=10
+        ).items
+        ids = {s.container_id.split("://", 1)[1] for p in pods if p.metadata.deletion_timestamp is None
+               for s in p.status.container_statuses or () if s.container_id and s.state.running}  # fmt: skip
+        for line in self.c.node.ctr("tasks", "ls").stdout.splitlines()[1:]:
+            task, pid, status = [*line.split(), "", "", ""][:3]
+            if task in ids and status == "RUNNING":
+                return int(pid)
+        return None
+
     def upgrade(self, *values: str) -> float:
         """`helm upgrade --reuse-values --set ...` until every agent is ready; its seconds."""
         started = time.monotonic()
@@ -384,23 +398,6 @@ class SlowWebhook:
         self.server.shutdown()
 
 
-def agent_pids() -> list[int]:
-    """The firewall agent's process on this host (the node's containers run here)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"agent" in argv and any(
-            a.startswith(b"--config=/etc/deathwatch-firewall") for a in argv
-        ):
-            pids.append(int(proc.name))
-    return pids
-
-
 def prometheus_config(c: cluster.Cluster, tmp: Path, discovery: str) -> Path:
     """A plain Prometheus scraping what the annotations name (see `Discovery`), every 2 s,
     with deathwatch's rules."""
@@ -560,10 +557,18 @@ def test_an_admission_webhook_that_stalls_and_refuses_status_writes_fires_latenc
 ) -> None:
     """A policy engine that takes 4 s per request on verdict status writes: the Dead verdict
     is written 4 s after the drop, past the 2 s p99 goal (the burst before was well under).
-    Then it refuses one verdict's status (422): a write refused for good, counted once."""
-    assert not lane.firing("DeathwatchVerdictLatencyHigh"), (
-        "already firing before the fault: this machine is too loaded to prove the alert"
-    )
+    Then it refuses one verdict's status (422): a write refused for good, counted once.
+    On a loaded node the kubelet's own lag (its Ready-drop time has 1 s precision) can put an
+    earlier death past 2 s, so the alert may already fire: the fault is then proven by its
+    own verdict counted above 2.5 s, as well as by the alert firing."""
+
+    def slow_verdicts() -> float:
+        got = lane.query("sum(deathwatch_verdict_latency_seconds_count)"
+                         ' - sum(deathwatch_verdict_latency_seconds_bucket{le="2.5"})')  # fmt: skip
+        return float(got[0]["value"][1]) if got else 0.0
+
+    already = bool(lane.firing("DeathwatchVerdictLatencyHigh"))
+    before = slow_verdicts()
     webhook = SlowWebhook(lane.tmp, WEBHOOK_DELAY)
     try:
         lane.put("apply", webhook.configuration())
@@ -572,8 +577,11 @@ def test_an_admission_webhook_that_stalls_and_refuses_status_writes_fires_latenc
         assert webhook.held > 0  # the API server waited for it
         killed = time.monotonic()
         (lane.ctl(NS, name) / "exit").write_text("3")
-        alert = lane.fires("DeathwatchVerdictLatencyHigh", killed)
+        alert = lane.fires("DeathwatchVerdictLatencyHigh", killed,
+                           fault="already firing before the fault" if already else "")  # fmt: skip
         assert float(alert["value"]) > 2
+        wait_for(lambda: slow_verdicts() > before, timeout=60,
+                 what="the held verdict counted above 2.5 s")  # fmt: skip
         refused = time.monotonic()
         name = lane.sandbox("unwritable")
         alert = lane.fires("DeathwatchWritesRefused", refused)
@@ -591,7 +599,7 @@ def test_a_hung_firewall_agent_fires_agent_down_and_uncovered_node(lane: Lane) -
     and its coverage Lease goes stale. Its table stays in force all along."""
     name = lane.sandbox("covered")
     wait_for(lambda: lane.state(name) == "Alive", timeout=60, what="covered Alive")
-    (pid,) = wait_for(agent_pids, what="the agent's process")
+    pid = wait_for(lane.agent_pid, what="the agent's process")
     stopped = time.monotonic()
     os.kill(pid, signal.SIGSTOP)
     try:
@@ -606,7 +614,7 @@ def test_a_hung_firewall_agent_fires_agent_down_and_uncovered_node(lane: Lane) -
                  what="uncovered resolved")  # fmt: skip
     except WaitTimeout:
         print("node_sandboxes:", lane.query("deathwatch_node_sandboxes"))
-        print("agent up:", lane.query('up{job=~".*firewall.*"}'), agent_pids())
+        print("agent up:", lane.query('up{job=~".*firewall.*"}'), lane.agent_pid())
         print(lane.c.kubectl("get", "lease", "-A", "-o", "yaml").stdout[-3000:])
         print(lane.c.kubectl("get", "sv", "-A", "-o", "json").stdout[-4000:])
         raise
