@@ -12,12 +12,7 @@ command -v chromium >/dev/null || { echo "screenshots: chromium not found (apt-g
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 python3 -m deathwatch._cli replay tests/data/disruptions.json --format html > "$work/report.html"
-# the flags a closed network needs (no background fetches, no first-run, no sandbox as root)
-timeout 120 chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run \
-  --disable-background-networking --disable-component-update --disable-sync \
-  --user-data-dir="$work/profile" --hide-scrollbars --window-size=1150,2700 \
-  --screenshot="$work/report.png" "file://$work/report.html" 2>/dev/null
-[ -s "$work/report.png" ] || { echo "screenshots: chromium wrote no picture" >&2; exit 1; }
+python3 -m hack.browser "$work/report.html" "$work/report.png" 1150 2700
 mkdir -p "$out"
 mv "$work/report.png" "$out/replay-report.png"
 echo "wrote $out/replay-report.png"

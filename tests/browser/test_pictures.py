@@ -4,14 +4,13 @@ browser (its DOM holds every plot) and photographed (the picture holds them too)
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from hack.browser import FLAGS
+from hack import browser
 
 pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,7 +19,7 @@ RECORDING = ROOT / "tests" / "data" / "disruptions.json"
 
 @pytest.fixture
 def chromium() -> str:
-    found = shutil.which("chromium")
+    found = browser.chromium()
     if found is None:
         pytest.skip("chromium not installed (hack/setup.sh installs Debian's)")
     return found
@@ -33,7 +32,7 @@ def test_the_browser_renders_every_plot_of_the_replay_report(chromium: str, tmp_
                           check=False, cwd=ROOT)  # fmt: skip
     assert done.returncode == 0, done.stderr
     page.write_text(done.stdout)
-    dom = subprocess.run([chromium, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
+    dom = subprocess.run([chromium, *browser.FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
                           "--dump-dom", f"file://{page}"], capture_output=True, text=True,
                          timeout=120, check=False)  # fmt: skip
     assert dom.returncode == 0, dom.stderr[-2000:]
@@ -51,17 +50,13 @@ def test_the_browser_renders_every_plot_of_the_replay_report(chromium: str, tmp_
 def test_the_readme_screenshot_is_taken_by_the_script_in_a_real_browser(
     chromium: str, tmp_path: Path
 ) -> None:
-    import matplotlib.image as mpimg
-    import numpy as np
-
     done = subprocess.run([str(ROOT / "hack" / "screenshots.sh"), str(tmp_path)],
                           capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    picture = mpimg.imread(tmp_path / "replay-report.png")
-    height, width = picture.shape[:2]
+    import matplotlib.image as mpimg
+
+    height, width = mpimg.imread(tmp_path / "replay-report.png").shape[:2]
     assert (width, height) == (1150, 2700)
     # a page of plots, not a blank or an error page: much of it inked, in several colours
-    rgb = (picture[..., :3] * 255).astype(np.uint8).reshape(-1, 3)
-    inked = float((rgb.min(axis=1) < 200).mean())
-    colours = len(np.unique(rgb // 32, axis=0))
+    inked, colours = browser.ink(tmp_path / "replay-report.png")
     assert inked > 0.03 and colours > 12, (inked, colours)
