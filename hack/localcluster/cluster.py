@@ -27,7 +27,14 @@ from pathlib import Path
 
 from hack.localcluster import productimages
 from hack.localcluster.controlplane import ControlPlane
-from hack.localcluster.node import BRIDGE, NODE_NAME, POD_SUBNET, Node, node_available
+from hack.localcluster.node import (
+    BRIDGE,
+    MACHINE_LOCK,
+    NODE_NAME,
+    POD_SUBNET,
+    Node,
+    node_available,
+)
 
 BRIDGE_IP = POD_SUBNET.rsplit(".", 1)[0] + ".1"  # the CNI bridge's gateway: 10.88.0.1
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -74,12 +81,14 @@ def running(workdir: Path | None = None) -> Iterator[Cluster]:
         raise RuntimeError(f"cannot run a cluster here: {reason}")
     images = productimages.build_all()  # cached: nothing to do unless the sources changed
     workdir = workdir or Path(tempfile.mkdtemp(prefix="deathwatch-cluster-"))
-    _bridge()
+    # the bridge is the node's, so it is made under the node's machine lock (node.py)
+    MACHINE_LOCK.acquire()
     cp = ControlPlane(
         workdir / "cp", bind_address=BRIDGE_IP, with_scheduler=True, with_node_controllers=True
     )
     node: Node | None = None
     try:
+        _bridge()
         cp.start()
         node = Node(cp, workdir=workdir / "node", kube_proxy=True, node_ip=BRIDGE_IP).up()
         # the node's pod range on its Node object, as kube-controller-manager's
@@ -97,6 +106,7 @@ def running(workdir: Path | None = None) -> Iterator[Cluster]:
             subprocess.run(["ip", "link", "del", BRIDGE], check=False, capture_output=True)
         cp.destroy()
         shutil.rmtree(workdir, ignore_errors=True)
+        MACHINE_LOCK.release()
 
 
 def wait_rollouts(c: Cluster, timeout: float = 180) -> float:

@@ -18,6 +18,7 @@ What this machine kind needs (checked here, see docs/adr/0006):
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -45,6 +46,12 @@ NODE_NAME = "dw-node"
 BRIDGE = "dwcni0"
 POD_SUBNET = "10.88.0.0/24"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+# one node on this machine at a time: two would share the bridge, its addresses and the
+# cni- namespaces, and each one's teardown would remove the other's (a CI clone started
+# while another was still running failed that way). The kernel drops the lock with its
+# process, so a killed run never leaves it held.
+LOCK = Path("/run/deathwatch-node.lock")
+LOCK_WAIT_SECONDS = 1800.0
 
 
 def _run(*args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -74,6 +81,94 @@ def node_available() -> str | None:
     return None
 
 
+class _MachineLock:
+    """The machine-wide node lock, reentrant within a process (a cluster holds it around its
+    bridge and its node). Taking it first sweeps what a killed run left behind."""
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+        self.depth = 0
+
+    def acquire(self, timeout: float = LOCK_WAIT_SECONDS) -> None:
+        if self.depth:
+            self.depth += 1
+            return
+        fd = os.open(LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + timeout
+        told = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                if time.monotonic() > deadline:
+                    os.close(fd)
+                    raise RuntimeError(
+                        f"another local node (pid {holder}) held {LOCK} for {timeout:.0f}s"
+                    ) from None
+                if not told:
+                    print(f"waiting for the local node of pid {holder} ({LOCK})", flush=True)
+                    told = True
+                time.sleep(1)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self.fd, self.depth = fd, 1
+        try:
+            _sweep_stale()
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        if not self.depth:
+            return
+        self.depth -= 1
+        if self.depth == 0 and self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            os.close(self.fd)  # closing the only descriptor drops the flock
+            self.fd = None
+
+
+MACHINE_LOCK = _MachineLock()
+
+
+def _cni_netns() -> list[str]:
+    return [
+        n.split()[0]
+        for n in _run("ip", "netns", "list", check=False).stdout.splitlines()
+        if n.startswith("cni-")
+    ]
+
+
+def _del_netns(name: str) -> None:
+    # `ip netns del` is an umount and an unlink; a namespace file still mounted twice (or
+    # under a remounted /run/netns) needs the lazy umount first, or the unlink is EBUSY
+    _run("umount", "-l", f"/run/netns/{name}", check=False)
+    _run("ip", "netns", "del", name, check=False)
+    with contextlib.suppress(OSError):
+        Path("/run/netns", name).unlink()
+
+
+def _sweep_stale() -> None:
+    """With the lock held, nothing else on this machine owns a node: a bridge or cni-
+    namespaces that exist are a killed run's, and would make this one fail (the bridge
+    cannot be added twice) or be counted as its own leftovers. A node started by
+    `hack/node.sh up` is alive without holding the lock: refuse instead of sweeping it."""
+    if STATE.exists():
+        pid = json.loads(STATE.read_text()).get("pids", {}).get("kubelet")
+        if isinstance(pid, int) and Path(f"/proc/{pid}").exists():
+            raise RuntimeError("a node from `hack/node.sh up` is running: hack/node.sh down first")
+    stale = _cni_netns()
+    bridge = _run("ip", "link", "show", BRIDGE, check=False).returncode == 0
+    if stale or bridge:
+        print(f"removing a killed run's node leftovers: bridge={bridge}, netns={stale}", flush=True)
+    for name in stale:
+        _del_netns(name)
+    if bridge:
+        _run("ip", "link", "del", BRIDGE, check=False)
+
+
 def _host_ip() -> str:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
@@ -100,6 +195,7 @@ class Node:
     # iptables-nft tables with its canary and KUBE-FIREWALL chains; containerd /run/containerd)
     tables_before: set[str] | None = None
     run_containerd_existed: bool = True
+    locked: bool = False  # holds MACHINE_LOCK from up() to down()
 
     @property
     def sock(self) -> Path:
@@ -117,6 +213,8 @@ class Node:
         reason = node_available()
         if reason:
             raise RuntimeError(f"cannot run a node here: {reason}")
+        MACHINE_LOCK.acquire()
+        self.locked = True
         self.tables_before = _tables()
         self.run_containerd_existed = Path("/run/containerd").exists()
         try:
@@ -403,10 +501,8 @@ resolvConf: ""
         self._kill_strays()
         self._unmount()
         self._remove_cgroups()
-        for ns in _run("ip", "netns", "list", check=False).stdout.split("\n"):
-            name = ns.split(" ")[0]
-            if name.startswith("cni-"):
-                _run("ip", "netns", "del", name, check=False)
+        for name in _cni_netns():
+            _del_netns(name)
         _run("ip", "link", "del", BRIDGE, check=False)
         _run("nft", "delete", "table", "inet", "deathwatch", check=False)
         if self.tables_before is not None:
@@ -419,6 +515,9 @@ resolvConf: ""
         )
         shutil.rmtree(self.workdir, ignore_errors=True)
         self.processes.clear()
+        if self.locked:
+            self.locked = False
+            MACHINE_LOCK.release()
 
     def _kill_strays(self) -> None:
         """containerd shims outlive containerd: end the ones serving our socket."""
@@ -469,11 +568,7 @@ resolvConf: ""
                 out.append(f"cgroup {hierarchy / 'kubepods'}")
         if _run("ip", "link", "show", BRIDGE, check=False).returncode == 0:
             out.append(f"bridge {BRIDGE}")
-        out += [
-            f"netns {n.split()[0]}"
-            for n in _run("ip", "netns", "list", check=False).stdout.splitlines()
-            if n.startswith("cni-")
-        ]
+        out += [f"netns {n}" for n in _cni_netns()]
         if self.workdir.exists():
             out.append(f"directory {self.workdir}")
         if self.tables_before is not None:

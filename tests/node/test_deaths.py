@@ -20,7 +20,15 @@ from kubernetes import watch
 
 from hack.localcluster import agentpods, controlplane
 from hack.localcluster.netns_tool import connect_once
-from hack.localcluster.node import NODE_NAME, POD_SUBNET, Node, node_available
+from hack.localcluster.node import (
+    BRIDGE,
+    LOCK,
+    MACHINE_LOCK,
+    NODE_NAME,
+    POD_SUBNET,
+    Node,
+    node_available,
+)
 from tests.controller_env import Env, Recording
 from tests.kube import wait_for
 
@@ -127,6 +135,50 @@ class Stamps(threading.Thread):
                         self.dead.setdefault(sv["metadata"]["name"], time.monotonic())
             except Exception:
                 time.sleep(0.1)
+
+
+def test_a_second_node_on_this_machine_waits_for_the_first_then_says_whose() -> None:
+    """Runs before the module's node exists. Two nodes on one machine share the bridge and
+    remove each other's namespaces: a node started while another process holds the machine
+    lock waits, and past its deadline fails naming the holder."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "from hack.localcluster.node import MACHINE_LOCK as L\n"
+         "L.acquire(); print('held', flush=True); input()"],
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(RuntimeError, match=rf"pid {holder.pid}\) held {LOCK}"):
+            MACHINE_LOCK.acquire(timeout=2)
+        assert MACHINE_LOCK.depth == 0
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+    MACHINE_LOCK.acquire(timeout=10)  # the kernel dropped the killed holder's lock
+    MACHINE_LOCK.release()
+    assert MACHINE_LOCK.depth == 0 and MACHINE_LOCK.fd is None
+
+
+def test_a_killed_runs_bridge_and_namespaces_are_swept_under_the_lock() -> None:
+    """A run killed mid-lane leaves the bridge (the next cluster could not add it) and cni-
+    namespaces (the next node would count them as its own leftovers)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    stale = "cni-deathwatch-killed-run"
+    subprocess.run(["ip", "link", "add", BRIDGE, "type", "bridge"], check=True, timeout=30)
+    subprocess.run(["ip", "netns", "add", stale], check=True, timeout=30)
+    MACHINE_LOCK.acquire(timeout=10)
+    MACHINE_LOCK.release()
+    left = subprocess.run(
+        ["ip", "netns", "list"], check=False, capture_output=True, text=True, timeout=30
+    )
+    assert stale not in left.stdout
+    link = subprocess.run(
+        ["ip", "link", "show", BRIDGE], check=False, capture_output=True, timeout=30
+    )
+    assert link.returncode != 0, f"{BRIDGE} still there"
 
 
 def test_up_down_up_leaves_nothing(control_plane: controlplane.ControlPlane) -> None:
