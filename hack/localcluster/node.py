@@ -142,12 +142,19 @@ def _cni_netns() -> list[str]:
 
 
 def _del_netns(name: str) -> None:
-    # `ip netns del` is an umount and an unlink; a namespace file still mounted twice (or
-    # under a remounted /run/netns) needs the lazy umount first, or the unlink is EBUSY
-    _run("umount", "-l", f"/run/netns/{name}", check=False)
+    """`ip netns del`, and what it cannot do: a /run/netns bound again over itself (a
+    machine restart did; `ip netns add` binds it once) hides the namespace's mount beneath,
+    and the unlink is EBUSY (the last CI's leftovers). Unbinding the top copies shows it."""
+    path = Path("/run/netns", name)
     _run("ip", "netns", "del", name, check=False)
-    with contextlib.suppress(OSError):
-        Path("/run/netns", name).unlink()
+    for _ in range(4):
+        if not path.exists():
+            return
+        _run("umount", "-l", str(path), check=False)
+        with contextlib.suppress(OSError):
+            path.unlink()
+            return
+        _run("umount", "-l", "/run/netns", check=False)
 
 
 def _sweep_stale() -> None:
