@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from deathwatch._engine import memory
@@ -547,6 +547,49 @@ def _outcome(fleet: Pods) -> dict[str, Any]:
     st.integers(0, 10),
     st.sampled_from([AUTO, "container-state"]),
 )
+@example(
+    observations=[
+        {
+            "dt": 0.0,
+            "ready": None,
+            "phase": "Pending",
+            "evicted": False,
+            "container": waiting(),
+            "delete": 1,
+            "tick": False,
+        },
+        {
+            "dt": 0.0,
+            "ready": None,
+            "phase": "Pending",
+            "evicted": False,
+            "container": waiting(),
+            "delete": 1,
+            "tick": False,
+        },
+        {
+            "dt": 0.0,
+            "ready": True,
+            "phase": "Pending",
+            "evicted": True,
+            "container": waiting(),
+            "delete": 1,
+            "tick": False,
+        },
+        {
+            "dt": 0.0,
+            "ready": True,
+            "phase": "Pending",
+            "evicted": False,
+            "container": waiting(),
+            "delete": 1,
+            "tick": False,
+        },
+    ],
+    probe=None,
+    split=3,
+    policy="auto",
+).via("a death while Ready, the pod still Ready after a restart: no false positive")
 def test_a_restart_at_any_point_changes_no_verdict(
     observations: list[dict[str, Any]], probe: dict[str, Any] | None, split: int, policy: str
 ) -> None:

@@ -277,6 +277,10 @@ class SandboxVerdictStatus(_Object, frozen=True):
     flaps: int
     false_positive: bool
     probe_blocked_by_firewall: bool
+    # the pod's Ready as last judged: a restart resumes from it, since after a death only a
+    # Ready from not Ready is a false positive (a pod can die Ready: a disruption, an
+    # eviction), and the state alone does not say which (absent on older verdicts)
+    pod_ready: bool | None = None
     cause: Cause | None = None
     origin: Origin | None = None  # on Dead and Gone: whose doing the end was
     disruption: DisruptionStatus | None = None  # the cluster is taking it, or took it
