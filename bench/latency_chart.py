@@ -67,13 +67,14 @@ def validate(results: Any) -> dict[str, Any]:
 
 def load(path: Path) -> dict[str, Any]:
     try:
-        return validate(json.loads(path.read_text()))
+        text = path.read_text()
     except OSError as exc:
         raise ResultsError(exc.strerror or str(exc)) from None
+    try:
+        data = json.loads(text)
     except ValueError as exc:
-        if isinstance(exc, ResultsError):
-            raise
         raise ResultsError(f"not JSON: {exc}") from None
+    return validate(data)
 
 
 def _label(name: str, versions: dict[str, Any]) -> str:

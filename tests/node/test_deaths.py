@@ -185,7 +185,7 @@ def test_a_killed_runs_bridge_and_namespaces_are_swept_under_the_lock() -> None:
 
 
 def test_up_down_up_leaves_nothing(control_plane: controlplane.ControlPlane) -> None:
-    """Runs first, before the module's node exists: a full cycle twice, nothing left over."""
+    """Runs before the module's node exists: a full cycle twice, nothing left over."""
     reason = node_available()
     if reason:
         pytest.skip(reason)

@@ -540,6 +540,12 @@ def _outcome(fleet: Pods) -> dict[str, Any]:
     }
 
 
+def _seen(ready: bool | None, *, evicted: bool = False) -> dict[str, Any]:
+    """One observation of tests.lifecycles' strategy, at the same second as the last."""
+    return {"dt": 0.0, "ready": ready, "phase": "Pending", "evicted": evicted,
+            "container": waiting(), "delete": 1, "tick": False}  # fmt: skip
+
+
 @examples(300, slow=True)
 @given(
     st.lists(observation, min_size=1, max_size=10),
@@ -548,44 +554,7 @@ def _outcome(fleet: Pods) -> dict[str, Any]:
     st.sampled_from([AUTO, "container-state"]),
 )
 @example(
-    observations=[
-        {
-            "dt": 0.0,
-            "ready": None,
-            "phase": "Pending",
-            "evicted": False,
-            "container": waiting(),
-            "delete": 1,
-            "tick": False,
-        },
-        {
-            "dt": 0.0,
-            "ready": None,
-            "phase": "Pending",
-            "evicted": False,
-            "container": waiting(),
-            "delete": 1,
-            "tick": False,
-        },
-        {
-            "dt": 0.0,
-            "ready": True,
-            "phase": "Pending",
-            "evicted": True,
-            "container": waiting(),
-            "delete": 1,
-            "tick": False,
-        },
-        {
-            "dt": 0.0,
-            "ready": True,
-            "phase": "Pending",
-            "evicted": False,
-            "container": waiting(),
-            "delete": 1,
-            "tick": False,
-        },
-    ],
+    observations=[_seen(None), _seen(None), _seen(True, evicted=True), _seen(True)],
     probe=None,
     split=3,
     policy="auto",
