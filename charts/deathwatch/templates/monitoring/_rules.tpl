@@ -58,6 +58,18 @@ groups:
             {{`{{ $labels.instance }}`}} has had nothing from its pod watch, not even a
             bookmark, for {{`{{ $value | humanizeDuration }}`}}: verdicts may be late.
           runbook_url: {{ $runbook }}#deathwatchwatchstale
+      - alert: DeathwatchWatchNotOpen
+        expr: max by (instance, resource, scope) (deathwatch_watch_not_open) == 1
+        for: {{ $for.watchNotOpen }}
+        labels: {severity: critical}
+        annotations:
+          summary: A deathwatch replica cannot open one of its watches
+          description: >-
+            {{`{{ $labels.instance }}`}} has not listed {{`{{ $labels.resource }}`}} in
+            {{`{{ if $labels.scope }}{{ $labels.scope }}{{ else }}all namespaces{{ end }}`}}
+            since it started: its start-up waits, and it judges nothing there. /readyz
+            names the watch and its last error.
+          runbook_url: {{ $runbook }}#deathwatchwatchnotopen
       - alert: DeathwatchTaskCrashLooping
         expr: increase(deathwatch_task_restarts_total[10m]) > 3
         for: {{ $for.taskCrashLooping }}

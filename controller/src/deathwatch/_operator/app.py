@@ -25,12 +25,13 @@ from typing import Any
 import kopf
 import structlog
 
+from deathwatch._engine.podview import PodView
 from deathwatch._kube.ports import Heartbeat
 from deathwatch._kube.serving import Limits
 from deathwatch._operator import gcpauses, readiness, reads, timers
 from deathwatch._operator.adoption import Adoption
-from deathwatch._operator.agent_sandboxes import AgentSandboxes
-from deathwatch._operator.controller import Controller, Firewall
+from deathwatch._operator.agent_sandboxes import AgentSandboxes, SandboxObject
+from deathwatch._operator.controller import Controller, Firewall, Verdict
 from deathwatch._operator.coverage import Coverage
 from deathwatch._operator.deathwatches import DeathWatches
 from deathwatch._operator.delivery.config import DeliveryConfig
@@ -43,7 +44,7 @@ from deathwatch._operator.metrics import Metrics
 from deathwatch._operator.ownership import Ownership
 from deathwatch._operator.readiness import Readiness, Streams
 from deathwatch._operator.records import Records
-from deathwatch._operator.reflector import Reflector
+from deathwatch._operator.reflector import OPEN_DEADLINE, Collection, Reflector
 from deathwatch._operator.resources import DW_PLURAL, GROUP, SLOT_LABEL, VERSION
 from deathwatch._operator.rest import Rest
 from deathwatch._operator.sharding import selector as shard_selector
@@ -60,6 +61,7 @@ log = structlog.get_logger("deathwatch.app")
 
 STALE_AFTER = 90.0  # a watch with nothing (not even a bookmark) for this long is stale
 SANDBOXES_WAIT = 30.0  # seconds start-up waits for the Sandboxes' first listing, at most
+ADOPTING = 2  # listings of a new DeathWatch's pods that run at once beside the reflectors
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class Config:
     coverage_interval: float = 5.0  # the firewall agents' coverage Leases: one list each
     publish_interval: float = 1.0  # DeathWatch status, at most once per interval
     stream_stale_after: float = STALE_AFTER
+    watch_open_deadline: float = OPEN_DEADLINE  # a collection not listed by then is named
     retire_interval: float = 10.0  # how often verdicts past their retention are looked for
     writers: int = 8
     leader_elect: bool = True  # False: this process is the only writer (one replica)
@@ -91,6 +94,47 @@ class Config:
     def scopes(self) -> tuple[str | None, ...]:
         """What each reflector lists and watches: one namespace each, or everything."""
         return self.namespaces or (None,)
+
+
+@dataclass(frozen=True)
+class Watched:
+    """Every collection the controller keeps a reflector of, decided in one place from the
+    config: what the watches client is sized from (issue #40)."""
+
+    verdicts: tuple[Collection[Verdict], ...]
+    sandboxes: tuple[Collection[SandboxObject], ...]
+    pods: tuple[Collection[PodView], ...]
+    pods_by_slot: str | None  # sharded: KEP-5866's selector of this shard's pods
+
+    @classmethod
+    def of(cls, cfg: Config) -> Watched:
+        shard = cfg.shard
+        # sharded: the API server filters the pod watch by slot where it can (KEP-5866), and
+        # a shard watches its own verdicts, and those from before sharding (no slot label yet)
+        pods_by_slot = shard_selector(shard.slots) if shard.sharded else None
+        verdict_selectors: tuple[str | None, ...] = (
+            (f"{SLOT_LABEL} in ({','.join(str(x) for x in sorted(shard.slots))})",
+             f"!{SLOT_LABEL}") if shard.sharded else (None,)
+        )  # fmt: skip
+        sandbox_scopes = cfg.scopes if cfg.agent_sandbox else ()
+        return cls(
+            verdicts=tuple(verdicts(scope, selector)
+                           for scope in cfg.scopes for selector in verdict_selectors),
+            sandboxes=tuple(sandboxes(scope) for scope in sandbox_scopes),
+            pods=tuple(pods(scope, cfg.pod_label_selector, pods_by_slot) for scope in cfg.scopes),
+            pods_by_slot=pods_by_slot,
+        )  # fmt: skip
+
+    @property
+    def reflectors(self) -> int:
+        return len(self.verdicts) + len(self.sandboxes) + len(self.pods)
+
+    @property
+    def list_connections(self) -> int:
+        """The watches client's pool, for listings only (each watch streams on a connection
+        of its own, rest.py): a reflector lists one page at a time, and beside them the
+        DeathWatches' adoptions list their namespaces' pods."""
+        return self.reflectors + ADOPTING
 
 
 class App:
@@ -126,7 +170,8 @@ class App:
         # one client per purpose: a renewal never waits behind writes, a watch never holds a
         # writer's connection, /readyz's probe never queues behind anything
         writes = rest("writes", cfg.writers + 2)
-        self.watches = rest("watches", 2 * len(cfg.scopes) + 2)
+        self.watched = Watched.of(cfg)
+        self.watches = rest("watches", self.watched.list_connections)
         self.probe = rest("probe", 2)
         self.endpoints = Endpoints(
             metrics_address=cfg.metrics_address, health_address=cfg.health_address,
@@ -187,35 +232,18 @@ class App:
                                  clock=self.controller.clock,
                                  sendable=(lambda uid: ownership.owns(slot_of(uid)))
                                  if shard.sharded else None)  # fmt: skip
-        # sharded: the API server filters the pod watch by slot where it can (KEP-5866), and a
-        # shard watches its own verdicts, and those from before sharding (no slot label yet)
-        pods_by_slot = shard_selector(shard.slots) if shard.sharded else None
-        verdict_selectors: tuple[str | None, ...] = (
-            (f"{SLOT_LABEL} in ({','.join(str(x) for x in sorted(shard.slots))})",
-             f"!{SLOT_LABEL}") if shard.sharded else (None,)
-        )  # fmt: skip
+        plan = self.watched
         self.adoption = Adoption(self.watches, self.controller, metrics, cfg.scopes,
-                                 cfg.pod_label_selector, pods_by_slot)  # fmt: skip
+                                 cfg.pod_label_selector, plan.pods_by_slot)  # fmt: skip
         c, w, s = self.controller, self.writer, self.streams
-        s.verdicts.extend(
-            Reflector(self.watches, verdicts(scope, selector), VerdictSink(c, w, metrics), metrics)
-            for scope in cfg.scopes
-            for selector in verdict_selectors
-        )
-        s.agent_sandboxes.extend(
-            Reflector(self.watches, sandboxes(scope), AgentSandboxSink(c, metrics), metrics)
-            for scope in (cfg.scopes if cfg.agent_sandbox else ())
-        )
-        label_selector = cfg.pod_label_selector
-        s.pods.extend(
-            Reflector(
-                self.watches,
-                pods(scope, label_selector, pods_by_slot),
-                PodSink(c, metrics),
-                metrics,
-            )
-            for scope in cfg.scopes
-        )
+
+        def reflector(collection: Collection[Any], sink: Any) -> Reflector[Any]:
+            return Reflector(self.watches, collection, sink, metrics,
+                             open_deadline=cfg.watch_open_deadline)  # fmt: skip
+
+        s.verdicts.extend(reflector(x, VerdictSink(c, w, metrics)) for x in plan.verdicts)
+        s.agent_sandboxes.extend(reflector(x, AgentSandboxSink(c, metrics)) for x in plan.sandboxes)
+        s.pods.extend(reflector(x, PodSink(c, metrics)) for x in plan.pods)
         self.built = True
 
     # --- start-up and shutdown -------------------------------------------------------------

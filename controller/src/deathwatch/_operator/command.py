@@ -75,6 +75,15 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="how often the firewall coverage Leases are listed (default 5)",
     )
     p.add_argument(
+        "--watch-open-deadline",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="a watched collection not listed this long after its watch began is named in "
+        "/readyz (watches_not_open), the deathwatch_watch_not_open metric and a log line; "
+        "start-up keeps waiting for it (default 30: one API call's cap)",
+    )
+    p.add_argument(
         "--pod-label-selector",
         default=None,
         metavar="SELECTOR",
@@ -166,6 +175,13 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_BAD_CONFIG
+    if not 1 <= args.watch_open_deadline <= 3600:
+        print(
+            "deathwatch controller: --watch-open-deadline: expected seconds in [1, 3600], "
+            f"got {args.watch_open_deadline}",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_CONFIG
     from deathwatch._operator.shards import Spec
 
     try:
@@ -234,6 +250,7 @@ def run(args: argparse.Namespace) -> int:
         port_limits=limits,
         firewall_daemonset=args.firewall_daemonset,
         coverage_interval=args.coverage_interval,
+        watch_open_deadline=args.watch_open_deadline,
         pod_label_selector=args.pod_label_selector,
         agent_sandbox=args.agent_sandbox,
         leader_elect=args.leader_elect,

@@ -143,6 +143,13 @@ class Metrics:
             ["resource"],
             registry=r,
         )
+        self.watch_not_open = Gauge(
+            "deathwatch_watch_not_open",
+            "1 while a watched collection has not been listed within its deadline (30 s) of "
+            "the reflector's start: start-up and readiness wait for it; /readyz names it",
+            ["resource", "scope"],
+            registry=r,
+        )
         self.watch_activity = Gauge(
             "deathwatch_watch_stream_activity_timestamp_seconds",
             "When a watch stream last delivered anything, bookmarks included (unix time)",

@@ -41,6 +41,14 @@ class Streams:
             return None
         return all(r.age() < self.stale_after for r in self.pods)
 
+    @property
+    def every(self) -> list[Reflector[Any]]:
+        return [*self.verdicts, *self.agent_sandboxes, *self.pods]
+
+    def not_open(self) -> dict[str, str]:
+        """The collections not listed within their deadline, each with its last error."""
+        return {r.name: r.last_error or "no answer yet" for r in self.every if r.overdue}
+
     def ages(self) -> dict[str, float]:
         """Each collection's oldest stream, in seconds since it last delivered anything."""
         ages: dict[str, float] = {}
@@ -69,12 +77,15 @@ def report(readiness: Readiness, streams: Streams, parts: Callable[[], dict[str,
     p = parts()
     firewall = p.pop("firewall")
     coverage = firewall.coverage() if firewall else None
+    not_open = streams.not_open()
     checks = {
         "api_reachable": bool(readiness.api_reachable),
+        "watches_open": not not_open,
         "watches_fresh": streams.fresh(),
         "firewall_covered": firewall.covered if firewall else None,
     }
     details = {
+        "watches_not_open": not_open,
         "watch_stream_age_seconds": streams.ages(),
         **p,
         "api_error": readiness.api_error,

@@ -39,6 +39,9 @@ T = TypeVar("T")
 T_contra = TypeVar("T_contra", contravariant=True)
 YIELD_EVERY = 256
 ABSENT_RETRY = 10.0
+# a collection not listed this long after its reflector began is named in /readyz, a metric
+# (deathwatch_watch_not_open) and a log line: start-up waits for it, never silently
+OPEN_DEADLINE = 30.0
 
 
 class EventType(Enum):
@@ -101,10 +104,14 @@ class Reflector(Generic[T]):
     metrics: Metrics
     server_timeout: int = 240  # the API server ends a watch after this (seconds, jittered)
     inactivity: float = 70.0  # no byte for this long: a dead connection
+    open_deadline: float = OPEN_DEADLINE  # not listed by then: named (/readyz, metric, log)
     started: float = field(default_factory=time.monotonic)
     last_activity: float | None = None  # monotonic: anything delivered, bookmarks included
     streaming: bool = False  # a watch is open now (not between a failure and its retry)
     server_filtered: bool | None = None  # sharded: the server applied the shard selector
+    overdue: bool = False  # not listed within OPEN_DEADLINE of its start (until it is)
+    last_error: str | None = None  # the last failure to list or watch, for /readyz
+    _deadline: asyncio.TimerHandle | None = None
     _listed: asyncio.Event = field(default_factory=asyncio.Event)
     _settled: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -125,9 +132,21 @@ class Reflector(Generic[T]):
         """An optional collection found not installed, until it is."""
         return self.protocol.absent
 
+    @property
+    def name(self) -> str:
+        """What /readyz and the logs call it: `pods in team-a`, `sandboxverdicts (all)`."""
+        c = self.collection
+        where = f"in {c.scope}" if c.scope else "(all)"
+        selector = f" [{c.label_selector}]" if c.label_selector else ""
+        return f"{c.resource} {where}{selector}"
+
     async def run(self) -> None:
         """List, then watch, for ever (supervised)."""
         c, sink = self.collection, self.sink
+        if not self._settled.is_set() and self._deadline is None:
+            self._deadline = asyncio.get_running_loop().call_later(
+                max(0.0, self.open_deadline - (time.monotonic() - self.started)), self._overdue
+            )
         transport = _Activity(self, self.rest.transport(c.path, self.inactivity))
         count = 0
         async for out in outputs(self.protocol, transport):
@@ -145,7 +164,7 @@ class Reflector(Generic[T]):
                     self._echoed(self.protocol.echo == c.shard_selector)
                 sink.listed(c.scope)
                 self._listed.set()
-                self._settled.set()
+                self._opened()
                 log.info("listed", resource=c.resource, scope=c.scope or "all", count=out.count,
                          resource_version=out.version)  # fmt: skip
             else:
@@ -163,6 +182,8 @@ class Reflector(Generic[T]):
 
     def _noted(self, note: Noted) -> None:
         c = self.collection
+        if note.error is not None:
+            self.last_error = describe(note.error)[:200]
         if note.what == "failed" and note.error is not None:
             self.metrics.api_errors.labels(f"watch_{c.resource}", label(note.error)).inc()
             log.warning("watch failed, resuming", resource=c.resource,
@@ -174,11 +195,34 @@ class Reflector(Generic[T]):
                         resource=c.resource,
                         error=describe(note.error)[:200] if note.error else None)  # fmt: skip
         elif note.what == "absent":
-            self._settled.set()
+            self._opened()
             log.info("not installed: checking again periodically", resource=c.resource,
                      path=c.path, every=ABSENT_RETRY)  # fmt: skip
         elif note.what == "installed":
             log.info("installed: watching", resource=c.resource, path=c.path)
+
+    def _overdue(self) -> None:
+        """Its deadline passed with no listing: said, where people and alerts look."""
+        if self._settled.is_set():
+            return
+        self.overdue = True
+        c = self.collection
+        self.metrics.watch_not_open.labels(c.resource, c.scope or "").set(1)
+        log.error("watch not open within its deadline: start-up waits for it",
+                  watch=self.name, waited=self.open_deadline,
+                  error=self.last_error or "none yet: no answer")  # fmt: skip
+
+    def _opened(self) -> None:
+        """Listed (or an optional collection found absent): open, at last or as usual."""
+        if self._deadline is not None:
+            self._deadline.cancel()
+        if self.overdue:
+            self.overdue = False
+            c = self.collection
+            self.metrics.watch_not_open.labels(c.resource, c.scope or "").set(0)
+            log.info("watch open after its deadline", watch=self.name,
+                     after=round(time.monotonic() - self.started, 1))  # fmt: skip
+        self._settled.set()
 
     async def listed(self) -> None:
         """Wait for the first complete listing."""

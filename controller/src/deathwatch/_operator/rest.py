@@ -6,6 +6,13 @@ thread and a hop back, and built model objects we never read). One `Rest` per pu
 (writes, watches, the Lease, probes): each has its own connections, so a renewal of the
 Lease never waits behind a burst of writes, and a watch never holds a writer's connection.
 
+Requests share a bounded pool (`connections`); a watch never does: each opens a connection
+of its own, outside the pool, and holds it for as long as it streams. A pool of long watches
+is one that N watches fill and the N+1st, and every listing behind it, waits on for ever
+(issue #40: three namespaces beside agent-sandbox's Sandboxes were three watches each on a
+pool of eight). Waiting for a pooled connection counts against the request's own deadline,
+never against the connect timeout, which is the TCP and TLS handshake's alone.
+
 Credentials come from the `kubernetes` client's configuration loader (kubeconfig or
 in-cluster): the CA, a client certificate, or a bearer token read through the loader's own
 refresh hook, so a projected ServiceAccount token that rotates is picked up.
@@ -62,7 +69,8 @@ class Rest:
         self.connections = connections
         # every request names the replica and its purpose (audit logs tell them apart)
         self.user_agent = f"deathwatch/{identity or 'controller'} ({purpose})"
-        self._session: aiohttp.ClientSession | None = None
+        self._session: aiohttp.ClientSession | None = None  # requests: the bounded pool
+        self._watching: aiohttp.ClientSession | None = None  # watches: a connection each
         self._bearer: str | None = None
         self._token_until = 0.0
 
@@ -80,13 +88,17 @@ class Rest:
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(
-                limit=self.connections, ssl=self._ssl(), enable_cleanup_closed=True
-            )
-            self._session = aiohttp.ClientSession(
-                connector=connector, headers={"User-Agent": self.user_agent}
-            )
+            self._session = self._new_session(self.connections)
         return self._session
+
+    def _open_watching(self) -> aiohttp.ClientSession:
+        if self._watching is None or self._watching.closed:
+            self._watching = self._new_session(0)  # aiohttp: 0 is no limit
+        return self._watching
+
+    def _new_session(self, limit: int) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(limit=limit, ssl=self._ssl(), enable_cleanup_closed=True)
+        return aiohttp.ClientSession(connector=connector, headers={"User-Agent": self.user_agent})
 
     def _headers(self, content_type: str | None) -> dict[str, str]:
         headers = {"Accept": "application/json"}
@@ -128,7 +140,7 @@ class Rest:
                 params=params,
                 data=data,
                 headers=self._headers(content_type if data is not None else None),
-                timeout=aiohttp.ClientTimeout(total=deadline, connect=CONNECT_TIMEOUT),
+                timeout=aiohttp.ClientTimeout(total=deadline, sock_connect=CONNECT_TIMEOUT),
             ) as response:
                 payload = await response.read()
         except _NO_ANSWER as exc:
@@ -150,7 +162,7 @@ class Rest:
             total=None, connect=CONNECT_TIMEOUT, sock_connect=CONNECT_TIMEOUT,
             sock_read=inactivity,
         )  # fmt: skip
-        session = self._open()
+        session = self._open_watching()
         try:
             response = await session.get(
                 self.base + path, params=params, headers=self._headers(None), timeout=limits
@@ -173,9 +185,10 @@ class Rest:
         return Collection(self, path, inactivity)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            await asyncio.sleep(0)  # let the connector's transports close
+        for session in (self._session, self._watching):
+            if session is not None:
+                await session.close()
+        await asyncio.sleep(0)  # let the connectors' transports close
 
 
 class Collection:
