@@ -273,3 +273,43 @@ def test_a_rolling_update_while_sandboxes_die(ha: HA) -> None:
     assert max(latencies) <= 2.5, latencies  # goal: a death's verdict within 2 s
     ha.verify("rolling_update", terms, verdict_latency_max_seconds=round(max(latencies), 2),
               verdict_latencies=[round(x, 2) for x in latencies])  # fmt: skip
+
+
+def test_a_late_joiner_holds_the_leaders_word_for_deletions_it_did_not_see(ha: HA) -> None:
+    """Issue #40: a replica that starts after pods were deleted, and lists their verdicts
+    before the leader could write how they ended, finds them gone with nobody watching
+    (Gone, Unobserved). Once the leader's writes reach it, it holds what the leader wrote
+    (Gone, Deleted), and taking over writes nothing over them."""
+    ha.replicas.start("replica-a")
+    leader = ha.replicas.wait_leader()
+    doomed = ha.sandboxes(4, "del")
+    leader.proxy.partition("up")  # its writes wait in the network; its watches still come
+    for s in doomed:
+        ha.env.core.delete_namespaced_pod(s.name, ha.env.ns, grace_period_seconds=0,
+                                          _request_timeout=10)  # fmt: skip
+    late = ha.replicas.start("replica-late")
+
+    def unobserved() -> float:
+        return late.process.metric("deathwatch_verdicts_total", state="Gone", cause="Unobserved")
+
+    # the race happened: it listed the verdicts (Alive), then the pods (these gone)
+    wait_for(lambda: unobserved() == len(doomed), timeout=30, what="the late joiner's guess")
+    leader.proxy.heal()
+    for s in doomed:
+        gone = ha.env.wait_state(s.name, "Gone", timeout=30)["status"]
+        assert gone["cause"] == "Deleted", gone
+    wait_for(lambda: late.process.log.read_text().count("a deletion this replica did not see")
+             == len(doomed), timeout=30, what="the late joiner levelled")  # fmt: skip
+    leader.process.stop(signal.SIGTERM)
+    handed_at = datetime.now(UTC)
+    assert ha.replicas.wait_leader(timeout=20) is late
+    wait_for(lambda: late.readyz().get("details", {}).get("write_backlog") == 0,
+             timeout=30, what="the late joiner's takeover written")  # fmt: skip
+    names = {s.name for s in doomed}
+    over = [w for w in ha.audit.verdict_writes(late.identity)
+            if w.received >= handed_at and w.name in names and w.resource == "sandboxverdicts"]  # fmt: skip
+    assert over == [], over
+    causes = {s.name: (ha.env.sv(s.name) or {}).get("status", {}).get("cause") for s in doomed}
+    assert causes == dict.fromkeys(names, "Deleted"), causes
+    RESULTS["late_joiner"] = {"deletions": len(doomed), "guessed_unobserved": unobserved(),
+                              "written_over_after_takeover": len(over)}  # fmt: skip

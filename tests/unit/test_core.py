@@ -254,6 +254,51 @@ async def test_a_restarted_controller_rewrites_nothing_it_already_published() ->
     assert [k[0] for _, k in new] == [DW_PLURAL] * len(new)
 
 
+@pytest.mark.parametrize(
+    ("ending", "expected"),
+    [("deleted", ("Gone", "Deleted")), ("exited", ("Dead", "ContainerExited"))],
+)
+async def test_a_late_joiner_takes_the_verdict_of_a_deletion_it_did_not_see(
+    ending: str, expected: tuple[str, str]
+) -> None:
+    """Issue #40: a standby that lists the verdicts (Alive), then the pods (this one already
+    deleted), finds it gone with nobody watching: Gone (Unobserved). The leader saw how it
+    ended and wrote it; once the standby's watch shows that, it holds the same verdict, and
+    taking over writes nothing over it."""
+    body = pod(ready=True, ready_at=2)
+    async with harness() as leader:
+        leader.deathwatch()
+        leader.pod(body, 2)
+        await leader.settle()
+        alive = [copy.deepcopy(o) for k, o in leader.api.objects.items() if k[0] == SV_PLURAL]
+        if ending == "exited":
+            leader.pod(pod(ready=False, ready_at=5, phase="Failed",
+                           containers=[terminated(finished=5)]), 5)  # fmt: skip
+        leader.pod(pod(deletion_at=6), 6, event=EventType.DELETED)
+        await leader.settle()
+    api = leader.api
+    final = api.objects[(SV_PLURAL, NS, "sbx-1")]
+    assert (final["status"]["state"], final["status"]["cause"]) == expected
+    writes = len(api.calls)
+    clock, metrics = Clock(at(7)), Metrics()
+    writer = Writer(api, metrics, schedule=FakeTimers(), clock=clock, leading=False)
+    late = core(writer, clock, metrics)
+    async with workers(writer):
+        late.on_deathwatch(None, deathwatch_body())
+        assert [late.restore(as_verdict(o)) for o in alive] == [True]
+        late.listing(None)
+        late.listed(None)  # the pod is not in the listing
+        record = late.records.named(NS, "sbx-1")
+        assert record is not None and record.track is not None
+        assert (record.track.state, record.track.cause) == (State.GONE, Cause.UNOBSERVED)
+        late.on_verdict(EventType.MODIFIED, as_verdict(copy.deepcopy(final)))
+        assert record.track is not None
+        assert (str(record.track.state), str(record.track.cause)) == expected
+        late.republish(writer.lead(2))
+        await asyncio.wait_for(writer.idle(), 5)
+    assert [k[0] for _, k in api.calls[writes:]] == []  # nothing written over the leader's
+
+
 @pytest.mark.parametrize("deathwatch_first", [True, False])
 async def test_a_restored_record_is_judged_with_its_deathwatchs_settings(
     deathwatch_first: bool,

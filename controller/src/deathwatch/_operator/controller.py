@@ -577,6 +577,8 @@ class Controller:
         if not self.mine(uid, "verdicts"):
             return
         key = (SV_PLURAL, verdict.namespace, verdict.name)
+        if status:
+            self._told(verdict.namespace, verdict.name, status)
         if status and self.deliveries and not self.writer.leading:
             self._level(verdict.namespace, verdict.name, status)
         contested = self.writer.observed(*key, status, verdict.version, verdict.labels)
@@ -592,6 +594,41 @@ class Controller:
             # created, status-less, for a pod this leader does not track: an earlier term's
             # create that landed after this term retired the verdict. Not left behind.
             self.writer.want(Desired(*key, delete=uid, priority=LOW, slot=self._slot(uid)))
+
+    def _told(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        """A pod this replica found gone with nobody watching (Unobserved: a standby that
+        joined after the deletion, a listing after a restart) whose verdict says how it ended:
+        another replica saw it end. Known replaces unknown, so every replica holds the verdict
+        one that watched from the start holds (issue #40), and none that takes over writes
+        Unobserved over it."""
+        record = self.records.named(namespace, name)
+        mine = record.memory.track if record is not None and record.memory is not None else None
+        if record is None or mine is None or mine.cause is not Cause.UNOBSERVED:
+            return
+        theirs = documents.track_from_status(namespace, name, status)
+        if (
+            theirs is None
+            or theirs.uid != record.uid
+            or not theirs.state.terminal
+            or theirs.cause in (None, Cause.UNOBSERVED)
+        ):
+            return
+        try:
+            remembered = memory.restored(theirs, self.policies, self.deadlines)
+        except ValueError:
+            return  # its policy is not installed here: the verdict stands as the API holds it
+        assert record.memory is not None  # noqa: S101 - checked above (mine)
+        remembered.settings = record.memory.settings
+        record.memory = remembered
+        counted = decisions.facts(theirs, record.shield, record.node)
+        self.summaries.apply(record.deathwatch, record.counted, counted)
+        record.counted = counted
+        log.info("a deletion this replica did not see: the verdict says how it ended",
+                 namespace=namespace, pod=name, uid=record.uid, state=str(theirs.state),
+                 cause=str(theirs.cause))  # fmt: skip
+        rules = self.deathwatches.get(record.deathwatch)
+        if rules is not None:  # what this replica owes is now what the API holds: nothing
+            self.writer.want(self._verdict(theirs, record, rules, priority=LOW))
 
     def _level(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         """A standby takes the leader's word for what was delivered (and how its verdict's
