@@ -379,7 +379,9 @@ def test_name_overrides_rename_every_object_and_every_reference_to_one() -> None
     assert f"--firewall-daemonset={NAMESPACE}/platform-dw-firewall" in args
     assert deploy["spec"]["serviceAccountName"] == "platform-dw-controller"
     election = rendered[("Role", NAMESPACE, "platform-dw-controller-leader-election")]
-    assert ["platform-dw-controller"] in [r.get("resourceNames") for r in election["rules"]]
+    names = next(r["resourceNames"] for r in election["rules"] if r.get("resourceNames"))
+    assert names[0] == "platform-dw-controller"
+    assert all(n.startswith("platform-dw-controller-shard-") for n in names[1:])
     rules = rendered[("PrometheusRule", NAMESPACE, "platform-dw")]["spec"]["groups"]
     exprs = " ".join(r["expr"] for g in rules for r in g["rules"])
     assert ".*platform-dw-controller.*" in exprs and ".*platform-dw-firewall.*" in exprs
@@ -458,7 +460,7 @@ def test_three_shards_are_three_pairs_each_on_its_own_lease_and_disruption_budge
     role = rendered[("Role", NAMESPACE, "deathwatch-controller-leader-election")]
     names = [r.get("resourceNames") for r in role["rules"] if r.get("resourceNames")]
     assert names == [
-        ["deathwatch-controller", *(f"deathwatch-controller-shard-{i}" for i in range(3))]
+        ["deathwatch-controller", *(f"deathwatch-controller-shard-{i}" for i in range(64))]
     ]
     cluster_role = rendered[("ClusterRole", "", "deathwatch-controller")]
     status_verbs = next(r["verbs"] for r in cluster_role["rules"]
@@ -466,9 +468,14 @@ def test_three_shards_are_three_pairs_each_on_its_own_lease_and_disruption_budge
     assert status_verbs == ["get", "update", "patch"]  # each shard applies its part
     one = template()
     assert ("Deployment", NAMESPACE, "deathwatch-controller") in one  # one shard: as ever
-    one_role = one[("ClusterRole", "", "deathwatch-controller")]
-    assert ["get", "update"] in [r["verbs"] for r in one_role["rules"]
-                                 if r["resources"] == ["deathwatches/status"]]  # fmt: skip
+    # ADR 0026: the controller's RBAC is the same whatever the shard count, so no reshard's
+    # roll (1 -> 3 -> 2 -> 1) takes from a running shard what it still needs
+    for count in ("1", "2", "3", "64"):
+        other = template(f"controller.shards={count}")
+        for kind, name in (("Role", "deathwatch-controller-leader-election"),
+                           ("ClusterRole", "deathwatch-controller")):  # fmt: skip
+            ns = NAMESPACE if kind == "Role" else ""
+            assert other[(kind, ns, name)]["rules"] == rendered[(kind, ns, name)]["rules"], count
     with pytest.raises(SystemExit, match="shards"):
         template("controller.shards=65")
 
