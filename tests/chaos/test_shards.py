@@ -48,7 +48,7 @@ def cp() -> Iterator[controlplane.ControlPlane]:
         apiserver_binary=binary,
         apiserver_flags=["--feature-gates=ShardedListAndWatch=true"],
     ) as c:
-        # the controller's RBAC as a 4-shard install grants it (every shard's Lease by name)
+        # the controller's RBAC, the same for every shard count (ADR 0026)
         rbac = helm("template", "deathwatch", str(CHART), "-n", NAMESPACE, "--set",
                     "controller.shards=4", "--show-only", "templates/rbac/controller.yaml")  # fmt: skip
         c.kubectl_run("apply", "-f", "-", input=without_helm_labels(rbac))
