@@ -44,10 +44,15 @@ fi
 if command -v go >/dev/null; then
   "$root/hack/build-k8s.sh" etcd kube-apiserver kube-controller-manager kubectl kubelet \
     kube-scheduler kube-proxy
-  # the shard lanes' API server, with KEP-5866's sharded list and watch (versions.env)
+  # the shard lanes' API server, with KEP-5866's sharded list and watch, and the version
+  # lane's releases: each one's control plane (versions.env)
   # shellcheck source=versions.env
   "$root/hack/build-k8s.sh" --version "$(. "$root/hack/versions.env"; echo "$SHARDS_APISERVER_VERSION")" \
     kube-apiserver
+  # shellcheck source=versions.env
+  for version in $(. "$root/hack/versions.env"; echo "$K8S_MATRIX"); do
+    "$root/hack/build-k8s.sh" --version "$version" kube-apiserver kube-controller-manager kube-scheduler
+  done
   # the tools bench/peers.py measures deathwatch against (its smoke test runs in the suite)
   "$root/hack/build-peers.sh"
   # Helm: the chart's lint, render and install lanes

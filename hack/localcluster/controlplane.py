@@ -42,7 +42,7 @@ def versions() -> dict[str, str]:
         line = raw.strip()
         if line and not line.startswith("#") and "=" in line:
             key, value = line.split("=", 1)
-            out[key] = value
+            out[key] = value.strip('"')
     return out
 
 
@@ -57,6 +57,11 @@ def peer_home(module: str, version: str) -> Path:
 
 def bin_dir(version: str | None = None) -> Path:
     return cache_dir() / "k8s" / (version or versions()["K8S_VERSION"]) / "bin"
+
+
+def matrix() -> list[str]:
+    """The releases the version lane runs beside the pinned one (K8S_MATRIX)."""
+    return versions()["K8S_MATRIX"].split()
 
 
 def shards_apiserver() -> Path:
@@ -82,6 +87,9 @@ def _component_flags(kubeconfig: Path) -> list[str]:
     kc = str(kubeconfig)
     return [f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}",
             f"--authorization-kubeconfig={kc}", "--bind-address=127.0.0.1", "--secure-port=0"]  # fmt: skip
+
+
+_RELEASED = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
 
 
 class StartError(RuntimeError):
@@ -225,6 +233,10 @@ class ControlPlane:
     # and its extra flags (e.g. --feature-gates=ShardedListAndWatch=true)
     apiserver_binary: Path | None = None
     apiserver_flags: list[str] = field(default_factory=list)
+    # another Kubernetes release's kube-apiserver, kube-controller-manager and kube-scheduler
+    # (the version lane's: K8S_MATRIX, built by hack/build-k8s.sh --version); etcd and kubectl
+    # stay the pinned release's
+    release: str | None = None
     etcd_port: int = field(default_factory=free_port)
     etcd_peer_port: int = field(default_factory=free_port)
     apiserver_port: int = field(default_factory=free_port)
@@ -246,6 +258,13 @@ class ControlPlane:
     def kubectl(self) -> Path:
         return self.binaries / "kubectl"
 
+    def binary(self, name: str) -> Path:
+        """A component's binary: the pinned release's, or `release`'s for the control plane's
+        own three."""
+        if name in _RELEASED and self.release is not None:
+            return bin_dir(self.release) / name
+        return self.binaries / name
+
     def _process(self, name: str, args: list[str]) -> Process:
         proc = Process(name, args, self.workdir / "logs" / f"{name}.log")
         self.processes[name] = proc
@@ -256,8 +275,9 @@ class ControlPlane:
     def start(self, timeout: float = 60) -> None:
         needed = ["etcd", "kube-apiserver", "kube-controller-manager", "kubectl"]
         for b in needed + ["kube-scheduler"] * self.with_scheduler:
-            if not (self.binaries / b).exists():
-                raise StartError(f"{self.binaries / b} is missing: run hack/build-k8s.sh {b}")
+            if not self.binary(b).exists():
+                version = f"--version {self.release} " if b in _RELEASED and self.release else ""
+                raise StartError(f"{self.binary(b)} is missing: run hack/build-k8s.sh {version}{b}")
         if self.apiserver_binary is not None and not self.apiserver_binary.exists():
             raise StartError(f"{self.apiserver_binary} is missing: run hack/setup.sh")
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
@@ -331,7 +351,7 @@ class ControlPlane:
     def apiserver_args(self) -> list[str]:
         pki = self.certs
         return [
-            str(self.apiserver_binary or self.binaries / "kube-apiserver"),
+            str(self.apiserver_binary or self.binary("kube-apiserver")),
             *self.apiserver_flags,
             *self._audit_args(),
             f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
@@ -355,6 +375,9 @@ class ControlPlane:
             "--allow-privileged=true",
             "--profiling=false",
             "--v=1",
+            # on loopback, the `kubernetes` Service's endpoint would reach nothing but this
+            # host, and from 1.37 the endpoint reconciler refuses a loopback address outright
+            *(["--endpoint-reconciler-type=none"] if self.bind_address.startswith("127.") else []),
         ]
 
     def start_apiserver(self, timeout: float = 60) -> None:
@@ -381,7 +404,7 @@ class ControlPlane:
         self._process(
             "kube-controller-manager",
             [
-                str(self.binaries / "kube-controller-manager"),
+                str(self.binary("kube-controller-manager")),
                 *_component_flags(kc),
                 # see the module docstring: no kubelet runs, the tests write pod status
                 "--controllers=*"
@@ -403,7 +426,7 @@ class ControlPlane:
         self._process(
             "kube-scheduler",
             [
-                str(self.binaries / "kube-scheduler"),
+                str(self.binary("kube-scheduler")),
                 *_component_flags(kc),
                 "--leader-elect=false",
                 "--v=1",

@@ -19,7 +19,7 @@ from deathwatch._engine.podview import PodView, read_pod
 from deathwatch._engine.verdict import Cause, Origin, State, origin_of
 from deathwatch._policies import PolicyRegistry
 from deathwatch._policies.builtin import BUILTIN_ORDER
-from tests.builders import at, exec_probe, pod, running, terminated
+from tests.builders import at, exec_probe, pod, running, terminated, termination, ts
 from tests.engine_driver import Judge, Pods
 
 DRAIN = ("EvictionByEvictionAPI", "Eviction API: evicting", 100)
@@ -436,3 +436,34 @@ def test_the_recorded_kubelet_gives_evicted_and_a_restart_without_a_false_positi
         "ruled": ("Dead", "ContainerExited", None),
         "marker": ("Alive", None, None),
     }
+
+
+def _all_restarting(pod_body: dict[str, Any], status: str, since: float) -> dict[str, Any]:
+    pod_body["status"]["conditions"].append(
+        {"type": "AllContainersRestarting", "status": status, "lastTransitionTime": ts(since)}
+    )
+    return pod_body
+
+
+@pytest.mark.parametrize("policy", ["no-probe", "container-state", "exec-probe"])
+def test_all_containers_restarted_in_place_is_dead_and_its_new_life_no_false_positive(
+    policy: str,
+) -> None:
+    """Kubernetes 1.36 turns RestartAllContainersOnContainerExits on (beta): a container rule
+    with action RestartAllContainers restarts every container of the pod in place on a
+    matching exit, the pod keeping its uid, with the condition AllContainersRestarting True
+    while it does (ADR 0026). The sandbox's processes ended: Dead, ContainerExited, the code
+    of the container that exited; the pod Ready again afterwards is its new life."""
+    j = Judge(policy)
+    probe = exec_probe() if policy == "exec-probe" else None
+    j.see(pod(ready=True, ready_at=2, probe=probe), 2)
+    restarting = pod(ready=False, ready_at=10, probe=probe, phase="Running",
+                     containers=[terminated(code=3, finished=10)])  # fmt: skip
+    dead = j.see(_all_restarting(restarting, "True", 10), 10)
+    assert (dead.state, dead.cause) == (State.DEAD, Cause.CONTAINER_EXITED), dead
+    assert dead.evidence is not None and dead.evidence.exit_code == 3
+    again = pod(ready=True, ready_at=14, probe=probe,
+                containers=[running(since=13, restarts=1, last=termination(code=3, finished=10))])  # fmt: skip
+    after = j.see(_all_restarting(again, "False", 13), 14)
+    assert after.state is State.DEAD and not after.false_positive
+    assert SignalKind.FALSE_POSITIVE not in j.signals
