@@ -78,6 +78,7 @@ def test_preflight_reads_a_live_cluster_and_names_each_fix(
     assert done.returncode == 1, done.stderr  # a liveness probe the firewall would refuse
     found: dict[str, Any] = {f["check"]: f for f in json.loads(done.stdout)["findings"]}
     assert found["kubernetes"]["level"] == "ok" and "v1.35" in found["kubernetes"]["said"]
+    assert "1.33 to 1.37" in found["kubernetes"]["said"]
     ranges = found["pod-ranges"]
     assert ranges["level"] == "warn" and f"{ns}-b" in ranges["said"], ranges
     assert f"{ns}/outside (192.168.77.7)" in ranges["said"] and "10.250.0.0/24" in ranges["said"]

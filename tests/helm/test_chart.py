@@ -347,10 +347,11 @@ def test_conventions_of_a_chart_platform_teams_expect() -> None:
     with pytest.raises(SystemExit, match=r"/controller/replicas.*maximum: got 2, want 1"):
         template("controller.leaderElection.enabled=false")
     assert template("controller.leaderElection.enabled=false", "controller.replicas=1")
-    with pytest.raises(SystemExit, match=r"requires kubeVersion: >=1.31.0-0"):
-        helm("template", "deathwatch", str(CHART), "--kube-version", "1.30.0")
+    with pytest.raises(SystemExit, match=r"requires kubeVersion: >=1.33.0-0"):
+        helm("template", "deathwatch", str(CHART), "--kube-version", "1.32.0")
+    assert helm("template", "deathwatch", str(CHART), "--kube-version", "1.37.2")
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    assert chart["kubeVersion"] == ">=1.31.0-0"
+    assert chart["kubeVersion"] == ">=1.33.0-0"
 
 
 def test_name_overrides_rename_every_object_and_every_reference_to_one() -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import pytest
+
 from deathwatch._preflight.checks import (
     DEATHWATCH_CRD,
     SANDBOX_CRD,
@@ -79,7 +81,7 @@ def test_what_would_break_is_named_with_its_fix() -> None:
         ],
     )
     found = by_check(cluster)
-    assert found["kubernetes"].level is Level.FAIL and "1.31" in found["kubernetes"].said
+    assert found["kubernetes"].level is Level.FAIL and "1.33" in found["kubernetes"].said
     ranges = found["pod-ranges"]
     assert ranges.level is Level.WARN and "1 node(s) without spec.podCIDRs (b)" in ranges.said
     assert "team-a/p1 (192.168.7.3)" in ranges.said and "firewall.podCIDRs" in ranges.fix
@@ -135,3 +137,12 @@ def test_what_could_not_be_read_is_skipped_with_why() -> None:
     probed = pod("p", readinessProbe={"tcpSocket": {"port": 7000}})
     found = by_check(Cluster(pods=[probed], crds={DEATHWATCH_CRD}, deathwatches=[dw]))
     assert found["probes"].level is Level.WARN and "on 7000" in found["probes"].said
+
+
+@pytest.mark.parametrize(
+    ("minor", "level"),
+    [("32", Level.FAIL), ("33", Level.OK), ("35", Level.OK), ("37", Level.OK), ("38+", Level.WARN)],
+)
+def test_the_releases_the_lanes_test_are_ok_older_fail_newer_warn(minor: str, level: Level) -> None:
+    cluster = Cluster(version={"major": "1", "minor": minor, "gitVersion": f"v1.{minor}.0"})
+    assert by_check(cluster)["kubernetes"].level is level

@@ -20,8 +20,9 @@ from deathwatch._engine.podview import MalformedPod, PodView, read_pod
 from deathwatch._operator.rules import Rules, SpecError, read_deathwatch
 from deathwatch._policies import default_registry
 
-TESTED: Final = (1, 35)  # the Kubernetes minor the lanes run (hack/versions.env)
-SUPPORTED: Final = (1, 31)  # DisruptionTarget is GA from here (ADR 0018)
+# the Kubernetes minors the lanes run (hack/versions.env: K8S_VERSION, K8S_MATRIX); the oldest
+# is the oldest supported (the chart's kubeVersion): DisruptionTarget is GA from 1.31 (ADR 0018)
+TESTED: Final = ((1, 33), (1, 37))
 SHOWN: Final = 5  # objects named in one finding; more are counted
 NETWORK_PROBES: Final = ("tcpSocket", "httpGet", "grpc")
 SANDBOX_CRD: Final = "sandboxes.agents.x-k8s.io"
@@ -97,17 +98,18 @@ def kubernetes(cluster: Cluster) -> Finding:
     except ValueError:
         return Finding("kubernetes", Level.WARN, f"{said}: its version is not a number",
                        "check that this is a Kubernetes API server")  # fmt: skip
-    tested = f"{TESTED[0]}.{TESTED[1]}"
-    if (major, minor) < SUPPORTED:
+    (low_major, low), (high_major, high) = TESTED
+    tested = f"{low_major}.{low} to {high_major}.{high}"
+    if (major, minor) < TESTED[0]:
         return Finding("kubernetes", Level.FAIL,
-                       f"{said}: older than {SUPPORTED[0]}.{SUPPORTED[1]}, where DisruptionTarget "
-                       "became GA (the cluster's deaths are read from it)",
+                       f"{said}: older than {low_major}.{low}, the oldest release the lanes test "
+                       "and the chart installs on",
                        f"upgrade the control plane (tested: {tested})")  # fmt: skip
-    if (major, minor) != TESTED:
+    if (major, minor) > TESTED[1]:
         return Finding("kubernetes", Level.WARN,
-                       f"{said}: supported (1.31 and later), not tested here (tested: {tested})",
+                       f"{said}: newer than the releases the lanes test ({tested})",
                        "watch the first verdicts closely")  # fmt: skip
-    return Finding("kubernetes", Level.OK, f"{said}: the version the lanes test")
+    return Finding("kubernetes", Level.OK, f"{said}: a release the lanes test ({tested})")
 
 
 def pod_ranges(cluster: Cluster) -> Finding:
