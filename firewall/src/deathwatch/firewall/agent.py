@@ -29,7 +29,7 @@ import structlog
 from deathwatch._kube.errors import KubeError, describe
 from deathwatch._kube.ports import Heartbeat
 from deathwatch.firewall.config import ConfigError, FirewallConfig, Network, load_config
-from deathwatch.firewall.coverage import NodeState, lease_body, publish
+from deathwatch.firewall.coverage import LEASE_PREFIX, NodeState, lease_body, publish
 from deathwatch.firewall.hosts import Hosts, NodeAddresses, host_addresses, ranges_unknown
 from deathwatch.firewall.kubeapi import Api
 from deathwatch.firewall.metrics import FirewallMetrics
@@ -54,6 +54,7 @@ class ClusterLink:
     # its own DaemonSet: with it, a stop that finds the DaemonSet gone or being deleted (an
     # uninstall, never a rollout) removes the table; None: the table always stays
     remove_on_uninstall: str | None = None
+    lease_prefix: str = LEASE_PREFIX  # its coverage Lease: PREFIX.NODE
 
 
 class Agent:
@@ -279,7 +280,14 @@ class Agent:
         try:
             publish(
                 link.api,
-                lease_body(link.node, link.identity, link.namespace, state, datetime.now(UTC)),
+                lease_body(
+                    link.node,
+                    link.identity,
+                    link.namespace,
+                    state,
+                    datetime.now(UTC),
+                    link.lease_prefix,
+                ),
             )
         except (KubeError, KeyError, TypeError) as exc:
             self.metrics.sync_failures.labels("coverage").inc()

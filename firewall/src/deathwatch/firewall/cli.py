@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from deathwatch.firewall.coverage import LEASE_PREFIX
+
 EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
 
 
@@ -82,6 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
                 default=os.environ.get("POD_NAME"),
                 help="the agent's pod (env POD_NAME)",
             )
+            a.add_argument(
+                "--lease-prefix", default=LEASE_PREFIX, metavar="PREFIX",
+                help="the coverage Lease is PREFIX.NODE (the chart: RELEASE-firewall; its "
+                "admission policy admits no other name from this node's agent)",
+            )  # fmt: skip
             a.add_argument(
                 "--remove-on-uninstall", metavar="DAEMONSET", default=None,
                 help="this agent's DaemonSet (in --namespace): when the agent stops and finds "
@@ -236,7 +243,7 @@ def _agent(args: argparse.Namespace) -> int:
                   "--node-name", file=sys.stderr)  # fmt: skip
             return EXIT_BAD_CONFIG
         link = ClusterLink(api, args.node_name, args.identity, args.namespace,
-                           args.remove_on_uninstall)  # fmt: skip
+                           args.remove_on_uninstall, args.lease_prefix)  # fmt: skip
     metrics = FirewallMetrics()
     heartbeat = Heartbeat(stalled_after=300.0)
     # a neighbour holding connections must not take the descriptors the API's calls need

@@ -51,10 +51,15 @@ LABELS = {
 VALIDITY = 1.5
 
 
-def lease_name(node: str) -> str:
-    name = f"deathwatch-firewall.{node}"
+LEASE_PREFIX = "deathwatch-firewall"  # the chart passes RELEASE-firewall (--lease-prefix)
+
+
+def lease_name(node: str, prefix: str = LEASE_PREFIX) -> str:
+    """PREFIX.NODE; hashed where that would pass the 253 characters an object name may have
+    (the chart's admission policy then checks the annotation alone)."""
+    name = f"{prefix}.{node}"
     if len(name) > 253:
-        name = f"deathwatch-firewall.{hashlib.sha256(node.encode()).hexdigest()[:32]}"
+        name = f"{prefix}.{hashlib.sha256(node.encode()).hexdigest()[:32]}"
     return name
 
 
@@ -87,7 +92,12 @@ def _nodes(nodes: tuple[str, ...] | None) -> str:
 
 
 def lease_body(
-    node: str, identity: str, namespace: str, state: NodeState, now: datetime
+    node: str,
+    identity: str,
+    namespace: str,
+    state: NodeState,
+    now: datetime,
+    prefix: str = LEASE_PREFIX,
 ) -> dict[str, Any]:
     config = state.config
     ranges = config.with_pod_ranges(state.hosts.ranges).pod_cidrs
@@ -97,7 +107,7 @@ def lease_body(
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
         "metadata": {
-            "name": lease_name(node),
+            "name": lease_name(node, prefix),
             "namespace": namespace,
             "labels": LABELS,
             "annotations": {
