@@ -201,10 +201,11 @@ NFT_SANDBOXES = ("10.244.1.2", "10.244.1.7", "fd00:10:244:1::2")
 NFT_HOSTS = ("10.244.2.0", "10.244.2.1", "10.244.9.77", "fd00:10:244:2::")  # tunnel addresses
 
 
-def record_nft_listing() -> None:
+def record_nft_listing(mode: str = "enforce") -> None:
     """`nft -j list table inet deathwatch` as this machine's nft prints it, after applying
     NFT_CONFIG (with NFT_SANDBOXES and NFT_HOSTS) in a throwaway network namespace and being refused 3 times
-    (v4) and 2 (v6) by the output rule.
+    (v4) and 2 (v6) by the output rule; `mode` audit: the same connections counted and
+    recorded instead (nft-VERSION-audit-table.json).
     Needs root; tests/unit/test_firewall.py reduces the file and compares it with the model."""
     import ipaddress
     import subprocess
@@ -232,7 +233,8 @@ def record_nft_listing() -> None:
         run("ip", "route", "add", "fd00:10:244::/56", "dev", "d0")
         sandboxes = [ipaddress.ip_address(a) for a in NFT_SANDBOXES]
         hosts = [ipaddress.ip_address(a) for a in NFT_HOSTS]
-        run("nft", "-f", "-", stdin=script(desired(parse_config(NFT_CONFIG), sandboxes, hosts)))
+        config = parse_config({**NFT_CONFIG, "mode": mode})
+        run("nft", "-f", "-", stdin=script(desired(config, sandboxes, hosts)))
         for addr, times in (("10.244.0.5", 3), ("fd00:10:244::5", 2)):
             for _ in range(times):
                 run("busybox", "nc", "-w", "1", addr, "49983", stdin="", check=False)
@@ -240,7 +242,8 @@ def record_nft_listing() -> None:
     finally:
         subprocess.run(["ip", "netns", "del", ns], check=False, timeout=30)
     version = listing["nftables"][0]["metainfo"]["version"]
-    path = ROOT / "tests" / "data" / "nft" / f"nft-{version}-list-table.json"
+    which = "list" if mode == "enforce" else mode
+    path = ROOT / "tests" / "data" / "nft" / f"nft-{version}-{which}-table.json"
     path.write_text(json.dumps(listing, indent=4) + "\n")
     print(f"wrote {path}")
 
@@ -248,5 +251,6 @@ def record_nft_listing() -> None:
 if __name__ == "__main__":
     if sys.argv[1:] == ["--nft"]:
         record_nft_listing()
+        record_nft_listing("audit")
     else:
         main()

@@ -97,6 +97,9 @@ def tokens(control_plane: controlplane.ControlPlane, api: client.ApiClient) -> I
                                _request_timeout=30)  # fmt: skip
     for name in ("policy-node-a", "policy-node-b"):
         core.delete_node(name, _request_timeout=30)
+    # the session's control plane is shared: the netns lane's agents use unbound tokens
+    for kind in ("validatingadmissionpolicybinding", "validatingadmissionpolicy"):
+        cp.kubectl_run("delete", kind, f"{AGENT}-coverage", "--ignore-not-found")
 
 
 def test_an_agent_writes_its_own_nodes_coverage(

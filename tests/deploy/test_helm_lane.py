@@ -800,6 +800,72 @@ def test_a_sink_refusing_and_then_down_fires_the_delivery_alerts(lane: Lane) -> 
         receiver.stop()
 
 
+def shield_reason(lane: Lane, name: str) -> str | None:
+    try:
+        sv = client.CustomObjectsApi(lane.api).get_namespaced_custom_object(
+            "deathwatch.dev", "v1alpha1", NS, "sandboxverdicts", name, _request_timeout=10)  # fmt: skip
+    except client.ApiException:
+        return None
+    conditions = (sv.get("status") or {}).get("conditions") or []
+    return next((c["reason"] for c in conditions if c["type"] == "Shielded"), None)
+
+
+def test_audit_mode_lets_the_host_through_counted_then_a_labelled_node_enforces(
+    lane: Lane,
+) -> None:
+    """ADR 0027 on the real node: upgraded to audit mode, the node's host reaches a sandbox's
+    agent port, counted by port and kind and alerted on (info), and the verdict says Audit;
+    the node labelled into enforceNodeSelector, its agent refuses from its next resync on and
+    never lets one through again; back to enforce everywhere, the roll opens nothing."""
+    name = lane.sandbox("audited")
+    wait_for(lambda: lane.state(name) == "Alive", timeout=60, what=f"{name} Alive")
+    ip = lane.core.read_namespaced_pod(name, NS, _request_timeout=10).status.pod_ip
+    label = "node-restriction.kubernetes.io/deathwatch-firewall"
+    lane.upgrade("firewall.mode=audit", f"firewall.enforceNodeSelector={label}=enforce")
+    since = time.monotonic()
+    wait_for(lambda: connect_once(ip, AGENT_PORT, 1)[0] == "connected", timeout=60,
+             what="the host let through in audit mode")  # fmt: skip
+    wait_for(lambda: shield_reason(lane, name) == "Audit", timeout=60, what="Shielded Audit")
+    query = (
+        f'sum(deathwatch_firewall_audited_connections_total{{source="host",port="{AGENT_PORT}"}})'
+    )
+    counted = wait_for(lambda: [s for s in lane.query(query) if float(s["value"][1]) > 0],
+                       timeout=60, what="the host's connections counted")  # fmt: skip
+    alert = lane.fires("DeathwatchFirewallWouldRefuse", since)
+    assert (alert["labels"]["source"], alert["labels"]["port"]) == ("host", str(AGENT_PORT))
+    outcomes: list[str] = []
+    stop = threading.Event()
+
+    def probe() -> None:
+        while not stop.is_set():
+            outcomes.append(connect_once(ip, AGENT_PORT, 0.5)[0])
+            time.sleep(0.005)
+
+    prober = threading.Thread(target=probe, daemon=True)
+    prober.start()
+    try:
+        labelled = time.monotonic()
+        lane.c.kubectl("label", "node", NODE_NAME, f"{label}=enforce")
+        wait_for(lambda: shield_reason(lane, name) == "RuleInForce", timeout=60,
+                 what="Shielded again once the node enforces")  # fmt: skip
+        took = time.monotonic() - labelled
+    finally:
+        stop.set()
+        prober.join(5)
+    first = outcomes.index("refused")
+    assert "connected" not in outcomes[first:], outcomes[first:][:20]
+    RESULTS["audit_then_enforce"] = {
+        "host_connections_counted": float(counted[0]["value"][1]),
+        "label_to_shielded_seconds": round(took, 1),
+        "let_through_before_the_switch": first, "refused_after": len(outcomes) - first,
+    }  # fmt: skip
+    with Prober(ip) as rolled:
+        lane.upgrade("firewall.mode=enforce", "firewall.enforceNodeSelector=")
+    assert rolled["connected"] == 0, rolled
+    lane.c.kubectl("label", "node", NODE_NAME, f"{label}-")
+    assert connect_once(ip, AGENT_PORT, 1)[0] == "refused"
+
+
 def test_helm_upgrade_with_new_values_rolls_the_agents_and_lets_nothing_through(lane: Lane) -> None:
     name = lane.sandbox("upgrade")
     wait_for(lambda: lane.state(name) == "Alive", timeout=60, what="upgrade Alive")
@@ -812,8 +878,9 @@ def test_helm_upgrade_with_new_values_rolls_the_agents_and_lets_nothing_through(
     assert outcomes["connected"] == 0, outcomes
     assert outcomes["refused"] > 100, outcomes
     history = json.loads(lane.helm("history", "deathwatch", "-n", SYSTEM, "-o", "json"))
-    # install, the sink's upgrade (test_a_sink_refusing...), this one
-    assert [h["revision"] for h in history] == [1, 2, 3] and history[-1]["status"] == "deployed"
+    # install, the sink's upgrade (test_a_sink_refusing...), audit and back, this one
+    assert [h["revision"] for h in history] == [1, 2, 3, 4, 5]
+    assert history[-1]["status"] == "deployed"
     config = yaml.safe_load(lane.core.read_namespaced_config_map(
         "deathwatch-firewall", SYSTEM, _request_timeout=10).data["config.yaml"])  # fmt: skip
     assert config["allowedSources"] == ["192.0.2.10/32"] and config["podCIDRs"] == []

@@ -515,3 +515,66 @@ def test_the_agent_measures_its_rule_refusing_the_host_and_says_when_the_host_ge
 
 def other_table(n: Node, ns: str) -> bool:
     return n.ns_exec(ns, "nft", "list", "table", "inet", "deathwatch", check=False).returncode == 0
+
+
+# --- audit mode: count, record and let through; then enforce (ADR 0027) -------------------
+
+
+def audit_log(log: Path) -> list[dict[str, object]]:
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    return [e for e in lines if e.get("event") == "audit: would refuse"]
+
+
+def test_audit_lets_through_and_counts_each_kind_then_enforce_refuses_at_once(
+    nodes: tuple[Node, Node], tmp_path: Path
+) -> None:
+    """On A, in audit mode: A's host and B's host reach A's sandbox, each counted once by
+    kind and logged once with its source, and the agent's own self-check is neither; pods pass
+    uncounted. The config switched to enforce, the next resync replaces the table in one
+    transaction: the same connections refused, the pods' still pass."""
+    a, b = nodes
+    sbx, b_pod = a.sandbox, b.ordinary
+    assert sbx is not None and b_pod is not None
+    cfg = tmp_path / "fw.yaml"
+    base = {"podCIDRs": ["10.244.0.0/16", "fd00:10:244::/56"], "agentPorts": [AGENT_PORT],
+            "resyncSeconds": 0.5}  # fmt: skip
+    cfg.write_text(json.dumps({**base, "mode": "audit"}))
+    agent, log = run_agent(a, tmp_path, "--config", str(cfg), "--sandbox", sbx.v4,
+                           "--sandbox", sbx.v6)  # fmt: skip
+    try:
+        wait_for(lambda: measured(log), timeout=15, what=f"a self-check: {log.read_text()[-600:]}")
+        assert measured(log)[-1] == "verified"  # its own rule saw the agent's marked connection
+        outcomes = {
+            "A host -> sandbox v4": a.connect(a.host, sbx.v4, AGENT_PORT),
+            "A host -> sandbox v6": a.connect(a.host, sbx.v6, AGENT_PORT),
+            "B host -> sandbox v4": a.connect(b.host, sbx.v4, AGENT_PORT),
+            "B pod -> sandbox v4": a.connect(b_pod.ns, sbx.v4, AGENT_PORT),
+        }
+        assert set(outcomes.values()) == {"connected"}, outcomes  # audit refuses nothing
+        table = from_json(json.loads(a.nft("-j", "list", "table", "inet", "deathwatch").stdout))
+        from deathwatch.firewall.ruleset import audited, recorded
+
+        assert {k: v for k, v in audited(table).items() if v} == {
+            ("host", AGENT_PORT): 2, ("outside", AGENT_PORT): 1,
+        }  # fmt: skip
+        sources = {(chain, source) for chain, source, _, _ in recorded(table)}
+        b_host_v4 = sorted({s for c, s in sources if c == "in"})
+        assert len(b_host_v4) == 1 and {c for c, _ in sources} == {"in", "out"}, sources
+        said = wait_for(lambda: len(audit_log(log)) >= 3 and audit_log(log), timeout=10,
+                        what=f"the sources logged: {log.read_text()[-800:]}")  # fmt: skip
+        assert sorted(str(e["kind"]) for e in said) == ["host", "host", "outside"], said
+        # the switch: the next resync applies the enforcing table in one transaction
+        cfg.write_text(json.dumps({**base, "mode": "enforce"}))
+        wait_for(lambda: a.connect(a.host, sbx.v4, AGENT_PORT) == "refused", timeout=10,
+                 what="the host refused once the config says enforce")  # fmt: skip
+        assert a.connect(b.host, sbx.v4, AGENT_PORT) == "refused"
+        assert a.connect(b_pod.ns, sbx.v4, AGENT_PORT) == "connected"
+        live = from_json(json.loads(a.nft("-j", "list", "table", "inet", "deathwatch").stdout))
+        assert live is not None and not [s for s in live.sets if s.name.startswith("audit")]
+        events = [json.loads(x) for x in log.read_text().splitlines() if x.startswith("{")]
+        modes = [e["mode"] for e in events if e.get("event") == "firewall mode"]
+        assert modes == ["audit", "enforce"], modes
+        assert len(audit_log(log)) == 3  # each source said once; the self-checks never
+    finally:
+        agent.terminate()
+        agent.wait(15)

@@ -385,7 +385,7 @@ def _replayed(
     name: str, selector: str = "app=sandbox", policy: str = "auto"
 ) -> dict[str, tuple[str, str | None, str | None]]:
     """Every pod of the recording the selector picks: its final verdict, as replay says."""
-    from deathwatch._engine.selector import parse_selector
+    from deathwatch._kube.selector import parse_selector
     from deathwatch._policies import default_registry
     from deathwatch._replay.events import DECODER, view_events
     from deathwatch._replay.run import Replay

@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -686,7 +687,7 @@ def no_real_connections(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]
 
     tried: list[tuple[str, int]] = []
 
-    def dial(address: Any, port: int, timeout: float = 1.0) -> str:
+    def dial(address: Any, port: int, timeout: float = 1.0, mark: bool = False) -> str:
         tried.append((str(address), port))
         return "timeout"
 
@@ -790,3 +791,151 @@ def test_a_new_agent_never_replaces_the_table_in_force_before_it_knows_the_pod_r
     first.nodes = Unlisted()  # type: ignore[assignment]
     first.step()
     assert fresh_nft.table is not None
+
+
+# --- audit mode (ADR 0027) -----------------------------------------------------------------
+
+AUDIT = {**GOOD, "mode": "audit"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"mode": "warn"}, "mode: expected enforce or audit, got 'warn'"),
+        ({"mode": "audit", "enforceNodeSelector": "pool in (a)"},
+         "enforceNodeSelector: --selector term 'pool in (a)': set-based terms"),
+        ({"enforceNodeSelector": "a b=c"}, "enforceNodeSelector: --selector term 'a b=c'"),
+    ],
+)  # fmt: skip
+def test_a_bad_mode_or_node_selector_names_the_field(extra: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_config({**GOOD, **extra})
+
+
+def test_audit_mode_counts_and_records_what_it_would_refuse_and_refuses_nothing() -> None:
+    from deathwatch.firewall.ruleset import SELF_COMMENT
+
+    table = desired(
+        parse_config({**AUDIT, "agentPorts": [49983, 8000]}), [ip_address("10.244.1.2")]
+    )
+    rules = [r for c in table.chains for r in c.rules]
+    assert [r for r in rules if r.verdict] == []  # no verdict at all: nothing refused
+    audits = [r for r in rules if r.comment != SELF_COMMENT]
+    assert sorted(r.comment or "" for r in audits) == sorted(
+        f"deathwatch audit: {kind} {port}"
+        for kind in ("host", "outside", "host-in-pod-range")
+        for port in (8000, 49983)
+        for _ in ("v4", "v6")
+    )
+    for r in audits:  # a connection's first packet, recorded in its chain's set
+        assert Match("ct state", "new") in r.matches and len(r.statements) == 1
+        assert r.statements[0].startswith(("update @audit_out_", "update @audit_in_"))
+    dynamic = {s.name for s in table.sets if s.dynamic}
+    assert dynamic == {"audit_out_v4", "audit_out_v6", "audit_in_v4", "audit_in_v6"}
+    # the same config enforced: the rules as ever (the pinned script)
+    assert desired(parse_config(GOOD)) == desired(parse_config({**GOOD, "mode": "enforce"}))
+
+
+def test_a_real_nft_audit_listing_reduces_to_the_desired_table_with_its_counts() -> None:
+    """Recorded from nft 1.0.6 (hack/make_recordings.py --nft): NFT_CONFIG in audit mode, the
+    host's 3 (v4) and 2 (v6) connections let through, counted and recorded."""
+    from deathwatch.firewall.ruleset import audited, recorded
+
+    have = from_json(json.loads((DATA / "nft-1.0.6-audit-table.json").read_text()))
+    config = parse_config({**NFT_CONFIG, "mode": "audit"})
+    want = desired(config, [ip_address(a) for a in NFT_SANDBOXES],
+                   [ip_address(a) for a in NFT_HOSTS])  # fmt: skip
+    assert differences(want, have) == []  # the recorded elements are the kernel's, not drift
+    assert have is not None and have.rejected_packets == 0
+    assert {k: v for k, v in audited(have).items() if v} == {("host", 49983): 5}
+    assert sorted(recorded(have)) == [("out", "10.9.0.1", 49983, "10.244.0.5"),
+                                      ("out", "fd00:9::1", 49983, "fd00:10:244::5")]  # fmt: skip
+    assert script(want).count("update @audit_") == 12  # 2 ports x 3 kinds x 2 families
+
+
+def test_audit_mode_is_per_node_by_its_labels() -> None:
+    staged = parse_config({**AUDIT, "enforceNodeSelector": "pool=a,!drain"})
+    assert staged.for_node({"pool": "a"}).mode == "enforce"
+    assert staged.for_node({"pool": "a", "drain": "yes"}).mode == "audit"
+    assert staged.for_node({"pool": "b"}).mode == "audit"
+    assert staged.for_node(None).mode == "audit"  # labels not known yet: as configured
+    assert parse_config(GOOD).for_node({"pool": "b"}).mode == "enforce"
+
+
+class Listed:
+    """A Node watch that has listed these Node objects."""
+
+    def __init__(self, *nodes: dict[str, Any]) -> None:
+        self.nodes = list(nodes)
+
+    def snapshot(self) -> list[Mapping[str, Any]] | None:
+        return self.nodes
+
+
+def _counted(table: Table, comment: str, packets: int) -> Table:
+    chains = tuple(
+        dataclasses.replace(c, rules=tuple(
+            dataclasses.replace(r, packets=packets) if r.comment == comment else r
+            for r in c.rules))
+        for c in table.chains
+    )  # fmt: skip
+    return dataclasses.replace(table, chains=chains)
+
+
+def test_an_auditing_agent_counts_by_port_and_kind_logs_each_source_once_and_says_audit(
+    tmp_path: Path, no_real_connections: list[tuple[str, int]]
+) -> None:
+    import structlog.testing
+
+    path = tmp_path / "fw.yaml"
+    path.write_text(json.dumps({**AUDIT, "sandboxSelector": "app=sandbox",
+                                "enforceNodeSelector": "deathwatch.dev/firewall=enforce"}))  # fmt: skip
+    api, nft = FakeApi(), FakeNft()
+    api.add("pods", "sandboxes", sandbox_pod("10.244.1.2"))
+    agent = Agent(path, nft, link=ClusterLink(api.agent(), "node-a", "fw-a", "deathwatch-system"))
+    node = {"metadata": {"name": "node-a", "labels": {}}, "spec": {"podCIDRs": ["10.244.1.0/24"]}}
+    agent.nodes = Listed(node)  # type: ignore[assignment]
+    agent.step()
+    assert agent.mode == "audit" and agent.metrics.enforcing._value.get() == 0
+    notes = coverage_lease(api)["metadata"]["annotations"]
+    assert notes["deathwatch.dev/mode"] == "audit"
+    assert nft.table is not None
+    table = _counted(nft.table, "deathwatch audit: host 49983", 2)
+    table = _counted(table, "deathwatch audit: outside 49983", 1)
+    records = [f"10.9.0.{i} . 49983 . 10.244.1.2" for i in range(1, 14)]
+    table = dataclasses.replace(table, sets=tuple(
+        dataclasses.replace(s, elements=tuple(records)) if s.name == "audit_in_v4" else s
+        for s in table.sets))  # fmt: skip
+    nft.table = table
+    said: list[list[dict[str, Any]]] = []
+    for _ in range(3):  # the same counters and records each time: counted once, said once
+        with structlog.testing.capture_logs() as logs:
+            agent.step()
+        said.append([e for e in logs if e["event"].startswith("audit: would refuse")])
+    audited = agent.metrics.audited
+    # each rule of both families counted: v4 and v6 summed by port and kind
+    assert audited.labels("49983", "host")._value.get() == 4
+    assert audited.labels("49983", "outside")._value.get() == 2
+    # at most ten sources a resync, the rest counted in one line and said at the next
+    assert [len(s) for s in said] == [11, 3, 0]
+    assert said[0][0]["source"] == "10.9.0.1" and said[0][0]["kind"] == "outside"
+    assert said[0][-1] == {**said[0][-1], "event": "audit: would refuse more", "more": 3}
+    assert len(nft.applied) == 1  # the kernel's records and counters are not drift
+    # the node labelled into enforcement: the table replaced at once, refusing
+    node["metadata"]["labels"] = {"deathwatch.dev/firewall": "enforce"}
+    agent.step()
+    assert agent.mode == "enforce" and agent.metrics.enforcing._value.get() == 1
+    assert nft.table is not None and len(nft.applied) == 2
+    assert [s.name for s in nft.table.sets if s.name.startswith("audit")] == []
+    assert all(r.verdict == "reject with tcp reset" for c in nft.table.chains for r in c.rules)
+    assert coverage_lease(api)["metadata"]["annotations"]["deathwatch.dev/mode"] == "enforce"
+
+
+def test_a_self_check_in_audit_mode_is_our_own_rule_seeing_the_host() -> None:
+    from deathwatch.firewall.selfcheck import Measured, outcome
+
+    assert outcome("connected", 4, 5, audit=True) is Measured.VERIFIED
+    assert outcome("connected", 4, 4, audit=True) is Measured.BYPASSED
+    assert outcome("refused", 4, 5, audit=True) is Measured.VERIFIED  # someone else refused
+    assert outcome("timeout", 4, 4, audit=True) is Measured.INCONCLUSIVE
+    assert outcome("error:mark:1", 4, 4, audit=True) is Measured.INCONCLUSIVE

@@ -61,6 +61,7 @@ def test_the_agents_lease_reads_back_as_the_controller_expects() -> None:
         hosts_unknown="",
         pod_ranges_unknown="",
         measured="none",
+        mode="enforce",
     )
     assert read_lease({"metadata": {"name": "someone-elses-lease"}}) is None
     assert len(lease_name("n" * 300)) <= 253
@@ -104,6 +105,28 @@ def test_judge_names_why_a_sandbox_is_not_shielded() -> None:
     verified = judge("node-a", ("10.244.1.2",), (49983,), claim(measured="verified"), seen,
                      101.0, True)  # fmt: skip
     assert verified.message.endswith("refused by it (measured)")
+    # a node that audits (ADR 0027): not shielded, on purpose: neither uncovered nor exposed
+    assert reason(claim(mode="audit")) == (f, ShieldReason.AUDIT)
+    audited = judge("node-a", ("10.244.1.2",), (49983,), claim(mode="audit"), seen, 101.0, True)
+    assert audited.audited and not audited.exposed
+    assert "deathwatch_firewall_audited_connections_total" in audited.message
+    assert reason(claim(mode="audit", rule_in_force=False)) == (f, ShieldReason.RULE_MISSING)
+
+
+def test_an_audit_nodes_sandboxes_are_counted_apart_and_leave_it_covered() -> None:
+    from deathwatch._engine.engine import Track
+    from deathwatch._engine.verdict import State
+    from deathwatch._operator.decisions import facts
+    from deathwatch._operator.summary import Summaries
+
+    seen = Sighting("t", seen_at=100.0, age_then=1.0)
+    track = Track(uid="u", namespace="ns", name="p", policy="no-probe", state=State.ALIVE)
+    summaries = Summaries()
+    for node, mode in (("node-a", "audit"), ("node-b", "enforce")):
+        shield = judge(node, ("10.244.1.2",), (49983,), claim(mode=mode), seen, 101.0, True)
+        summaries.apply(("ns", "dw"), None, facts(track, shield, node))
+    assert summaries.nodes == {("node-a", "Audit"): 1, ("node-b", "True"): 1}
+    assert summaries[("ns", "dw")].uncovered_nodes() == []
 
 
 def test_hosts_the_agent_cannot_tell_from_pods_are_said_on_its_lease() -> None:

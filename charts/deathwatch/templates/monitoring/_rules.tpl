@@ -231,6 +231,23 @@ groups:
             {{ $for.firewallSyncFailing }}: that node's datapath skips the table. Its
             sandboxes read Shielded=False RuleBypassed.
           runbook_url: {{ $runbook }}#deathwatchfirewallrulebypassed
+      # audit mode (firewall.mode=audit): what enforcing would refuse. The rollout's question
+      # is whether this stays quiet: then nothing legitimate would be refused there
+      - alert: DeathwatchFirewallWouldRefuse
+        expr: >-
+          sum by (instance, port, source)
+          (increase(deathwatch_firewall_audited_connections_total[{{ $r.auditWindow }}])) > 0
+        for: 0m
+        labels: {severity: info}
+        annotations:
+          summary: An auditing firewall saw connections it would refuse
+          description: >-
+            The firewall agent on {{`{{ $labels.instance }}`}} let through
+            {{`{{ $value | printf "%.0f" }}`}} connection(s) to agent port
+            {{`{{ $labels.port }}`}} from {{`{{ $labels.source }}`}} sources in
+            {{ $r.auditWindow }} that enforcing would refuse. Its log names each source
+            ("audit: would refuse").
+          runbook_url: {{ $runbook }}#deathwatchfirewallwouldrefuse
   - name: deathwatch.shards
     rules:
       # every slot's writer: the leader of its shard (one shard: the leader); a reshard

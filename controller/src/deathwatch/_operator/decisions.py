@@ -25,6 +25,7 @@ class Facts:
     shield: ConditionStatus | None = None  # a live sandbox's Shielded status, when judged
     exposed_on: str | None = None  # its node, while it is live and not shielded
     node: str | None = None  # its node, while it is live
+    audited: bool = False  # live, and not shielded because its node audits on purpose
     death: Evidence | None = None  # while Dead
 
 
@@ -128,5 +129,6 @@ def facts(track: Track, shield: Shield | None, node: str | None) -> Facts:
         shield=shield.status if shield is not None and live else None,
         exposed_on=node if shield is not None and live and shield.exposed and node else None,
         node=node if live else None,
+        audited=shield is not None and live and shield.audited,
         death=track.evidence if track.state is State.DEAD else None,
     )

@@ -62,8 +62,8 @@ class Metrics:
         self._death_nodes: set[str] = set()
         self.node_sandboxes = Gauge(
             "deathwatch_node_sandboxes",
-            "Live sandboxes per node, by their Shielded status (True, False, Unknown; none: no "
-            "firewall configured)",
+            "Live sandboxes per node, by their Shielded status (True, False, Unknown; Audit: "
+            "False because the node's firewall audits on purpose; none: no firewall configured)",
             ["node", "shielded"],
             registry=r,
         )

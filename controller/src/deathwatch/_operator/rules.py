@@ -18,8 +18,8 @@ import msgspec
 
 from deathwatch._engine.podview import PodView
 from deathwatch._engine.raw import validation_field
-from deathwatch._engine.selector import Requirement, Selector, SelectorError, check_key, check_value
 from deathwatch._engine.timeutil import UTC, parse_time
+from deathwatch._kube.selector import Requirement, Selector, SelectorError, check_key, check_value
 from deathwatch._operator.agent_sandboxes import TRACKING_LABEL
 from deathwatch._operator.resources import API_VERSION, DeathWatchSpec, LabelSelector
 from deathwatch._policies import PolicyRegistry, PolicySettings, UnknownPolicy

@@ -35,6 +35,8 @@ POD_RANGES_UNKNOWN = f"{PREFIX}pod-ranges-unknown"
 # the output rule as the agent measured it (verified, bypassed, inconclusive, none): a host
 # connection to a sandbox's agent port that got through unshields the node's sandboxes
 RULE_MEASURED = f"{PREFIX}rule-measured"
+# the node's mode: enforce (refuses), or audit (counts and lets through: shields nothing)
+MODE = f"{PREFIX}mode"
 SELECTOR = "app.kubernetes.io/component=firewall-coverage"
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -54,6 +56,7 @@ class ShieldReason:
     POD_RANGES_UNKNOWN = "PodRangesUnknown"  # the inbound rule waits for complete pod ranges
     OUTSIDE_POD_RANGES = "OutsidePodRanges"  # the sandbox's address is in no known pod range
     RULE_BYPASSED = "RuleBypassed"  # the agent's own host connection to a sandbox got through
+    AUDIT = "Audit"  # the node's firewall audits: it counts what it would refuse, refuses none
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +80,7 @@ class NodeCoverage:
     # nodes with no pod range while none is configured ("*": not listed): inbound waits
     pod_ranges_unknown: str = ""
     measured: str = ""  # the agent's self-check of its output rule ("": an older agent)
+    mode: str = "enforce"  # enforce, or audit ("enforce": an older agent, which only enforced)
 
 
 def read_lease(lease: Mapping[str, Any]) -> NodeCoverage | None:
@@ -112,6 +116,7 @@ def read_lease(lease: Mapping[str, Any]) -> NodeCoverage | None:
         hosts_unknown=str(notes.get(HOSTS_UNKNOWN, "")),
         pod_ranges_unknown=str(notes.get(POD_RANGES_UNKNOWN, "")),
         measured=str(notes.get(RULE_MEASURED, "")),
+        mode=str(notes.get(MODE) or "enforce"),
     )
 
 
@@ -141,8 +146,14 @@ class Shield:
     message: str
 
     @property
+    def audited(self) -> bool:
+        """Not shielded because its node audits on purpose (a staged rollout): not exposed
+        by accident, so neither an uncovered node nor a SandboxUnshielded spell."""
+        return self.reason == ShieldReason.AUDIT
+
+    @property
     def exposed(self) -> bool:
-        return self.status is ConditionStatus.FALSE
+        return self.status is ConditionStatus.FALSE and not self.audited
 
 
 def judge(
@@ -183,6 +194,14 @@ def judge(
             f"the firewall agent on {node} connected from the host to a sandbox's agent port "
             "with its table in force: this node's datapath skips the table (runbook: "
             "SandboxUnshielded)",
+        )
+    if coverage.mode == "audit":
+        return Shield(
+            f,
+            ShieldReason.AUDIT,
+            f"the firewall on {node} audits: it counts what its rules would refuse "
+            "(deathwatch_firewall_audited_connections_total) and refuses nothing; it enforces "
+            "once firewall.mode is enforce or the node matches firewall.enforceNodeSelector",
         )
     if coverage.config_file != coverage.config:
         return Shield(

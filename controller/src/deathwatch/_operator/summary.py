@@ -72,7 +72,7 @@ class Summaries:
         self._by_deathwatch: dict[DeathWatchKey, Summary] = {}
         self.states: Counter[State] = Counter()  # every tracked sandbox, for the gauges
         self.shields: Counter[ConditionStatus] = Counter()  # live judged ones, likewise
-        # live sandboxes per (node, Shielded status or "none"), likewise
+        # live sandboxes per (node, Shielded status, "Audit" or "none"), likewise
         self.nodes: Counter[tuple[str, str]] = Counter()
 
     def __getitem__(self, key: DeathWatchKey) -> Summary:
@@ -97,7 +97,8 @@ class Summaries:
             if facts.shield is not None:
                 self.shields[facts.shield] += sign
             if facts.node is not None:
-                per_node = (facts.node, str(facts.shield) if facts.shield else "none")
+                shielded = "Audit" if facts.audited else str(facts.shield or "none")
+                per_node = (facts.node, shielded)
                 self.nodes[per_node] += sign
                 if self.nodes[per_node] <= 0:
                     del self.nodes[per_node]

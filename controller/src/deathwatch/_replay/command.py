@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import BinaryIO, TextIO
 
-from deathwatch._engine.selector import SelectorError, parse_selector
+from deathwatch._kube.selector import SelectorError, parse_selector
 from deathwatch._policies import AUTO, PolicySettings, UnknownPolicy, default_registry
 from deathwatch._policies.builtin import BUILTIN_ORDER
 from deathwatch._replay.events import DECODER, SkippedEvent, ViewEvent, view_events

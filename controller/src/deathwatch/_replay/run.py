@@ -19,8 +19,8 @@ from deathwatch._engine import memory
 from deathwatch._engine.engine import Step, Track
 from deathwatch._engine.memory import Deadlines, Memory
 from deathwatch._engine.podview import PodView
-from deathwatch._engine.selector import Selector
 from deathwatch._engine.verdict import Evidence, State
+from deathwatch._kube.selector import Selector
 from deathwatch._policies import PolicyRegistry, PolicySettings
 from deathwatch._replay.events import SkippedEvent, ViewEvent
 

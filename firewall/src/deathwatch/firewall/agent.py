@@ -16,6 +16,7 @@ DaemonSet found gone or being deleted as it stops (uninstall.py).
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 import threading
 import time
@@ -28,19 +29,48 @@ import structlog
 
 from deathwatch._kube.errors import KubeError, describe
 from deathwatch._kube.ports import Heartbeat
-from deathwatch.firewall.config import ConfigError, FirewallConfig, Network, load_config
+from deathwatch.firewall.config import (
+    AUDIT,
+    ENFORCE,
+    ConfigError,
+    FirewallConfig,
+    Network,
+    load_config,
+)
 from deathwatch.firewall.coverage import LEASE_PREFIX, NodeState, lease_body, publish
 from deathwatch.firewall.hosts import Hosts, NodeAddresses, host_addresses, ranges_unknown
 from deathwatch.firewall.kubeapi import Api
 from deathwatch.firewall.metrics import FirewallMetrics
 from deathwatch.firewall.nft import Nft, NftError
-from deathwatch.firewall.ruleset import Address, desired
+from deathwatch.firewall.ruleset import (
+    HOST,
+    HOST_IN_POD_RANGE,
+    OUTSIDE,
+    Address,
+    audited,
+    desired,
+    recorded,
+)
 from deathwatch.firewall.sandboxes import PodWatch, list_sandboxes
 from deathwatch.firewall.selfcheck import Measured, measure
 from deathwatch.firewall.table import Table, differences, dump_state
 from deathwatch.firewall.uninstall import DaemonSetWatch, judge
 
 log = structlog.get_logger("deathwatch.firewall")
+AUDIT_LOGGED = 10  # new sources logged a resync, at most (the rest counted in one line)
+AUDIT_REMEMBERED = 10_000  # sources remembered as logged
+
+
+def _kind(chain: str, source: str, config: FirewallConfig | None) -> str:
+    """Which kind of source an audit record is (ruleset.py's kinds)."""
+    if chain == "out":
+        return HOST
+    try:
+        address = ipaddress.ip_address(source)
+    except ValueError:
+        return OUTSIDE
+    in_range = config is not None and any(address in n for n in config.pod_cidrs)
+    return HOST_IN_POD_RANGE if in_range else OUTSIDE
 
 
 @dataclass(frozen=True)
@@ -100,6 +130,9 @@ class Agent:
         self.measured = Measured.NONE  # the output rule, as last measured (selfcheck.py)
         self._waiting_said = False  # "waiting for the Node listing" logged
         self._measured_turn = 0  # which of this node's sandboxes is tried next
+        self._audited_seen: dict[tuple[str, int], int] = {}  # audit rules' counters, last read
+        self._audit_logged: set[tuple[str, str, int, str]] = set()  # sources said already
+        self._mode_said: str | None = None
 
     def reload(self) -> bool:
         """Pick up a changed config file. True when a new valid config took effect."""
@@ -154,9 +187,11 @@ class Agent:
                 self.metrics.rule_present.set(0)
                 raise NftError(f"the table differs right after applying it: {after}")
             self._rejected_seen = 0  # a replaced table starts its counters at zero
+            self._audited_seen = {}
         self._applied_once = True
         self._config_changed = False
         self._write_state(want)
+        self._say_mode()
         self.metrics.rule_present.set(1)
         self.metrics.syncs.labels(result).inc()
         self.metrics.last_sync.set(time.time())
@@ -171,6 +206,19 @@ class Agent:
         if enforced is None:
             return None
         return desired(enforced, self.sandboxes, self.hosts.addresses)
+
+    def _say_mode(self) -> None:
+        mode = self.mode
+        self.metrics.enforcing.set(1 if mode == ENFORCE else 0)
+        if mode == self._mode_said:
+            return
+        self._mode_said = mode
+        config = self.config
+        staged = config is not None and config.mode == AUDIT and mode == ENFORCE
+        log.info("firewall mode", mode=mode,
+                 why="this node's labels match enforceNodeSelector" if staged else "the config",
+                 refuses="every connection the rules match" if mode == ENFORCE else
+                 "nothing: counts and records what it would refuse")  # fmt: skip
 
     def _write_state(self, table: Table) -> None:
         if self.state_file is None or self.config is None:
@@ -191,13 +239,30 @@ class Agent:
 
     def enforced(self) -> FirewallConfig | None:
         """The config as enforced now: its pod ranges and the nodes'; the inbound rule only
-        once those are complete (a range missing would refuse real pods: config.py)."""
+        once those are complete (a range missing would refuse real pods: config.py); this
+        node's mode (audit mode, unless its labels match `enforceNodeSelector`)."""
         if self.config is None:
             return None
-        config = self.config.with_pod_ranges(self.hosts.ranges)
+        config = self.config.with_pod_ranges(self.hosts.ranges).for_node(self._node_labels())
         if config.inbound and ranges_unknown(self.config, self.hosts) != ():
             config = replace(config, inbound=False)
         return config
+
+    def _node_labels(self) -> dict[str, str] | None:
+        """This node's labels as its Node watch last showed them (None: not known)."""
+        if self.link is None or self.nodes is None:
+            return None
+        for node in self.nodes.snapshot() or ():
+            meta = node.get("metadata") or {}
+            if meta.get("name") == self.link.node:
+                return dict(meta.get("labels") or {})
+        return None
+
+    @property
+    def mode(self) -> str:
+        """This node's mode now: enforce or audit."""
+        enforced = self.enforced()
+        return enforced.mode if enforced is not None else ENFORCE
 
     def _count_rejected(self, have: Table | None) -> None:
         now = have.rejected_packets if have else 0
@@ -206,6 +271,26 @@ class Agent:
         else:
             self.metrics.rejected.inc(now)  # replaced by someone else: counting restarted
         self._rejected_seen = now
+        self._count_audited(have)
+
+    def _count_audited(self, have: Table | None) -> None:
+        """Audit mode: what each rule would have refused (by port and kind of source), and
+        the sources the kernel recorded, each logged once (at most AUDIT_LOGGED a resync)."""
+        counts = audited(have)
+        for (kind, port), now in counts.items():
+            seen = self._audited_seen.get((kind, port), 0)
+            self.metrics.audited.labels(str(port), kind).inc(now - seen if now >= seen else now)
+        self._audited_seen = counts
+        fresh = [r for r in recorded(have) if r not in self._audit_logged]
+        for chain, source, port, sandbox in fresh[:AUDIT_LOGGED]:
+            log.warning("audit: would refuse", source=source, port=port, sandbox=sandbox,
+                        kind=_kind(chain, source, self.enforced()))  # fmt: skip
+        if len(fresh) > AUDIT_LOGGED:
+            log.warning("audit: would refuse more", more=len(fresh) - AUDIT_LOGGED,
+                        counted="deathwatch_firewall_audited_connections_total")  # fmt: skip
+        if len(self._audit_logged) > AUDIT_REMEMBERED:
+            self._audit_logged.clear()  # each set element lives an hour: said again at worst
+        self._audit_logged.update(fresh[:AUDIT_LOGGED])
 
     def list_sandboxes(self) -> None:
         """Learn this node's sandboxes; on failure keep the last known (counted, logged)."""
@@ -276,6 +361,7 @@ class Agent:
             len(self.sandboxes) if self._sandboxes_known else None,
             self.hosts,
             self.measured,
+            self.mode,
         )
         try:
             publish(
@@ -358,8 +444,10 @@ class Agent:
         else:
             target = candidates[self._measured_turn % len(candidates)]
             self._measured_turn += 1
-            found, did = measure(self.nft.list_table, target, enforced.agent_ports[0])
-            if found is Measured.VERIFIED:  # ours, not a neighbour's: left out of `rejected`
+            audit = enforced.mode == AUDIT
+            found, did = measure(self.nft.list_table, target, enforced.agent_ports[0],
+                                 audit=audit)  # fmt: skip
+            if found is Measured.VERIFIED and not audit:  # ours: left out of `rejected`
                 self._rejected_seen += 1
             if found is not self.measured:
                 report = log.error if found is Measured.BYPASSED else log.info

@@ -9,6 +9,10 @@
                                    # outside the pod ranges (other nodes' hosts, NodePorts)
     allowedSources: ["10.0.5.7/32"]                    # ... except from these (a gateway)
     sandboxSelector: "app=sandbox"  # which pods on this node are sandboxes (label selector)
+    mode: enforce                  # or audit: the same rules count and record what they
+                                   # would refuse, and let it through (ruleset.py)
+    enforceNodeSelector: ""        # in audit mode, the nodes whose labels match enforce: the
+                                   # platform moves a node pool at a time (k=v, k!=v, k, !k)
     # hosts in the pod range are hosts (overlay CNIs give each node a tunnel address there):
     hostAddressAnnotations: [...]  # Node annotations holding one (default: Calico's, Cilium's)
     hostPodCIDROffsets: [0, 1]     # addresses of each node's spec.podCIDRs the host takes
@@ -35,12 +39,15 @@ import hashlib
 import ipaddress
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 import yaml
+
+from deathwatch._kube.selector import SelectorError, parse_selector
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -91,10 +98,16 @@ class ConfigFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_onl
         name="hostPodCIDROffsets", default_factory=lambda: list(HOST_POD_CIDR_OFFSETS)
     )
     extra_host_addresses: list[str] = msgspec.field(name="extraHostAddresses", default_factory=list)
+    mode: Literal["enforce", "audit"] = "enforce"
+    enforce_node_selector: Annotated[str, msgspec.Meta(max_length=1024)] = msgspec.field(
+        name="enforceNodeSelector", default=""
+    )
 
 
 KEYS = ("podCIDRs", "agentPorts", "resyncSeconds", "inbound", "allowedSources", "sandboxSelector",
-        "hostAddressAnnotations", "hostPodCIDROffsets", "extraHostAddresses")  # fmt: skip
+        "hostAddressAnnotations", "hostPodCIDROffsets", "extraHostAddresses", "mode",
+        "enforceNodeSelector")  # fmt: skip
+ENFORCE, AUDIT = "enforce", "audit"
 # a label selector as kubectl takes it: key=value, key!=value, key, !key, key in (a,b)
 _SELECTOR = re.compile(
     r"^\s*(!?[\w./-]+(\s*(==?|!=)\s*[\w.-]*|\s+(in|notin)\s*\([\w.,\s-]*\))?)"
@@ -117,6 +130,8 @@ _EXPECTED = {
     "hostPodCIDROffsets[]": "an offset 0-65535",
     "extraHostAddresses": "a list of IP addresses",
     "extraHostAddresses[]": "an IP address string",
+    "mode": "enforce or audit",
+    "enforceNodeSelector": "a label selector of the nodes that enforce in audit mode",
 }
 
 
@@ -131,6 +146,17 @@ class FirewallConfig:
     host_address_annotations: tuple[str, ...] = HOST_ADDRESS_ANNOTATIONS
     host_pod_cidr_offsets: tuple[int, ...] = HOST_POD_CIDR_OFFSETS
     extra_host_addresses: tuple[Address, ...] = ()
+    mode: str = ENFORCE  # as configured; the agent resolves its node's (`for_node`)
+    enforce_node_selector: str = ""
+
+    def for_node(self, labels: Mapping[str, str] | None) -> FirewallConfig:
+        """This config as one node runs it: in audit mode, a node whose labels match
+        `enforceNodeSelector` enforces (None: its labels are not known yet: as configured)."""
+        if self.mode != AUDIT or not self.enforce_node_selector or labels is None:
+            return self
+        if parse_selector(self.enforce_node_selector).matches(labels):
+            return replace(self, mode=ENFORCE)
+        return self
 
     @property
     def v4(self) -> tuple[ipaddress.IPv4Network, ...]:
@@ -167,6 +193,8 @@ class FirewallConfig:
                 "hostAddressAnnotations": sorted(self.host_address_annotations),
                 "hostPodCIDROffsets": sorted(self.host_pod_cidr_offsets),
                 "extraHostAddresses": sorted(str(a) for a in self.extra_host_addresses),
+                "mode": self.mode,
+                "enforceNodeSelector": self.enforce_node_selector,
             },
             sort_keys=True,
         )
@@ -211,6 +239,11 @@ def parse_config(data: object, source: str = "config") -> FirewallConfig:
             f"{source}: sandboxSelector: expected {_EXPECTED['sandboxSelector']}, "
             f"got {raw.sandbox_selector!r}"
         )
+    if raw.enforce_node_selector.strip():
+        try:
+            parse_selector(raw.enforce_node_selector)
+        except SelectorError as exc:
+            raise ConfigError(f"{source}: enforceNodeSelector: {exc}") from None
     extra: list[Address] = []
     for i, text in enumerate(raw.extra_host_addresses):
         try:
@@ -229,6 +262,8 @@ def parse_config(data: object, source: str = "config") -> FirewallConfig:
         tuple(dict.fromkeys(raw.host_address_annotations)),
         tuple(sorted(set(raw.host_pod_cidr_offsets))),
         tuple(sorted(set(extra), key=lambda a: (a.version, int(a)))),
+        raw.mode,
+        raw.enforce_node_selector.strip(),
     )
 
 

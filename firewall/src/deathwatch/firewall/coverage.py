@@ -41,6 +41,8 @@ POD_RANGES_UNKNOWN = f"{PREFIX}pod-ranges-unknown"
 # the output rule as the agent last measured it: verified, bypassed, inconclusive or none
 # (selfcheck.py); bypassed unshields the node's sandboxes
 RULE_MEASURED = f"{PREFIX}rule-measured"
+# enforce (refused) or audit (counted and let through: its sandboxes are not shielded)
+MODE = f"{PREFIX}mode"
 UNKNOWN_SHOWN = 20  # nodes named in the annotation; more are counted
 LABELS = {
     "app.kubernetes.io/name": "deathwatch",
@@ -76,6 +78,7 @@ class NodeState:
     sandboxes: int | None  # None: the sandbox list could not be read
     hosts: Hosts = KNOWN_NONE  # the hosts' addresses in force (unknown None: not listed)
     measured: str = "none"  # the output rule's self-check (selfcheck.Measured)
+    mode: str = "enforce"  # this node's: enforce, or audit
 
 
 def unknown_hosts(hosts: Hosts) -> str:
@@ -123,6 +126,7 @@ def lease_body(
                 HOSTS_UNKNOWN: unknown_hosts(state.hosts) if config.inbound else "",
                 POD_RANGES_UNKNOWN: "" if waits == () else _nodes(waits),
                 RULE_MEASURED: state.measured,
+                MODE: state.mode,
             },
         },
         "spec": {

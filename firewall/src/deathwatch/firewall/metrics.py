@@ -84,6 +84,20 @@ class FirewallMetrics:
             "1 when the last self-check connected from the host to a sandbox's agent port",
             registry=r,
         )
+        self.audited = Counter(
+            "deathwatch_firewall_audited_connections",
+            "Audit mode: connections the rules would have refused and let through, by agent "
+            "port and kind of source: host (this node: a process or a hostNetwork pod), outside "
+            "(outside the pod ranges: another node, a NodePort client), host-in-pod-range (a "
+            "host's own address inside them: an overlay's tunnel)",
+            ["port", "source"],
+            registry=r,
+        )
+        self.enforcing = Gauge(
+            "deathwatch_firewall_enforcing",
+            "1 when this node refuses (mode enforce), 0 when it only audits",
+            registry=r,
+        )
         self.coverage_published = Gauge(
             "deathwatch_firewall_coverage_published_timestamp_seconds",
             "When this node's coverage Lease was last renewed",

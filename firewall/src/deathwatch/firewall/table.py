@@ -23,10 +23,16 @@ FAMILY, NAME = "inet", "deathwatch"
 @dataclass(frozen=True)
 class Set:
     name: str
-    type: str  # ipv4_addr, ipv6_addr, inet_service
+    type: str  # ipv4_addr, ipv6_addr, inet_service; a concatenation as "ipv4_addr . inet_service"
     flags: tuple[str, ...] = ()
     # networks as CIDRs (interval sets), addresses (hash sets), ports as numbers; sorted as text
+    # (a concatenation's element as "10.0.0.1 . 49983 . 10.1.0.5")
     elements: tuple[str, ...] = ()
+    size: int = 0  # at most this many elements (0: nft's default)
+    timeout: int = 0  # seconds an element added by a rule lives (0: for ever)
+    # filled by the packet path (a rule's `update @set`), never by us: its elements are read,
+    # never compared (what the audit mode records: ruleset.py)
+    dynamic: bool = False
 
 
 @dataclass(frozen=True)
@@ -39,11 +45,14 @@ class Match:
 @dataclass(frozen=True)
 class Rule:
     matches: tuple[Match, ...]
-    verdict: str  # "reject with tcp reset", "accept"
+    verdict: str  # "reject with tcp reset", "accept"; "": none, the packet goes on
     counter: bool = True
     comment: str | None = None
     # what the kernel counted so far: read back, never compared, never rendered
     packets: int = field(default=0, compare=False)
+    # statements between the counter and the verdict, in nft's syntax:
+    # "update @audit_v4 { ip saddr . tcp dport . ip daddr }"
+    statements: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -63,7 +72,10 @@ class Table:
 
     @property
     def rejected_packets(self) -> int:
-        return sum(r.packets for c in self.chains for r in c.rules)
+        """What the rules that refuse counted (an audit rule refuses nothing)."""
+        return sum(
+            r.packets for c in self.chains for r in c.rules if r.verdict.startswith("reject")
+        )
 
 
 def interval(first: int, last: int, version: int) -> str:
@@ -87,7 +99,9 @@ def _rule(rule: Rule) -> str:
     parts = [m.left + (f" {m.op} " if m.op != "==" else " ") + m.right for m in rule.matches]
     if rule.counter:
         parts.append("counter")
-    parts.append(rule.verdict)
+    parts.extend(rule.statements)
+    if rule.verdict:
+        parts.append(rule.verdict)
     if rule.comment is not None:
         parts.append(f"comment {json.dumps(rule.comment)}")
     return " ".join(parts)
@@ -98,9 +112,11 @@ def script(table: Table) -> str:
     no instant with a partial table or none."""
     lines = [f"table {FAMILY} {NAME}", f"delete table {FAMILY} {NAME}", f"table {FAMILY} {NAME} {{"]
     for s in table.sets:
+        size = f" size {s.size};" if s.size else ""
         flags = f" flags {', '.join(s.flags)};" if s.flags else ""
+        timeout = f" timeout {s.timeout}s;" if s.timeout else ""
         elements = f" elements = {{ {', '.join(s.elements)} }}" if s.elements else ""
-        lines.append(f"\tset {s.name} {{ type {s.type};{flags}{elements} }}")
+        lines.append(f"\tset {s.name} {{ type {s.type};{size}{flags}{timeout}{elements} }}")
     for c in table.chains:
         lines.append(f"\tchain {c.name} {{")
         lines.append(f"\t\ttype {c.type} hook {c.hook} priority {c.priority}; policy {c.policy};")
@@ -114,6 +130,10 @@ def script(table: Table) -> str:
 
 
 def _element(e: Any, ranged: bool = True) -> str:
+    if isinstance(e, Mapping) and isinstance(e.get("elem"), Mapping):  # with its expiry
+        return _element(e["elem"].get("val"), ranged)
+    if isinstance(e, Mapping) and isinstance(e.get("concat"), list):
+        return " . ".join(_element(part, ranged=False) for part in e["concat"])
     if isinstance(e, str):
         if not ranged:  # a hash set holds addresses, never prefixes
             return str(ipaddress.ip_address(e))
@@ -137,7 +157,21 @@ def _left(x: Any) -> str:
             return f"meta {x['meta'].get('key')}"
         if "fib" in x:
             return f"fib {' . '.join(x['fib'].get('flags', []))} {x['fib'].get('result')}"
+        if "ct" in x:
+            return f"ct {x['ct'].get('key')}"
     return json.dumps(x, sort_keys=True)
+
+
+def _statement(e: Mapping[str, Any]) -> str | None:
+    """A set update as we write it (`update @audit_v4 { ip saddr . tcp dport . ip daddr }`),
+    None for anything else."""
+    op = e.get("set")
+    if not isinstance(op, Mapping) or op.get("op") not in ("add", "update"):
+        return None
+    elem = op.get("elem")
+    concat = elem.get("concat") if isinstance(elem, Mapping) else None
+    parts = concat if isinstance(concat, list) else [elem]
+    return f"{op['op']} {op.get('set')} {{ {' . '.join(_left(p) for p in parts)} }}"
 
 
 def _right(x: Any) -> str:
@@ -157,10 +191,16 @@ def _reduce_rule(r: Mapping[str, Any]) -> Rule:
     matches: list[Match] = []
     counter, packets, verdict = False, 0, ""
     unknown: list[str] = []
+    statements: list[str] = []
     for e in r.get("expr", []):
         if "match" in e:
             m = e["match"]
-            matches.append(Match(_left(m.get("left")), _right(m.get("right")), m.get("op", "==")))
+            op = m.get("op", "==")
+            if op == "in" and isinstance(m.get("right"), str):
+                op = "=="  # a flag matched (`ct state new`): written without the operator
+            matches.append(Match(_left(m.get("left")), _right(m.get("right")), op))
+        elif "set" in e and (said := _statement(e)) is not None:
+            statements.append(said)
         elif "counter" in e:
             counter = True
             if isinstance(e["counter"], Mapping):
@@ -174,7 +214,7 @@ def _reduce_rule(r: Mapping[str, Any]) -> Rule:
             unknown.append(json.dumps(e, sort_keys=True))
     if unknown:  # something we never write: kept visible, so the table differs
         verdict = " ".join([verdict, *unknown]).strip()
-    return Rule(tuple(matches), verdict, counter, r.get("comment"), packets)
+    return Rule(tuple(matches), verdict, counter, r.get("comment"), packets, tuple(statements))
 
 
 def from_json(listing: Mapping[str, Any] | None) -> Table | None:
@@ -187,16 +227,19 @@ def from_json(listing: Mapping[str, Any] | None) -> Table | None:
     for item in listing.get("nftables", []):
         if "set" in item:
             s = item["set"]
+            kind = s.get("type", "")
             sets.append(
                 Set(
                     s["name"],
-                    s.get("type", ""),
+                    " . ".join(kind) if isinstance(kind, list) else kind,
                     tuple(s.get("flags", [])),
                     tuple(
                         sorted(
                             _element(e, "interval" in s.get("flags", [])) for e in s.get("elem", [])
                         )
                     ),
+                    int(s.get("size", 0)),
+                    int(s.get("timeout", 0)),
                 )
             )
         elif "chain" in item:
@@ -226,8 +269,13 @@ def differences(want: Table, have: Table | None, any_elements: tuple[str, ...] =
     if have is None:
         return [f"table {FAMILY} {NAME} is missing"]
 
+    # a dynamic set's elements are the packet path's (read back, never compared)
+    loosened = (*any_elements, *(s.name for s in want.sets if s.dynamic))
+
     def loose(sets: tuple[Set, ...]) -> tuple[Set, ...]:
-        return tuple(replace(s, elements=()) if s.name in any_elements else s for s in sets)
+        return tuple(
+            replace(s, elements=(), dynamic=False) if s.name in loosened else s for s in sets
+        )
 
     out: list[str] = []
     for kind, wanted, found in (

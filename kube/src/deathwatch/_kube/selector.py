@@ -1,6 +1,7 @@
 """Label selectors with the API's semantics: the kubectl string form (`--selector`) parsed
 here, and the API object form (a DeathWatch's `podSelector`) compiled by the operator's
-spec reader; both end as the same matcher."""
+spec reader; both end as the same matcher. Pure; shared by the controller (DeathWatches,
+replay) and the firewall agent (its node's labels against `enforceNodeSelector`)."""
 
 from __future__ import annotations
 
