@@ -89,7 +89,7 @@ def rendered() -> dict[Path, str]:
     cleanup = by_template(
         helm(
             "template",
-            "deathwatch-cleanup",
+            "deathwatch",  # the release's name: the kustomize names are FULLNAME's (deathwatch)
             str(CHART),
             "-n",
             "deathwatch-uninstall",

@@ -160,14 +160,14 @@ def test_values_reach_the_objects() -> None:
     container = deployment["template"]["spec"]["containers"][0]
     assert container["image"] == "registry.example.com/dw/controller@sha256:" + "a" * 64
     assert deployment["replicas"] == 3 and "--lease-duration=20" in container["args"]
-    assert deployment["template"]["spec"]["nodeSelector"] == {"pool": "system"}
+    assert deployment["template"]["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux", "pool": "system"}
     config = yaml.safe_load(
         rendered[("ConfigMap", NAMESPACE, "deathwatch-firewall")]["data"]["config.yaml"]
     )
     assert config == {
         "podCIDRs": ["10.0.0.0/16", "fd00::/48"], "agentPorts": [49983, 49984], "resyncSeconds": 10,
         "inbound": False, "allowedSources": ["192.0.2.10/32"], "sandboxSelector": "app=sandbox",
-        "hostPodCIDROffsets": [0, 1],
+        "hostPodCIDROffsets": [0, 1], "mode": "enforce", "enforceNodeSelector": "",
     }  # fmt: skip
     assert (
         "tolerations"
@@ -498,3 +498,134 @@ def test_every_value_is_documented_inline_and_in_the_charts_readme() -> None:
     assert chart_readme.main(["--check"]) == 0, "python3 -m hack.chart_readme"
     readme = (CHART / "README.md").read_text()
     assert "| `firewall.podCIDRs` | `[]` |" in readme
+
+
+# --- the chart's conventions (issue #41) ----------------------------------------------------
+
+
+def release(name: str, namespace: str, *sets: str) -> dict[Key, Any]:
+    args = [a for s in sets for a in ("--set", s)]
+    return objects(helm("template", name, str(CHART), "-n", namespace, *args))
+
+
+def test_two_releases_share_no_name_and_a_release_named_deathwatch_keeps_its_names() -> None:
+    a = release("deathwatch", "dw-a", "scope.clusterWide=false", "scope.namespaces={team-a}")
+    b = release("platform", "dw-b", "scope.clusterWide=false", "scope.namespaces={team-b}",
+                "firewall.enabled=false")  # fmt: skip
+    assert ("Deployment", "dw-a", "deathwatch-controller") in a  # the kustomize names
+    assert ("Deployment", "dw-b", "platform-deathwatch-controller") in b
+    cluster_scoped_a = {(k, n) for k, ns, n in a if not ns}
+    cluster_scoped_b = {(k, n) for k, ns, n in b if not ns}
+    assert cluster_scoped_a and cluster_scoped_b and not cluster_scoped_a & cluster_scoped_b
+    roles = [o for (k, _, _), o in b.items() if k in ("ClusterRoleBinding", "RoleBinding")]
+    for binding in roles:  # every grant of B names B's own objects
+        role = binding["roleRef"]["name"]
+        assert role.startswith("platform-deathwatch") or role.startswith("system:"), binding
+        for subject in binding.get("subjects", []):
+            if subject["kind"] == "ServiceAccount":
+                assert subject["name"].startswith("platform-deathwatch"), subject
+    election = b[("Role", "dw-b", "platform-deathwatch-controller-leader-election")]
+    assert "platform-deathwatch-controller" in election["rules"][1]["resourceNames"]
+    staging = release("deathwatch-staging", "dw-s")
+    assert ("DaemonSet", "dw-s", "deathwatch-staging-firewall") in staging
+
+
+def test_service_accounts_security_contexts_labels_spread_and_the_os_selector() -> None:
+    rendered = template(
+        "controller.serviceAccount.create=false", "controller.serviceAccount.name=platform-sa",
+        "firewall.serviceAccount.name=fw-sa", "commonLabels.team=sandbox-platform",
+        "controller.podSecurityContext.runAsUser=1001",
+        "controller.topologySpreadConstraints[0].maxSkew=2",
+        "controller.topologySpreadConstraints[0].topologyKey=topology.kubernetes.io/zone",
+        "controller.topologySpreadConstraints[0].whenUnsatisfiable=DoNotSchedule",
+        "firewall.nodeSelector.pool=sandboxes",
+    )  # fmt: skip
+    accounts = {n for (k, _, n) in rendered if k == "ServiceAccount"}
+    assert "platform-sa" not in accounts and "fw-sa" in accounts  # made only when asked
+    deploy = rendered[("Deployment", NAMESPACE, "deathwatch-controller")]["spec"]["template"][
+        "spec"
+    ]
+    assert deploy["serviceAccountName"] == "platform-sa"
+    assert deploy["securityContext"]["runAsUser"] == 1001
+    assert deploy["securityContext"]["runAsNonRoot"] is True  # the rest of the default kept
+    assert deploy["topologySpreadConstraints"][0]["topologyKey"] == "topology.kubernetes.io/zone"
+    assert deploy["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    ds = rendered[("DaemonSet", NAMESPACE, "deathwatch-firewall")]["spec"]["template"]["spec"]
+    assert ds["serviceAccountName"] == "fw-sa"
+    assert ds["nodeSelector"] == {"kubernetes.io/os": "linux", "pool": "sandboxes"}
+    assert ds["containers"][0]["securityContext"]["capabilities"]["add"] == ["NET_ADMIN"]
+    for (kind, _, name), obj in rendered.items():
+        if kind != "CustomResourceDefinition":
+            assert obj["metadata"]["labels"]["team"] == "sandbox-platform", (kind, name)
+    for (kind, _, _), obj in rendered.items():  # every grant names the accounts in use
+        for subject in obj.get("subjects", []) if kind.endswith("Binding") else []:
+            if subject["kind"] == "ServiceAccount" and "controller" in obj["metadata"]["name"]:
+                assert subject["name"] == "platform-sa", obj["metadata"]["name"]
+    policy = rendered[("ValidatingAdmissionPolicy", "", "deathwatch-firewall-coverage")]
+    assert (
+        f"system:serviceaccount:{NAMESPACE}:fw-sa"
+        in policy["spec"]["matchConditions"][0]["expression"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "field"),
+    [
+        ("firewall.podCIDRs={banana}", "/firewall/podCIDRs/0"),
+        ("firewall.podCIDRs={10.244.0.0/33}", "/firewall/podCIDRs/0"),
+        ("firewall.allowedSources={gateway}", "/firewall/allowedSources/0"),
+        ("firewall.agentPorts={70000}", "/firewall/agentPorts/0"),
+        ("firewall.agentPorts=[]", "/firewall/agentPorts"),
+        ("firewall.hostAddresses.extra={10.0.0.300}", "/firewall/hostAddresses/extra/0"),
+        ("firewall.mode=warn", "/firewall/mode"),
+        ("firewall.updateStrategy.rollingUpdate.maxSurge=1", "/firewall/updateStrategy/rollingUpdate/maxSurge"),
+        ("firewall.updateStrategy.rollingUpdate.maxUnavailable=0", "/firewall/updateStrategy/rollingUpdate/maxUnavailable"),
+        ("controller.serviceAccount.name=Not_A_Name", "/controller/serviceAccount/name"),
+    ],
+)  # fmt: skip
+def test_a_bad_address_port_or_strategy_fails_naming_its_field(value: str, field: str) -> None:
+    with pytest.raises(SystemExit, match=re.escape(f"at '{field}'")):
+        template(value)
+
+
+def notes(name: str, namespace: str, *sets: str, tmp: Path) -> str:
+    """NOTES.txt as `helm install` prints it (helm template renders no NOTES: here it is
+    rendered into a ConfigMap of a copy of the chart)."""
+    import shutil
+
+    copy = tmp / "chart"
+    shutil.copytree(CHART, copy)
+    text = (copy / "templates" / "NOTES.txt").read_text()
+    (copy / "templates" / "_notes.tpl").write_text(
+        '{{- define "notes" -}}\n' + text + "{{- end }}\n"
+    )
+    (copy / "templates" / "notes.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
+        'data:\n  notes: {{ include "notes" . | toJson }}\n'
+    )
+    args = [a for s in sets for a in ("--set", s)]
+    out = helm(
+        "template", name, str(copy), "-n", namespace, "--show-only", "templates/notes.yaml", *args
+    )
+    shutil.rmtree(copy)
+    return str(yaml.safe_load(out)["data"]["notes"])
+
+
+def test_the_notes_say_what_this_release_installed(tmp_path: Path) -> None:
+    sharded = notes("dw", "sandbox-system", "controller.shards=3", "firewall.mode=audit",
+                    "firewall.image.repository=registry.example.com/fw",
+                    "imagePullSecrets[0].name=regcred", tmp=tmp_path)  # fmt: skip
+    for i in range(3):
+        assert f"deployment/dw-deathwatch-controller-shard-{i}" in sharded
+    assert "deployment/dw-deathwatch-controller\n" not in sharded
+    assert "daemonset/dw-deathwatch-firewall" in sharded and "AUDITS" in sharded
+    # the off switch runs in the release's namespace (labelled privileged), with its image
+    assert ("helm install dw-cleanup CHART --version VERSION -n sandbox-system --set cleanup=true "
+            "--set firewall.image.repository=registry.example.com/fw") in sharded  # fmt: skip
+    assert "imagePullSecrets[0].name=regcred" in sharded and "--create-namespace" not in sharded
+    one_step = notes("deathwatch", NAMESPACE, "firewall.removeTableOnUninstall=true", tmp=tmp_path)
+    assert "deployment/deathwatch-controller\n" in one_step and "one step" in one_step
+    assert "cleanup=true" not in one_step
+    none = notes("deathwatch", NAMESPACE, "firewall.enabled=false", "scope.clusterWide=false",
+                 "scope.namespaces={a,b}", tmp=tmp_path)  # fmt: skip
+    assert "daemonset" not in none and "No firewall" in none and "in a, b" in none

@@ -4,11 +4,31 @@ cannot change after install: set it at install or never. */}}
 {{- .Values.nameOverride | default "deathwatch" | trunc 63 | trimSuffix "-" -}}
 {{- end }}
 
-{{/* What every object's name starts with: "deathwatch", or fullnameOverride (not the
-release's name: the kustomize manifests are this chart's render, names and all). Cut to 40,
-so that the longest suffix (-controller-firewall-coverage) keeps a name within 63. */}}
+{{/* What every object's name starts with: the release's name when it holds the product's
+("deathwatch", "deathwatch-staging"), else RELEASE-deathwatch; or fullnameOverride. Two
+releases never share a name, cluster-scoped objects included; a release named deathwatch (the
+kustomize manifests are its render) keeps the names it always had. Cut to 40, so that the
+longest suffix (-controller-firewall-coverage) keeps a name within 63. */}}
 {{- define "deathwatch.fullname" -}}
-{{- .Values.fullnameOverride | default "deathwatch" | trunc 40 | trimSuffix "-" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "deathwatch.name" . -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
+
+{{/* A part's ServiceAccount: FULLNAME-PART, or its serviceAccount.name (with create false,
+one the platform made). (list $ PART) */}}
+{{- define "deathwatch.serviceAccountName" -}}
+{{- $root := index . 0 -}}
+{{- $part := index . 1 -}}
+{{- $sa := (index $root.Values $part).serviceAccount -}}
+{{- $sa.name | default (printf "%s-%s" (include "deathwatch.fullname" $root) $part) -}}
 {{- end }}
 
 {{/* What selects a part's pods: the product and the part. Never more: a selector cannot
@@ -30,6 +50,9 @@ app.kubernetes.io/version: {{ $root.Chart.AppVersion | quote }}
 app.kubernetes.io/part-of: deathwatch
 app.kubernetes.io/managed-by: {{ $root.Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" $root.Chart.Name $root.Chart.Version }}
+{{- with $root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
 {{/* An image reference: repository@digest, or repository:tag (tag: the appVersion). */}}
