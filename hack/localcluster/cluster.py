@@ -75,7 +75,12 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def running(workdir: Path | None = None) -> Iterator[Cluster]:
+def running(
+    workdir: Path | None = None, pod_security: str | None = "baseline"
+) -> Iterator[Cluster]:
+    """`pod_security`: what a namespace without a label of its own enforces (baseline, as a
+    hardened cluster: deathwatch's namespaces say privileged, as its manifests and README do;
+    the lanes' own sandboxes mount their control directory from the host, so theirs do too)."""
     reason = available()
     if reason:
         raise RuntimeError(f"cannot run a cluster here: {reason}")
@@ -84,8 +89,9 @@ def running(workdir: Path | None = None) -> Iterator[Cluster]:
     # the bridge is the node's, so it is made under the node's machine lock (node.py)
     MACHINE_LOCK.acquire()
     cp = ControlPlane(
-        workdir / "cp", bind_address=BRIDGE_IP, with_scheduler=True, with_node_controllers=True
-    )
+        workdir / "cp", bind_address=BRIDGE_IP, with_scheduler=True, with_node_controllers=True,
+        pod_security=pod_security,
+    )  # fmt: skip
     node: Node | None = None
     try:
         _bridge()

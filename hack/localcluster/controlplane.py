@@ -233,6 +233,9 @@ class ControlPlane:
     # and its extra flags (e.g. --feature-gates=ShardedListAndWatch=true)
     apiserver_binary: Path | None = None
     apiserver_flags: list[str] = field(default_factory=list)
+    # the Pod Security level every namespace without a label of its own enforces (baseline, as
+    # hardened clusters and most managed ones default to); None: the API server's (privileged)
+    pod_security: str | None = None
     # another Kubernetes release's kube-apiserver, kube-controller-manager and kube-scheduler
     # (the version lane's: K8S_MATRIX, built by hack/build-k8s.sh --version); etcd and kubectl
     # stay the pinned release's
@@ -348,12 +351,29 @@ class ControlPlane:
         return [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
                 "--audit-log-format=json", "--audit-log-mode=blocking"]  # fmt: skip
 
+    def _admission_args(self) -> list[str]:
+        if self.pod_security is None:
+            return []
+        path = self.workdir / "admission.yaml"
+        path.write_text(json.dumps({
+            "apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
+            "plugins": [{"name": "PodSecurity", "configuration": {
+                "apiVersion": "pod-security.admission.config.k8s.io/v1",
+                "kind": "PodSecurityConfiguration",
+                "defaults": {"enforce": self.pod_security, "enforce-version": "latest",
+                             "warn": self.pod_security, "warn-version": "latest"},
+                "exemptions": {"usernames": [], "runtimeClasses": [], "namespaces": []},
+            }}],
+        }))  # fmt: skip
+        return [f"--admission-control-config-file={path}"]
+
     def apiserver_args(self) -> list[str]:
         pki = self.certs
         return [
             str(self.apiserver_binary or self.binary("kube-apiserver")),
             *self.apiserver_flags,
             *self._audit_args(),
+            *self._admission_args(),
             f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
             f"--bind-address={self.bind_address}",
             f"--advertise-address={self.bind_address}",

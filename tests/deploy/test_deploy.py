@@ -166,6 +166,8 @@ def deployed() -> Iterator[Deployed]:
         )
         api = client.ApiClient(configuration)
         c.kubectl("create", "namespace", NS)
+        # the sandboxes mount their control directory from the host: not baseline's
+        c.kubectl("label", "namespace", NS, "pod-security.kubernetes.io/enforce=privileged")
         core = client.CoreV1Api(api)
         wait_for(lambda: core.read_namespaced_service_account("default", NS, _request_timeout=10),
                  what="default ServiceAccount", ignore=(client.ApiException,))  # fmt: skip
@@ -390,24 +392,40 @@ def test_the_leader_killed_outright_loses_no_death(deployed: Deployed) -> None:
                 "--timeout=120s", timeout=150)  # fmt: skip
 
 
-def test_uninstall_leaves_the_rule_on_purpose_and_the_cleanup_step_removes_it(
+def test_the_runbooks_off_switch_opens_the_node_and_uninstall_leaves_nothing(
     deployed: Deployed,
 ) -> None:
-    """Last: it removes deathwatch. `kubectl delete -k` leaves the table on the node (a
-    stopping agent cannot tell an uninstall from a rollout); the documented second step
-    removes it (README "Uninstall")."""
+    """Last: it removes deathwatch, on a cluster whose namespaces enforce Pod Security baseline
+    unless labelled. First the runbook's "Open the firewall now", command by command, with the
+    user's image (an overlay's `images:`, as manifests/overlays/local-node/uninstall): the
+    DaemonSet deleted leaves the table (a stopping agent cannot tell an uninstall from a
+    rollout), the cleanup DaemonSet removes it, the verdicts go on saying AgentStale. Then
+    `kubectl delete -k` takes the rest (README "Uninstall")."""
     d = deployed
-    sandbox = d.ip(d.pod("sbx-uninstall"))
-    d.c.kubectl("delete", "-k", str(cluster.OVERLAY), "--wait=true", timeout=300)
-    assert d.c.kubectl("get", "pods", "-n", SYSTEM, check=False).stdout.strip() == ""
+    name = d.pod("sbx-uninstall")
+    d.wait_state(name, "Alive")
+    sandbox = d.ip(name)
+    d.c.kubectl("-n", SYSTEM, "delete", "daemonset", "deathwatch-firewall", "--wait=true",
+                timeout=120)  # fmt: skip
     assert SystemNft().list_table() is not None  # still shut: on purpose, and documented
     assert connect_once(sandbox, AGENT_PORT, 2)[0] == "refused"
     uninstall = cluster.OVERLAY / "uninstall"
     d.c.kubectl("apply", "-k", str(uninstall))
     d.c.kubectl("rollout", "status", "-n", "deathwatch-uninstall",
-                "daemonset/deathwatch-firewall-cleanup", "--timeout=120s", timeout=150)  # fmt: skip
+                "daemonset/deathwatch-firewall-cleanup", "--timeout=5m", timeout=330)  # fmt: skip
     assert SystemNft().list_table() is None
     assert connect_once(sandbox, AGENT_PORT, 2)[0] == "connected"
     d.c.kubectl("delete", "-k", str(uninstall), "--wait=true", timeout=300)
+
+    def shield() -> str | None:
+        sv = d.custom.get_namespaced_custom_object("deathwatch.dev", "v1alpha1", NS,
+                                                   "sandboxverdicts", name, _request_timeout=10)  # fmt: skip
+        found = [c["reason"] for c in sv.get("status", {}).get("conditions", [])
+                 if c["type"] == "Shielded"]  # fmt: skip
+        return found[0] if found else None
+
+    wait_for(lambda: shield() == "AgentStale", timeout=60, what="the verdict says AgentStale")
+    d.c.kubectl("delete", "-k", str(cluster.OVERLAY), "--wait=true", timeout=300)
+    assert d.c.kubectl("get", "pods", "-n", SYSTEM, check=False).stdout.strip() == ""
     leftovers = d.c.kubectl("get", "crd,clusterrole,clusterrolebinding", "-o", "name").stdout
     assert "deathwatch" not in leftovers, leftovers

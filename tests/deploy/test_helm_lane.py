@@ -464,8 +464,9 @@ def lane() -> Iterator[Lane]:
             lane.helm("install", "deathwatch", str(CHART), "-n", SYSTEM, "-f", str(values(tmp)),
                       "--wait", "--timeout=5m")  # fmt: skip
             RESULTS["helm_install_wait_seconds"] = round(time.monotonic() - started, 1)
-            for ns in (NS, PLUGIN_NS):
-                c.kubectl("create", "namespace", ns)
+            for ns in (NS, PLUGIN_NS):  # the sandboxes mount their control directory
+                c.kubectl("create", "namespace", ns)  # from the host: not baseline's
+                c.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=privileged")
                 wait_for(lambda ns=ns: lane.core.read_namespaced_service_account("default", ns, _request_timeout=10),  # type: ignore[misc]
                          what="default ServiceAccount", ignore=(client.ApiException,))  # fmt: skip
             lane.deathwatch(NS)
@@ -921,6 +922,38 @@ def test_a_neighbour_holding_a_controllers_port_fires_port_under_pressure(lane: 
     RESULTS["slowloris_on_the_lane"] = attack.said
 
 
+def test_the_off_switch_as_the_notes_and_runbook_say_opens_the_node_and_the_rule_comes_back(
+    lane: Lane,
+) -> None:
+    """The runbook's "Open the firewall now" with Helm, on a cluster whose namespaces enforce
+    Pod Security baseline unless labelled: `firewall.enabled=false` (the agents go, the table
+    stays, on purpose), then the cleanup release exactly as this release's NOTES print it (in
+    the release's namespace, labelled privileged, with the user's image from its registry):
+    the node's table is gone; enabled again, the rule is back."""
+    name = lane.sandbox("off-switch")
+    wait_for(lambda: lane.state(name) == "Alive", timeout=60, what=f"{name} Alive")
+    ip = lane.core.read_namespaced_pod(name, NS, _request_timeout=10).status.pod_ip
+    said = lane.helm("get", "notes", "deathwatch", "-n", SYSTEM)
+    command = next(line.split() for line in said.splitlines() if "cleanup=true" in line)
+    assert command[:3] == ["helm", "install", "deathwatch-cleanup"], command
+    assert "--create-namespace" not in command and command[command.index("-n") + 1] == SYSTEM
+    assert "firewall.image.repository=deathwatch.local/firewall" in command  # the user's
+    args = [str(CHART) if a == "CHART" else a for a in command[2:]]
+    args = [a for i, a in enumerate(args) if a != "--version" and args[i - 1] != "--version"]
+    lane.upgrade("firewall.enabled=false")
+    assert SystemNft().list_table() is not None  # the agents gone, their rule left in place
+    assert connect_once(ip, AGENT_PORT, 2)[0] == "refused"
+    started = time.monotonic()
+    lane.helm(*args, "--timeout=3m")
+    assert SystemNft().list_table() is None
+    RESULTS["off_switch_seconds"] = round(time.monotonic() - started, 1)
+    assert connect_once(ip, AGENT_PORT, 2)[0] == "connected"
+    lane.helm("uninstall", "deathwatch-cleanup", "-n", SYSTEM, "--wait", "--timeout=3m")
+    lane.upgrade("firewall.enabled=true")
+    wait_for(lambda: connect_once(ip, AGENT_PORT, 1)[0] == "refused", timeout=60,
+             what="the rule back with the agents")  # fmt: skip
+
+
 def test_helm_uninstall_with_remove_table_on_uninstall_opens_the_node_and_cleanup_is_idempotent(
     lane: Lane,
 ) -> None:
@@ -944,14 +977,12 @@ def test_helm_uninstall_with_remove_table_on_uninstall_opens_the_node_and_cleanu
              what="the table removed by the stopping agent")  # fmt: skip
     RESULTS["uninstall_removed_table_after_seconds"] = round(time.monotonic() - started, 1)
     assert connect_once(ip, AGENT_PORT, 2)[0] == "connected"
-    lane.helm("install", "deathwatch-cleanup", str(CHART), "-n", "deathwatch-uninstall",
-              "--create-namespace", "--set", "cleanup=true", "--set",
-              "firewall.image.repository=deathwatch.local/firewall", "--set", "firewall.image.tag=dev",
-              "--wait", "--timeout=3m")  # fmt: skip
+    # the release's namespace outlives it, with its label: the off switch runs there
+    lane.helm("install", "deathwatch-cleanup", str(CHART), "-n", SYSTEM, "--set", "cleanup=true",
+              "--set", "firewall.image.repository=deathwatch.local/firewall", "--set",
+              "firewall.image.tag=dev", "--wait", "--timeout=3m")  # fmt: skip
     assert SystemNft().list_table() is None
-    lane.helm(
-        "uninstall", "deathwatch-cleanup", "-n", "deathwatch-uninstall", "--wait", "--timeout=3m"
-    )
+    lane.helm("uninstall", "deathwatch-cleanup", "-n", SYSTEM, "--wait", "--timeout=3m")
     # Helm leaves CRDs (and with them every DeathWatch and verdict) to the operator
     assert "deathwatches.deathwatch.dev" in lane.c.kubectl("get", "crd", "-o", "name").stdout
     lane.c.kubectl("delete", "crd", "deathwatches.deathwatch.dev", "sandboxverdicts.deathwatch.dev")
