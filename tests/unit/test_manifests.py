@@ -94,3 +94,17 @@ def test_controller_image_is_non_root_and_multi_stage() -> None:
 
 
 # --- on the real control plane ----------------------------------------------------------------
+
+
+def test_each_image_exposes_the_ports_its_workload_serves() -> None:
+    """EXPOSE documents the image: the controller's two ports and the agent's one, as the
+    chart's defaults (and so the kustomize manifests) set them."""
+    values = yaml.safe_load((ROOT / "charts" / "deathwatch" / "values.yaml").read_text())
+
+    def exposed(dockerfile: str) -> set[int]:
+        lines = (ROOT / dockerfile).read_text().splitlines()
+        return {int(p) for line in lines if line.startswith("EXPOSE ") for p in line.split()[1:]}
+
+    ports = values["controller"]["ports"]
+    assert exposed("controller/Dockerfile") == {ports["metrics"], ports["health"]}
+    assert exposed("firewall/Dockerfile") == {values["firewall"]["metricsPort"]}
