@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The README's performance chart and table, both from one `bench.peers --json` run:
+"""The performance page's chart and table (docs/performance.md), both from one `bench.peers --json` run:
 
     python3 -m bench.peers --pods 1000,10000 --tools deathwatch,agent-sandbox,kopf-noop \
         --json bench/results/peers.json
@@ -8,8 +8,8 @@
 One panel per N: each tool's p50, p95 and p99 from a pod status write to its verdict seen on
 the bench's own watch, beside the watch baseline (the same write seen on a pod watch: what
 any watcher pays); tools that give no verdict (kopf no-op) are left out of the chart and
-shown in the table by their CPU and memory. It prints the README's table (`markdown`), which
-tests/unit/test_latency_chart.py holds the README to, so the numbers there are this file's.
+shown in the table by their CPU and memory. It prints the page's table (`markdown`), which
+tests/unit/test_latency_chart.py holds the page to, so the numbers there are this file's.
 
 A file that is not a peers result is one line naming what is missing, and exit 2.
 """
@@ -103,7 +103,7 @@ def ratios(run: dict[str, Any]) -> str | None:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    """The README's one performance table, and a line of ratios per N."""
+    """The performance page's one table, and a line of ratios per N."""
     versions = results.get("versions") or {}
     lines = [
         "| N | tool | p50 ms | p95 ms | p99 ms | max ms | seen | RSS at N MiB | CPU s in load "
@@ -171,7 +171,7 @@ def main(argv: list[str]) -> int:
     except OSError as exc:
         print(f"latency_chart: {argv[1]}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    print(f"wrote {argv[1]}; the README's table:\n\n{markdown(results)}")
+    print(f"wrote {argv[1]}; the performance page's table:\n\n{markdown(results)}")
     return 0
 
 

@@ -1,5 +1,5 @@
 """Debian's Chromium, headless, as this machine's closed network needs it (no background
-fetches, no first run, no sandbox as root): the README's pictures are taken with it.
+fetches, no first run, no sandbox as root): the documentation's pictures are taken with it.
 
     python3 -m hack.browser PAGE.html OUT.png WIDTH HEIGHT
 """

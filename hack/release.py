@@ -14,7 +14,7 @@ Into OUT (default dist/VERSION):
 - SHA256SUMS: every file above.
 
 VERSION must be the repository's VERSION file (one version for every part). Bad input is one
-line and exit 2. The README says how a platform pushes the artifacts to its own registry.
+line and exit 2. docs/install.md says how a platform pushes the artifacts to its own registry.
 """
 
 from __future__ import annotations

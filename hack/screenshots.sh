@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's pictures, taken in a real headless browser (Debian's chromium: apt-get install
+# The documentation's pictures, taken in a real headless browser (Debian's chromium: apt-get install
 # chromium), never drawn by hand:
 #   hack/screenshots.sh [DIR]      -> DIR/replay-report.png (DIR: docs/images)
 # The replay report of tests/data/disruptions.json (a recording of the cluster's own deaths on

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install what deathwatch needs on a fresh Debian machine; idempotent and quick when done.
 #   hack/setup.sh            Python packages + test tools, nftables/iproute2, Prometheus (its
-#                            promtool tests the alerts), Chromium (the README's pictures), Helm, the control plane
+#                            promtool tests the alerts), Chromium (the documentation's pictures), Helm, the control plane
 #                            (+ scheduler), a node's parts (containerd, runc, CNI plugins,
 #                            busybox, kubelet, kube-proxy), and both product images built from
 #                            their Dockerfiles (buildah + mmdebstrap; no engine, no registry)

@@ -1,5 +1,5 @@
 // A platform's receiver of deathwatch verdicts, in Go with the standard library only (the
-// README's example; the delivery lane builds and runs it against the controller).
+// docs/delivery.md's example; the delivery lane builds and runs it against the controller).
 //
 //	DEATHWATCH_SECRET=whsec_... PORT=8080 go run main.go
 //

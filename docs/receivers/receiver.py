@@ -1,4 +1,4 @@
-"""A platform's receiver of deathwatch verdicts, in Python (the README's example; the
+"""A platform's receiver of deathwatch verdicts, in Python (docs/delivery.md's example; the
 delivery lane runs it against the controller).
 
     DEATHWATCH_SECRET=whsec_... PORT=8080 python3 receiver.py

@@ -1,4 +1,4 @@
-"""The README's pictures, taken in a real headless Chromium (Debian's), as hack/screenshots.sh
+"""The documentation's pictures, taken in a real headless Chromium (Debian's), as hack/screenshots.sh
 takes them: the replay report of a recording of the cluster's own deaths, rendered by the
 browser (its DOM holds every plot) and photographed (the picture holds them too)."""
 

@@ -160,7 +160,10 @@ def test_values_reach_the_objects() -> None:
     container = deployment["template"]["spec"]["containers"][0]
     assert container["image"] == "registry.example.com/dw/controller@sha256:" + "a" * 64
     assert deployment["replicas"] == 3 and "--lease-duration=20" in container["args"]
-    assert deployment["template"]["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux", "pool": "system"}
+    assert deployment["template"]["spec"]["nodeSelector"] == {
+        "kubernetes.io/os": "linux",
+        "pool": "system",
+    }
     config = yaml.safe_load(
         rendered[("ConfigMap", NAMESPACE, "deathwatch-firewall")]["data"]["config.yaml"]
     )

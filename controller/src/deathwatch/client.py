@@ -26,7 +26,7 @@ Dead and Gone are final for a pod: a Dead verdict is never taken back (the CRD r
 and a Gone pod cannot die. `wait_for` raises `Unreachable` as soon as the verdict is final
 and not one of the states asked for, and `TimeoutError` at the deadline.
 
-A platform that receives verdicts as CloudEvents (`--delivery-config`; README "Delivering
+A platform that receives verdicts as CloudEvents (`--delivery-config`; docs/delivery.md, "Delivering
 verdicts") decodes each event's `data` with `verdict_document`: the same `VerdictDocument`
 that `deathwatch explain -o json` prints.
 

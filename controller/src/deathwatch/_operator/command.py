@@ -102,7 +102,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=None,
         metavar="FILE",
         help="the sinks verdicts are delivered to, as signed CloudEvents (YAML: cluster, sinks; "
-        "README 'Delivering verdicts'); read at start, each sink's keys at every send",
+        "docs/delivery.md); read at start, each sink's keys at every send",
     )
     shards = p.add_argument_group(
         "shards",

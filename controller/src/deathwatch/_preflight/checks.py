@@ -251,7 +251,7 @@ def kube_proxy(cluster: Cluster) -> Finding:
                        "no kube-proxy DaemonSet or ConfigMap: Services are another component's "
                        "(a CNI's replacement), which the lanes do not test",
                        "after install, check that a host's connection to a sandbox's Service "
-                       "is refused (README \"Threat model\")")  # fmt: skip
+                       "is refused (docs/threat-model.md)")  # fmt: skip
     mode = ""
     if cluster.kube_proxy is not None:
         text = (cluster.kube_proxy.get("data") or {}).get("config.conf") or ""

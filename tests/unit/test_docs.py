@@ -1,0 +1,59 @@
+"""The documentation (issue #41): the README is a front page a newcomer can decide from (300
+lines at most, every link it makes leads somewhere), and docs/ builds as a site with MkDocs
+strictly: a broken link, an anchor that is not there, a page left out of the navigation or a
+navigation entry with no page fails the build (mkdocs.yml's validation, all warnings)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+
+
+def test_the_readme_is_a_front_page() -> None:
+    text = README.read_text()
+    assert len(text.splitlines()) <= 300
+    for heading in ("## Install", "## What each verdict means", "## Documentation"):
+        assert heading in text, heading
+    assert "![" in text  # a picture
+
+
+def test_every_relative_link_of_the_readme_leads_to_a_file() -> None:
+    text = README.read_text()
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+        if target.startswith(("http://", "https://")):
+            continue
+        assert (ROOT / target).exists(), target
+
+
+def test_the_site_builds_strictly(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "site" / "install" / "index.html").exists()
+    assert (tmp_path / "site" / "adr" / "0027-safe-to-roll-onto-a-fleet" / "index.html").exists()
+
+
+def test_a_page_left_out_of_the_navigation_fails_the_build(tmp_path: Path) -> None:
+    """The strictness is real: a copy of the docs with one page more than the navigation."""
+    import shutil
+
+    copy = tmp_path / "repo"
+    shutil.copytree(ROOT / "docs", copy / "docs")
+    shutil.copy(ROOT / "mkdocs.yml", copy / "mkdocs.yml")
+    (copy / "docs" / "orphan.md").write_text("# Orphan\n\n[gone](nowhere.md)\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=copy, capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "orphan.md" in done.stderr and "nowhere.md" in done.stderr, done.stderr[-2000:]
