@@ -38,3 +38,5 @@ build() {
 
 build k8s.io/kube-state-metrics/v2 "$KSM_VERSION" . kube-state-metrics
 build sigs.k8s.io/agent-sandbox "$AGENT_SANDBOX_VERSION" ./cmd/agent-sandbox-controller agent-sandbox-controller
+# not a peer: the network policy engine of the lanes that enforce NetworkPolicy (netpol.py)
+build github.com/cloudnativelabs/kube-router/v2 "$KUBE_ROUTER_VERSION" ./cmd/kube-router kube-router

@@ -144,6 +144,9 @@ def _play(c: cluster.Cluster, core: client.CoreV1Api, custom: client.CustomObjec
         _until(lambda: _states(custom) == expected, 60, "the expected verdicts")
         dead = sum(1 for s in expected.values() if s == "Dead")
         _until(lambda: (_dw(custom).get("status") or {}).get("dead") == dead, 30, "the summary")
+        # the firewall's coverage is read from its DaemonSet every 15 s: one read at least
+        _until(lambda: ((_dw(custom).get("status") or {}).get("firewall") or {}).get("summary")
+               == "1/1", 30, "the firewall's coverage")  # fmt: skip
     except TimeoutError as exc:
         print(f"\n{exc}")
     _show(c, "final verdicts")

@@ -13,7 +13,7 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 
 missing=()
 for pkg in nftables iproute2 containerd runc containernetworking-plugins busybox-static openssl \
-    buildah mmdebstrap prometheus chromium; do
+    buildah mmdebstrap prometheus chromium iptables ipset dnsmasq-base; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then

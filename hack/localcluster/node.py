@@ -203,6 +203,8 @@ class Node:
     tables_before: set[str] | None = None
     run_containerd_existed: bool = True
     locked: bool = False  # holds MACHINE_LOCK from up() to down()
+    # pods' DNS server (the kubelet's clusterDNS); None: pods get none (nothing resolves)
+    cluster_dns: str | None = None
 
     @property
     def sock(self) -> Path:
@@ -423,7 +425,9 @@ evictionPressureTransitionPeriod: 5s
 registerNode: true
 resolvConf: ""
 """
-        )
+            + (f"clusterDNS: [{self.cluster_dns}]\nclusterDomain: cluster.local\n"
+               if self.cluster_dns else "")
+        )  # fmt: skip
 
     def _start_kubelet(self) -> None:
         proc = Process(

@@ -339,6 +339,9 @@ def test_controller_rbac_allows_its_job_and_refuses_everything_else(
     assert _allowed(api, "create", "subjectaccessreviews", "authorization.k8s.io", None)
     assert _allowed(api, "update", "sandboxverdicts", "deathwatch.dev", subresource="status")
     assert _allowed(api, "update", "deathwatches", "deathwatch.dev", subresource="status")
+    # a shard applies its part of a DeathWatch's status: granted whatever the shard count, so
+    # no reshard's roll refuses an old shard (ADR 0026)
+    assert _allowed(api, "patch", "deathwatches", "deathwatch.dev", subresource="status")
     assert _allowed(
         api, "get", "daemonsets", "apps", "deathwatch-system", "status", "deathwatch-firewall"
     )
@@ -357,7 +360,6 @@ def test_controller_rbac_allows_its_job_and_refuses_everything_else(
         ("get", "configmaps", "", None),
         ("update", "sandboxverdicts", "deathwatch.dev", None),
         ("update", "deathwatches", "deathwatch.dev", None),
-        ("patch", "deathwatches", "deathwatch.dev", "status"),  # replaced whole, never patched
         ("patch", "sandboxverdicts", "deathwatch.dev", "status"),
         ("delete", "deathwatches", "deathwatch.dev", None),
         ("patch", "events", "", None),

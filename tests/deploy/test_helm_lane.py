@@ -24,6 +24,7 @@ the end ("helm lane measurements").
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -45,7 +46,7 @@ import yaml
 from kubernetes import client, config
 
 from deathwatch.firewall.nft import SystemNft
-from hack.localcluster import cluster
+from hack.localcluster import cluster, netpol
 from hack.localcluster.agentpods import AGENT_PORT, EXEC_PROBE, agent_pod
 from hack.localcluster.attacks import Attack
 from hack.localcluster.controller_process import service_account_token
@@ -61,6 +62,7 @@ pytestmark = [pytest.mark.deploy, pytest.mark.monitoring]
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEM, NS, PLUGIN_NS = "deathwatch-system", "sandboxes", "plugin-sandboxes"
 SCRAPER = ("monitoring", "prometheus")  # whose token Prometheus scrapes with
+SINK_HOST = "sink.deathwatch.test"  # the delivery sink's name, resolved by the cluster's DNS
 RESULTS: dict[str, Any] = {"alerts_fired_after_seconds": {}}
 # as an operator tunes them for a test cluster: every `for:` short, a low death threshold, the
 # stale-watch threshold just above the API server's bookmark interval and the controller's own
@@ -113,6 +115,8 @@ class Lane:
     api: client.ApiClient
     prometheus: str  # http://127.0.0.1:PORT
     tmp: Path
+    dns: netpol.Dns
+    router: netpol.KubeRouter
 
     @property
     def core(self) -> client.CoreV1Api:
@@ -246,9 +250,10 @@ def plugin_configmap() -> dict[str, Any]:
     }  # fmt: skip
 
 
-def values(tmp: Path) -> Path:
-    """The local node's values: its images (imported, never pulled) and pod range, and the
-    plugin mounted for the policy-error fault."""
+def values(tmp: Path, apiserver_port: int) -> Path:
+    """The local node's values: its images (imported, never pulled) and pod range, the plugin
+    mounted for the policy-error fault, and the NetworkPolicies as an operator sets them for
+    this cluster: the API server's port behind its Service, DNS on the bridge."""
     info = "deathwatch_flaky_policy-1.0.dist-info"
     path = tmp / "values.yaml"
     path.write_text(yaml.safe_dump({
@@ -263,9 +268,16 @@ def values(tmp: Path) -> Path:
         },
         # podCIDRs left at its default: the agents learn the node's from its Node object
         "firewall": {"image": {"repository": "deathwatch.local/firewall", "tag": "dev"}},
-        # Prometheus scrapes with this ServiceAccount's token (README "Monitoring")
+        # Prometheus scrapes with this ServiceAccount's token (docs/operating.md)
         "metrics": {"readers": [{"kind": "ServiceAccount", "name": SCRAPER[1],
                                  "namespace": SCRAPER[0]}]},
+        # enforced here (kube-router): the API server's endpoint port (most CNIs match egress
+        # after the Service's DNAT), and DNS where this cluster has it, on the bridge
+        "networkPolicy": {
+            "apiServer": {"ports": [443, apiserver_port]},
+            "dns": {"namespaceSelector": None, "podSelector": None,
+                    "cidrs": [f"{cluster.BRIDGE_IP}/32"]},
+        },
     }))  # fmt: skip
     return path
 
@@ -430,14 +442,22 @@ def prometheus_config(c: cluster.Cluster, tmp: Path, discovery: str) -> Path:
 
 @pytest.fixture(scope="module")
 def lane() -> Iterator[Lane]:
-    reason = cluster.available()
+    reason = cluster.available() or netpol.missing()
     if reason:
         pytest.skip(reason)
     if shutil.which("prometheus") is None:
         pytest.skip("prometheus not installed (Debian package prometheus; hack/setup.sh)")
     _binaries_or_skip("kubelet", "kube-scheduler", "kube-proxy")
     tmp = Path(tempfile.mkdtemp(prefix="deathwatch-helm-lane-"))
-    with cluster.running() as c:
+    with (
+        cluster.running(cluster_dns=True) as c,
+        contextlib.ExitStack() as stack,  # stopped before the cluster, however we end
+    ):
+        # NetworkPolicy enforced on the node, and the names a platform's sinks have
+        dns = netpol.Dns(cluster.BRIDGE_IP, {SINK_HOST: cluster.BRIDGE_IP}, tmp).start()
+        stack.callback(dns.stop)
+        router = netpol.KubeRouter(c.cp, tmp).start()
+        stack.callback(router.stop)
         # README "Install with Helm": the namespace first, labelled for the firewall agent
         c.kubectl("create", "namespace", SYSTEM)
         c.kubectl("label", "namespace", SYSTEM, "pod-security.kubernetes.io/enforce=privileged")
@@ -458,11 +478,11 @@ def lane() -> Iterator[Lane]:
              f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
             stdout=(tmp / "prometheus.log").open("w"), stderr=subprocess.STDOUT,
         )  # fmt: skip
-        lane = Lane(c, api, f"http://127.0.0.1:{port}", tmp)
+        lane = Lane(c, api, f"http://127.0.0.1:{port}", tmp, dns, router)
         try:
             started = time.monotonic()
-            lane.helm("install", "deathwatch", str(CHART), "-n", SYSTEM, "-f", str(values(tmp)),
-                      "--wait", "--timeout=5m")  # fmt: skip
+            lane.helm("install", "deathwatch", str(CHART), "-n", SYSTEM, "-f",
+                      str(values(tmp, c.cp.apiserver_port)), "--wait", "--timeout=5m")  # fmt: skip
             RESULTS["helm_install_wait_seconds"] = round(time.monotonic() - started, 1)
             for ns in (NS, PLUGIN_NS):  # the sandboxes mount their control directory
                 c.kubectl("create", "namespace", ns)  # from the host: not baseline's
@@ -510,6 +530,49 @@ def test_each_components_metrics_pass_promtool(lane: Lane) -> None:
         done = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True,
                               timeout=30, check=False)  # fmt: skip
         assert done.returncode == 0, (instance, done.stdout, done.stderr)
+
+
+def test_the_networkpolicies_are_enforced_monitoring_admitted_and_a_neighbour_refused(
+    lane: Lane,
+) -> None:
+    """The lane's node enforces NetworkPolicy (kube-router's policy controller), and every test
+    of this lane runs under the chart's policies: the controllers reach the API server (they
+    lead and write), Prometheus scrapes them (from the node), the sink is reached by name
+    (test_a_sink_refusing...). Here the policy itself: to a controller's metrics port, a pod in
+    the `monitoring` namespace connects and a neighbour pod in a sandbox namespace does not."""
+    pods = lane.core.list_namespaced_pod(
+        SYSTEM, label_selector="app.kubernetes.io/component=controller", _request_timeout=10
+    ).items
+    target = f"{pods[0].status.pod_ip}:8443"
+    lane.c.kubectl(
+        "label", "namespace", SCRAPER[0], "pod-security.kubernetes.io/enforce=privileged"
+    )
+    for ns, name in ((SCRAPER[0], "scraper"), (NS, "neighbour")):
+        lane.core.create_namespaced_pod(ns, agent_pod(name, lane.ctl(ns, name), target=target,
+                                                      labels={"app": "client"}),
+                                        _request_timeout=30)  # fmt: skip
+
+    def result(ns: str, name: str) -> str | None:
+        path = lane.ctl(ns, name) / "result"
+        return path.read_text().strip() if path.exists() else None
+
+    wait_for(lambda: result(SCRAPER[0], "scraper") == "connected", timeout=60,
+             what="the monitoring namespace's pod admitted")  # fmt: skip
+    wait_for(lambda: result(NS, "neighbour") not in (None, "connected"), timeout=60,
+             what="the neighbour refused")  # fmt: skip
+    # for a while, not once: a neighbour never gets through
+    seen = set()
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        seen.add(result(NS, "neighbour"))
+        time.sleep(0.1)
+    assert "connected" not in seen, seen
+    RESULTS["networkpolicy"] = {
+        "monitoring": "connected",
+        "neighbour": sorted(s or "" for s in seen),
+    }
+    for ns, name in ((SCRAPER[0], "scraper"), (NS, "neighbour")):
+        lane.core.delete_namespaced_pod(name, ns, grace_period_seconds=0, _request_timeout=30)
 
 
 def test_a_burst_of_deaths_fires_the_death_rate_alert(lane: Lane) -> None:
@@ -756,7 +819,7 @@ def test_a_sink_refusing_and_then_down_fires_the_delivery_alerts(lane: Lane) -> 
                                                     "stringData": {"keys": secret + "\n"}},
                                            _request_timeout=30)  # fmt: skip
         took = lane.upgrade("delivery.clusterName=lane", "delivery.sinks[0].name=lane",
-                            f"delivery.sinks[0].url={receiver.url}",
+                            f"delivery.sinks[0].url=http://{SINK_HOST}:{receiver.port}/hooks/deathwatch",
                             "delivery.sinks[0].secretName=lane-sink",
                             "delivery.sinks[0].allowInsecure=true",
                             f"delivery.egress[0].cidr={cluster.BRIDGE_IP}/32",
@@ -772,6 +835,8 @@ def test_a_sink_refusing_and_then_down_fires_the_delivery_alerts(lane: Lane) -> 
 
         first = dies("delivered")
         wait_for(lambda: receiver.of(first), timeout=60, what="the death delivered")
+        # by its name: looked up through the cluster's DNS, past the NetworkPolicy's egress
+        assert f"query[A] {SINK_HOST}" in lane.dns.queries(), lane.dns.queries()[-500:]
         (event,) = receiver.of(first)
         assert event.type == "dev.deathwatch.sandbox.dead" and receiver.invalid == []
         assert event.source == f"//deathwatch.dev/clusters/lane/namespaces/{NS}"

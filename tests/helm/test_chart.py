@@ -269,9 +269,14 @@ def test_network_policies_admit_the_scrapers_and_reach_only_the_api_server() -> 
         assert ingress["ports"] == [{"port": port, "protocol": "TCP"}]
         (selector,) = ingress["from"]
         assert selector["namespaceSelector"]["matchExpressions"][0]["values"] == ["monitoring"]
-        (egress,) = policy["egress"]
-        assert egress == {"ports": [{"port": 443, "protocol": "TCP"},
-                                    {"port": 6443, "protocol": "TCP"}]}  # fmt: skip
+        api, *dns = policy["egress"]
+        assert api == {"ports": [{"port": 443, "protocol": "TCP"},
+                                 {"port": 6443, "protocol": "TCP"}]}  # fmt: skip
+        # the controller looks names up (a sink by hostname), at the cluster's DNS only
+        assert dns == ([{"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                                 "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+                         "ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}]
+                       if component == "controller" else [])  # fmt: skip
     narrowed = template("networkPolicy.apiServer.cidrs={192.0.2.10/32}",
                         "networkPolicy.metricsFrom={observability}")  # fmt: skip
     policy = narrowed[("NetworkPolicy", NAMESPACE, "deathwatch-controller")]["spec"]
@@ -279,6 +284,12 @@ def test_network_policies_admit_the_scrapers_and_reach_only_the_api_server() -> 
     assert policy["ingress"][0]["from"][0]["namespaceSelector"]["matchExpressions"][0][
         "values"] == ["observability"]  # fmt: skip
     assert not [k for k in template("networkPolicy.enabled=false") if k[0] == "NetworkPolicy"]
+    local = template("networkPolicy.dns.namespaceSelector=null",
+                     "networkPolicy.dns.podSelector=null", "networkPolicy.dns.cidrs={10.88.0.1/32}")  # fmt: skip
+    policy = local[("NetworkPolicy", NAMESPACE, "deathwatch-controller")]["spec"]
+    assert policy["egress"][1]["to"] == [{"ipBlock": {"cidr": "10.88.0.1/32"}}]
+    off = template("networkPolicy.dns.enabled=false")
+    assert len(off[("NetworkPolicy", NAMESPACE, "deathwatch-controller")]["spec"]["egress"]) == 1
 
 
 def test_the_chart_packages_for_an_oci_registry(tmp_path: Path) -> None:

@@ -560,8 +560,10 @@ def test_audit_lets_through_and_counts_each_kind_then_enforce_refuses_at_once(
         sources = {(chain, source) for chain, source, _, _ in recorded(table)}
         b_host_v4 = sorted({s for c, s in sources if c == "in"})
         assert len(b_host_v4) == 1 and {c for c, _ in sources} == {"in", "out"}, sources
-        said = wait_for(lambda: len(audit_log(log)) >= 3 and audit_log(log), timeout=10,
-                        what=f"the sources logged: {log.read_text()[-800:]}")  # fmt: skip
+        said: list[dict[str, object]] = wait_for(
+            lambda: audit_log(log) if len(audit_log(log)) >= 3 else None, timeout=10,
+            what=f"the sources logged: {log.read_text()[-800:]}",
+        )  # fmt: skip
         assert sorted(str(e["kind"]) for e in said) == ["host", "host", "outside"], said
         # the switch: the next resync applies the enforcing table in one transaction
         cfg.write_text(json.dumps({**base, "mode": "enforce"}))

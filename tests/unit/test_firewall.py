@@ -866,7 +866,7 @@ class Listed:
     """A Node watch that has listed these Node objects."""
 
     def __init__(self, *nodes: dict[str, Any]) -> None:
-        self.nodes = list(nodes)
+        self.nodes: list[Mapping[str, Any]] = list(nodes)
 
     def snapshot(self) -> list[Mapping[str, Any]] | None:
         return self.nodes
@@ -893,7 +893,11 @@ def test_an_auditing_agent_counts_by_port_and_kind_logs_each_source_once_and_say
     api, nft = FakeApi(), FakeNft()
     api.add("pods", "sandboxes", sandbox_pod("10.244.1.2"))
     agent = Agent(path, nft, link=ClusterLink(api.agent(), "node-a", "fw-a", "deathwatch-system"))
-    node = {"metadata": {"name": "node-a", "labels": {}}, "spec": {"podCIDRs": ["10.244.1.0/24"]}}
+    labels: dict[str, str] = {}
+    node = {
+        "metadata": {"name": "node-a", "labels": labels},
+        "spec": {"podCIDRs": ["10.244.1.0/24"]},
+    }
     agent.nodes = Listed(node)  # type: ignore[assignment]
     agent.step()
     assert agent.mode == "audit" and agent.metrics.enforcing._value.get() == 0
@@ -907,7 +911,7 @@ def test_an_auditing_agent_counts_by_port_and_kind_logs_each_source_once_and_say
         dataclasses.replace(s, elements=tuple(records)) if s.name == "audit_in_v4" else s
         for s in table.sets))  # fmt: skip
     nft.table = table
-    said: list[list[dict[str, Any]]] = []
+    said: list[list[Any]] = []
     for _ in range(3):  # the same counters and records each time: counted once, said once
         with structlog.testing.capture_logs() as logs:
             agent.step()
@@ -922,7 +926,7 @@ def test_an_auditing_agent_counts_by_port_and_kind_logs_each_source_once_and_say
     assert said[0][-1] == {**said[0][-1], "event": "audit: would refuse more", "more": 3}
     assert len(nft.applied) == 1  # the kernel's records and counters are not drift
     # the node labelled into enforcement: the table replaced at once, refusing
-    node["metadata"]["labels"] = {"deathwatch.dev/firewall": "enforce"}
+    labels["deathwatch.dev/firewall"] = "enforce"
     agent.step()
     assert agent.mode == "enforce" and agent.metrics.enforcing._value.get() == 1
     assert nft.table is not None and len(nft.applied) == 2
