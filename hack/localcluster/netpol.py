@@ -51,7 +51,7 @@ class KubeRouter:
 
     def start(self, timeout: float = 60) -> KubeRouter:
         # bridged pod-to-pod traffic through iptables, as kube-router needs on a bridge CNI
-        subprocess.run(["modprobe", "br_netfilter"], check=False, capture_output=True)
+        # (br_netfilter: built into this machine's kernel)
         if BRIDGE_NF.exists():
             self._bridge_nf = BRIDGE_NF.read_text().strip()
             BRIDGE_NF.write_text("1")

@@ -952,6 +952,43 @@ def test_helm_upgrade_with_new_values_rolls_the_agents_and_lets_nothing_through(
     assert config["allowedSources"] == ["192.0.2.10/32"] and config["podCIDRs"] == []
 
 
+def test_a_config_the_agent_refuses_halts_the_roll_at_its_first_node_with_the_rule_kept(
+    lane: Lane,
+) -> None:
+    """A pod range with its host bits set passes the chart's schema (a CIDR's shape) and not
+    the agent (it is strict): the new agent is never Ready, so the DaemonSet's rolling update
+    stops at its first node, where the table the old agent left stays in force. A rollback
+    brings a Ready agent back."""
+    name = lane.sandbox("bad-config")
+    wait_for(lambda: lane.state(name) == "Alive", timeout=60, what=f"{name} Alive")
+    ip = lane.core.read_namespaced_pod(name, NS, _request_timeout=10).status.pod_ip
+    old = lane.agents()
+    lane.helm("upgrade", "deathwatch", str(CHART), "-n", SYSTEM, "--reuse-values",
+              "--set", "firewall.podCIDRs={10.88.0.1/16}")  # fmt: skip
+
+    def stalled() -> dict[str, Any] | None:
+        ds = client.AppsV1Api(lane.api).read_namespaced_daemon_set(
+            "deathwatch-firewall", SYSTEM, _request_timeout=10).status  # fmt: skip
+        new = lane.agents() != old and lane.agents()
+        if ds.updated_number_scheduled == 1 and (ds.number_unavailable or 0) == 1 and new:
+            return {"updated": ds.updated_number_scheduled, "unavailable": ds.number_unavailable}
+        return None
+
+    status = wait_for(stalled, timeout=90, what="the new agent scheduled and not Ready")
+    done = lane.c.kubectl("rollout", "status", "-n", SYSTEM, "daemonset/deathwatch-firewall",
+                          "--timeout=15s", check=False, timeout=60)  # fmt: skip
+    assert done.returncode != 0, done.stdout  # the roll does not finish
+    assert connect_once(ip, AGENT_PORT, 2)[0] == "refused"  # the old rule, in force
+    logs = lane.c.kubectl("logs", "-n", SYSTEM, "-l", "app.kubernetes.io/component=firewall",
+                          "--tail=50", check=False).stdout  # fmt: skip
+    assert "config rejected" in logs and "podCIDRs[0]" in logs, logs[-2000:]
+    RESULTS["bad_config_roll"] = status
+    lane.helm("rollback", "deathwatch", "-n", SYSTEM, "--wait", "--timeout=3m")
+    lane.c.kubectl("rollout", "status", "-n", SYSTEM, "daemonset/deathwatch-firewall",
+                   "--timeout=120s", timeout=150)  # fmt: skip
+    assert connect_once(ip, AGENT_PORT, 2)[0] == "refused"
+
+
 def test_the_agent_unable_to_list_its_sandboxes_fires_sync_failing(lane: Lane) -> None:
     """After the upgrade (a resync every 5 s): the agent's ClusterRoleBinding deleted, each
     resync's listing of its node's sandboxes is refused. The last known set stays in force."""

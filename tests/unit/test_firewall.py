@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import prometheus_client
 import pytest
 
 from deathwatch.firewall.agent import Agent, ClusterLink
@@ -903,6 +904,11 @@ def test_an_auditing_agent_counts_by_port_and_kind_logs_each_source_once_and_say
     assert agent.mode == "audit" and agent.metrics.enforcing._value.get() == 0
     notes = coverage_lease(api)["metadata"]["annotations"]
     assert notes["deathwatch.dev/mode"] == "audit"
+    # every series exists at 0 before it counts: an alert's increase() sees its first count
+    exposed = prometheus_client.generate_latest(agent.metrics.registry).decode()
+    for kind in ("host", "outside", "host-in-pod-range"):
+        line = f'deathwatch_firewall_audited_connections_total{{port="49983",source="{kind}"}} 0.0'
+        assert line in exposed
     assert nft.table is not None
     table = _counted(nft.table, "deathwatch audit: host 49983", 2)
     table = _counted(table, "deathwatch audit: outside 49983", 1)

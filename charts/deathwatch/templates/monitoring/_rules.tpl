@@ -237,6 +237,9 @@ groups:
         expr: >-
           sum by (instance, port, source)
           (increase(deathwatch_firewall_audited_connections_total[{{ $r.auditWindow }}])) > 0
+          or sum by (instance, port, source)
+          (deathwatch_firewall_audited_connections_total
+          unless deathwatch_firewall_audited_connections_total offset {{ $r.auditWindow }}) > 0
         for: 0m
         labels: {severity: info}
         annotations:

@@ -179,6 +179,8 @@ class Agent:
             result = "repaired" if self._applied_once and not self._config_changed else "applied"
             if result == "repaired":
                 log.warning("drift repaired", differences=diffs)
+            for kind, port in audited(want):  # each series at 0 before it can count
+                self.metrics.audited.labels(str(port), kind)
             started = time.perf_counter()
             self.nft.apply(want)
             self.metrics.apply_seconds.observe(time.perf_counter() - started)
