@@ -912,8 +912,15 @@ def test_audit_mode_lets_the_host_through_counted_then_a_labelled_node_enforces(
     try:
         labelled = time.monotonic()
         lane.c.kubectl("label", "node", NODE_NAME, f"{label}=enforce")
-        wait_for(lambda: shield_reason(lane, name) == "RuleInForce", timeout=60,
-                 what="Shielded again once the node enforces")  # fmt: skip
+        try:
+            wait_for(lambda: shield_reason(lane, name) == "RuleInForce", timeout=60,
+                     what="Shielded again once the node enforces")  # fmt: skip
+        except WaitTimeout as exc:
+            raise WaitTimeout(f"{exc}; the reason: {shield_reason(lane, name)}; the node's "
+                              f"labels: {lane.c.kubectl('get', 'node', NODE_NAME, '-o', 'jsonpath={.metadata.labels}')}; "
+                              f"the Leases: {lane.c.kubectl('get', 'lease', '-n', SYSTEM, '-o', 'jsonpath={.items[*].metadata}')}; "
+                              f"the agent said: {lane.c.kubectl('logs', '-n', SYSTEM, '-l', 'app.kubernetes.io/component=firewall', '--tail', '30')}"
+                              ) from exc  # fmt: skip
         took = time.monotonic() - labelled
     finally:
         stop.set()

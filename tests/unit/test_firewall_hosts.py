@@ -84,3 +84,27 @@ def test_the_watch_keeps_the_nodes_and_wakes_the_agent_on_changes_only() -> None
     snapshot = watch.snapshot()
     assert snapshot is not None and [n["metadata"]["name"] for n in snapshot] == ["b"]
     assert len(wakes) == 3  # listed, b added, a deleted: a's heartbeat changed nothing kept
+
+
+def test_a_label_change_seen_by_the_watch_is_kept_and_wakes_the_agent() -> None:
+    """enforceNodeSelector reads the node's labels from this watch: a watch that kept only
+    addresses never let a labelled node enforce (the Helm lane found it)."""
+    stop, wakes = threading.Event(), []
+    api = FakeApi()
+    api.add("nodes", "", node("a", ["10.244.1.0/24"]))
+    labelled = node("a", ["10.244.1.0/24"])
+    labelled["metadata"] = {**labelled["metadata"], "labels": {"tier": "enforce"},
+                            "resourceVersion": "12"}  # fmt: skip
+    api.streams["/api/v1/nodes"] = [[
+        {"type": "MODIFIED", "object": labelled},
+        {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "13"}}},
+    ]]  # fmt: skip
+    watch = NodeAddresses(api.agent(), lambda: wakes.append(1), lambda: None, stop)
+    watch.start()
+    wait_for(
+        lambda: any("resourceVersion=13" in path for _, path in api.requests), what="resumed at 13"
+    )
+    stop.set()
+    snapshot = watch.snapshot()
+    assert snapshot is not None and snapshot[0]["metadata"]["labels"] == {"tier": "enforce"}
+    assert len(wakes) == 2  # listed, then labelled

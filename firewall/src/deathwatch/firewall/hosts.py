@@ -198,9 +198,14 @@ class NodeAddresses:
 
 
 def _kept(node: Mapping[str, Any]) -> Mapping[str, Any]:
-    """Of a Node, only what host addresses are read from (not its status: heartbeats)."""
+    """Of a Node, only what the agent reads: host addresses (annotations, pod ranges) and
+    its mode (labels: enforceNodeSelector); not its status, whose heartbeats change often."""
     meta, spec = node.get("metadata") or {}, node.get("spec") or {}
     return {
-        "metadata": {"name": meta.get("name"), "annotations": dict(meta.get("annotations") or {})},
+        "metadata": {
+            "name": meta.get("name"),
+            "labels": dict(meta.get("labels") or {}),
+            "annotations": dict(meta.get("annotations") or {}),
+        },
         "spec": {"podCIDRs": spec.get("podCIDRs"), "podCIDR": spec.get("podCIDR")},
     }
