@@ -24,13 +24,16 @@ def running(
     restarts: int = 0,
     ready: bool = True,
     last: dict[str, Any] | None = None,
+    cid: str | None = None,
 ) -> dict[str, Any]:
+    """`cid`: the instance's runtime id (containerStatuses[].containerID)."""
     return {
         "name": name,
         "ready": ready,
         "restartCount": restarts,
         "state": {"running": {"startedAt": ts(since)}},
         "lastState": {"terminated": last} if last else {},
+        **({"containerID": cid} if cid else {}),
     }
 
 
@@ -41,6 +44,7 @@ def terminated(
     started: float = 1,
     finished: float = 50,
     restarts: int = 0,
+    cid: str | None = None,
 ) -> dict[str, Any]:
     return {
         "name": name,
@@ -55,6 +59,7 @@ def terminated(
             }
         },
         "lastState": {},
+        **({"containerID": cid} if cid else {}),
     }
 
 
@@ -110,9 +115,14 @@ def pod(
     disruption: tuple[str, str, float] | None = None,
     disruption_status: str = "True",
     message: str | None = None,
+    restart_policy: str | None = None,
+    own_restart_rules: bool = False,
+    spec_containers: list[str] | None = None,
 ) -> dict[str, Any]:
     """A Pod; `deletion_at` is when deletion was requested (the API stores it + grace);
-    `disruption` is a DisruptionTarget condition (reason, message, when it was set)."""
+    `disruption` is a DisruptionTarget condition (reason, message, when it was set);
+    `own_restart_rules`: its container has a restart policy of its own and rules
+    (ContainerRestartRules); `spec_containers`: more containers' names beside `agent`."""
     spec_container: dict[str, Any] = {
         "name": "agent",
         "image": "agent:1",
@@ -123,6 +133,11 @@ def pod(
     }
     if probe is not None:
         spec_container["readinessProbe"] = probe
+    if own_restart_rules:
+        spec_container["restartPolicy"] = "Never"
+        spec_container["restartPolicyRules"] = [
+            {"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}
+        ]
     meta: dict[str, Any] = {
         "uid": uid,
         "name": name,
@@ -163,6 +178,13 @@ def pod(
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": meta,
-        "spec": {"containers": [spec_container], **({"nodeName": node} if node else {})},
+        "spec": {
+            "containers": [
+                spec_container,
+                *({"name": n, "image": "x:1"} for n in spec_containers or ()),
+            ],
+            **({"nodeName": node} if node else {}),
+            **({"restartPolicy": restart_policy} if restart_policy else {}),
+        },
         "status": status,
     }

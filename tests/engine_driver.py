@@ -11,6 +11,7 @@ from deathwatch._engine import memory
 from deathwatch._engine.contract import Policies, PolicySettings
 from deathwatch._engine.engine import SignalKind, Step, Track
 from deathwatch._engine.memory import Deadlines, Memory
+from deathwatch._engine.nodeexit import NodeExit
 from deathwatch._engine.podview import PodView, read_pod
 from deathwatch._engine.verdict import Cause
 from deathwatch._policies import AUTO, default_registry
@@ -35,6 +36,13 @@ class Pods:
                                      configured, settings, self.deadlines, deletion)  # fmt: skip
         self.memories[pod.uid] = known
         return step
+
+    def exited(self, pod: PodView, exit: NodeExit, now: datetime,
+               deletion: Cause = Cause.DELETED) -> Step | None:  # fmt: skip
+        known = self.memories.get(pod.uid)
+        if known is None:
+            return None
+        return memory.exited(known, pod, exit, now, self.policies, self.deadlines, deletion)
 
     def remove(self, uid: str, now: datetime, last: PodView | None,
                deletion: Cause = Cause.DELETED) -> Step | None:  # fmt: skip
@@ -74,6 +82,12 @@ class Judge:
     def see(self, obj: dict[str, Any], now: float) -> Track:
         step = self.fleet.observe(read_pod(obj), at(now), self.policy, self.settings)
         return self._record(step)
+
+    def exit(self, obj: dict[str, Any], exit: NodeExit, now: float,
+             deletion: Cause = Cause.DELETED) -> Track | None:  # fmt: skip
+        """A node's exit, `obj` the pod as the API holds it then; None: not judged."""
+        step = self.fleet.exited(read_pod(obj), exit, at(now), deletion)
+        return self._record(step) if step is not None else None
 
     def tick(self, now: float) -> None:
         for step in self.fleet.expire_due(at(now)):

@@ -23,8 +23,9 @@ from hypothesis import strategies as st
 
 from deathwatch._engine import memory
 from deathwatch._engine.engine import Track
+from deathwatch._engine.nodeexit import NodeExit
 from deathwatch._engine.podview import read_pod
-from deathwatch._engine.verdict import Cause, Evidence, State
+from deathwatch._engine.verdict import Cause, Evidence, Observer, State
 from deathwatch._operator import documents
 from deathwatch._operator.agent_sandboxes import AgentSandboxes
 from deathwatch._operator.controller import Controller, Firewall, Verdict
@@ -164,6 +165,50 @@ async def test_a_sandbox_lifecycle_ending_in_death() -> None:
     assert lost.name == "sbx-1.uid-1.sandboxdead"
     h.clock.now = at(60 * 60)
     assert h.controller.unannounced_deaths() == []  # past the Event TTL: no old death as news
+
+
+async def test_an_exit_heard_on_the_node_is_dead_at_once_and_a_kubelet_that_disagrees_is_said(
+) -> None:  # fmt: skip
+    """ADR 0028: the exit, with the pod as read, makes the verdict (one status write); the
+    kubelet's report agreeing costs nothing; one disagreeing is counted and announced, and
+    the verdict stands."""
+    cid = "containerd://" + "a" * 64
+    async with harness() as h:
+        h.deathwatch()
+        live = pod(ready=True, ready_at=2, node="node-1", containers=[running(cid=cid)])
+        h.pod(live, 2)
+        await h.settle()
+        h.clock.now = at(50.2)
+        heard = NodeExit(cid, 3, False, at(50.1), "node-1")
+        assert h.controller.on_node_exit(heard, read_pod(live), "9") == "judged"
+        await h.settle()
+        dead = h.sv()
+        assert dead is not None
+        assert (dead["state"], dead["cause"], dead["exitCode"], dead["observedBy"],
+                dead["containerID"]) == ("Dead", "ContainerExited", 3, "node", cid)  # fmt: skip
+        assert "heard on its node" in next(iter(h.api.events.values()))["message"]
+        # the same exit again (the Lease read again after a restart): the verdict is final
+        assert h.controller.on_node_exit(heard, read_pod(live), "9") == "kubelet"
+        writes = len(h.api.writes)
+        report = pod(ready=False, ready_at=51, node="node-1",
+                     containers=[terminated(code=3, finished=50, cid=cid)])  # fmt: skip
+        h.pod(report, 51)
+        await h.settle()
+        assert len(h.api.writes) == writes  # the kubelet agrees: nothing to write
+        other = pod(ready=False, ready_at=51, node="node-1",
+                    containers=[terminated(code=4, finished=50, cid=cid)])  # fmt: skip
+        h.pod(other, 52)
+        await h.settle()
+    disputed = h.sv()
+    assert disputed is not None and disputed["state"] == "Dead"
+    assert disputed["disputed"] == "exit code: the node saw 3, the kubelet reports 4"
+    reasons = sorted(e["reason"] for e in h.api.events.values())
+    assert reasons == ["NodeExitDisputed", "SandboxDead"]
+    sample = h.controller.metrics.registry.get_sample_value
+    assert sample("deathwatch_node_exit_disputes_total", {"policy": "no-probe"}) == 1
+    # an exit of a pod no record tracks, or of an instance its status does not name
+    unknown = pod(uid="uid-2", name="sbx-2", containers=[running(cid=cid)])
+    assert h.controller.on_node_exit(heard, read_pod(unknown), "3") == "not-watched"
 
 
 async def test_deletion_is_gone_and_the_verdict_retires_after_its_retention() -> None:
@@ -535,6 +580,8 @@ def test_every_persisted_field_of_a_track_survives_the_round_trip() -> None:
         last_ready_at=at(5),
         ready_drop_at=at(40),
         declared_at=at(41.5),
+        observed_by=Observer.NODE,
+        container_id="containerd://abc",
     )
     track = Track(
         uid="uid-1",
@@ -555,6 +602,7 @@ def test_every_persisted_field_of_a_track_survives_the_round_trip() -> None:
         probe_blocked=True,
         evidence=evidence,
         changed_at=at(41.5),
+        disputed="exit code: the node saw 137, the kubelet reports 143",
     )
     stored = json.loads(json.dumps(to_document(documents.verdict_status(track, "node-1"))))
     assert documents.track_from_status(NS, "sbx-1", stored) == track

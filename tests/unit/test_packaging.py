@@ -18,7 +18,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # distribution name -> import name, for what the firewall may require
-IMPORT_NAME = {"pyyaml": "yaml", "prometheus-client": "prometheus_client"}
+IMPORT_NAME = {"pyyaml": "yaml", "prometheus-client": "prometheus_client", "grpcio": "grpc",
+               "protobuf": "google"}  # fmt: skip
 SHARED = "deathwatch._kube"  # imported as such; required as the deathwatch-kube distribution
 
 

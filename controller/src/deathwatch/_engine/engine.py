@@ -38,6 +38,7 @@ from typing import Any
 
 import msgspec
 
+from deathwatch._engine import nodeexit
 from deathwatch._engine.contract import (
     ClusterDisruption,
     ContainerDeath,
@@ -49,8 +50,9 @@ from deathwatch._engine.contract import (
     by_disruption,
     disruption_of,
 )
+from deathwatch._engine.nodeexit import NodeExit
 from deathwatch._engine.podview import ContainerView, Disruption, PodView, blocked_probes
-from deathwatch._engine.verdict import Cause, Evidence, State
+from deathwatch._engine.verdict import Cause, Evidence, Observer, State
 
 
 class SignalKind(StrEnum):
@@ -60,6 +62,7 @@ class SignalKind(StrEnum):
     FALSE_POSITIVE = "FalsePositive"  # Ready True after a Dead verdict
     PROBE_BLOCKED = "ProbeBlockedByFirewall"
     POLICY_FAILED = "PolicyFailed"  # judge() raised or returned garbage: Track.policy_error
+    DISPUTED = "NodeExitDisputed"  # the kubelet tells a node-observed death otherwise
 
 
 class Signal(msgspec.Struct, frozen=True, gc=False):
@@ -97,6 +100,8 @@ class Track(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     policy_error: str | None = None  # the policy failed the last time it was asked: why
     # the DisruptionTarget behind a Suspect (Disrupting) or a verdict it ended, as written
     disruption: Disruption | None = None
+    # a death the node saw, told otherwise by the kubelet's report: how (the verdict stands)
+    disputed: str | None = None
 
 
 replace = msgspec.structs.replace  # in C: a new Track with the fields changed
@@ -175,6 +180,16 @@ def _ran_and_stopped(pod: PodView) -> ContainerDeath | None:
     return _container_death(pod, pod.restart_counts())
 
 
+def _instance(pod: PodView, death: ContainerDeath | None) -> str | None:
+    """The runtime's id of the container instance that ended (the one the death names)."""
+    if death is None:
+        return None
+    for c in pod.containers:
+        if c.name == death.container:
+            return c.container_id if c.terminated is not None else None
+    return None
+
+
 def _kill(
     track: Track,
     pod: PodView,
@@ -182,9 +197,10 @@ def _kill(
     cause: Cause,
     death: ContainerDeath | None,
     disruption: ClusterDisruption | None = None,
+    observer: Observer = Observer.KUBELET,
 ) -> Track:
     if disruption is not None:
-        return _disrupted(track, pod, now, cause, death, disruption)
+        return _disrupted(track, pod, now, cause, death, disruption, observer)
     evidence = Evidence(
         state=State.DEAD,
         cause=cause,
@@ -199,6 +215,8 @@ def _kill(
         last_ready_at=track.last_ready_at,
         ready_drop_at=track.ready_drop_at or (death.finished_at if death else None) or now,
         declared_at=now,
+        observed_by=observer,
+        container_id=_instance(pod, death),
     )
     return replace(
         track,
@@ -218,6 +236,7 @@ def _disrupted(
     cause: Cause,
     death: ContainerDeath | None,
     disruption: ClusterDisruption,
+    observer: Observer = Observer.KUBELET,
 ) -> Track:
     """Dead by a disruption of the cluster's: the condition's reason and message are the
     evidence, beside a container's exit where there is one (an exit 137 under a node
@@ -238,6 +257,8 @@ def _disrupted(
         declared_at=now,
         disruption=disruption.reason,
         message=disruption.message,
+        observed_by=observer,
+        container_id=_instance(pod, death),
     )
     return replace(
         track,
@@ -300,11 +321,13 @@ def step(
     *,
     first: bool = False,
     deletion: Cause = Cause.DELETED,
+    observer: Observer = Observer.KUBELET,
 ) -> Step:
     """Judge one observation of the pod. `policy` must be the one named by `track.policy`;
     `first` marks the first observation since the track was made or restored; `deletion` is
     what its deletion means when the pod's owner says (Suspended, Expired): the pod itself
-    never tells why it was deleted."""
+    never tells why it was deleted; `observer`: whose report the observation is (the node's:
+    `exited`)."""
     before = track.state
 
     # 1-2. Terminal states are final; only the false-positive fact can still be learned: the
@@ -313,6 +336,15 @@ def step(
     # place (restartPolicy, a container restart rule, a restart of the whole pod) is a new
     # life of the pod, not a sign that the death was not one: the container did exit.
     if before is State.DEAD:
+        evidence = track.evidence
+        if evidence is not None and evidence.observed_by is Observer.NODE:
+            if nodeexit.stale(pod, evidence):
+                return Step(track)  # the kubelet has not relisted yet: it says nothing new
+            if track.disputed is None:
+                disputed = nodeexit.disputes(pod, evidence)
+                if disputed is not None:
+                    track = replace(track, disputed=disputed, ready=pod.ready)
+                    return Step(track, (Signal(SignalKind.DISPUTED),))
         if (
             pod.ready
             and not track.ready
@@ -385,7 +417,7 @@ def step(
 
     death = _container_death(pod, baseline) if ever_ready else None
     disruption = disruption_of(pod) if pod.disruption is not None else None
-    after = _judge_lifecycle(track, pod, now, death, deletion, disruption)
+    after = _judge_lifecycle(track, pod, now, death, deletion, disruption, observer)
     if after is None:
         # The policy judges; for a pod whose deletion was requested after its Ready drop, it
         # judges the pod as of the request: only a death complete by then stands.
@@ -408,7 +440,7 @@ def step(
             # 3: the policy called it a death or not; either way it was the cluster's doing
             if decision.state is State.DEAD:
                 cause = decision.cause or disruption.cause
-                after = _kill(track, pod, now, cause, death, disruption)
+                after = _kill(track, pod, now, cause, death, disruption, observer)
             else:
                 after = _bury(track, now, disruption.cause, pod, disruption)
         elif deleting is not None and decision.state is not State.DEAD:
@@ -418,7 +450,7 @@ def step(
         ):
             after = _disrupting(track, pod, now)  # 8: pending: at most Suspect
         else:
-            after = _apply(track, pod, now, decision, death)
+            after = _apply(track, pod, now, decision, death, observer)
 
     if after.state is not before:
         if after.changed_at != now:
@@ -488,6 +520,7 @@ def _judge_lifecycle(
     death: ContainerDeath | None,
     deletion: Cause,
     disruption: ClusterDisruption | None,
+    observer: Observer = Observer.KUBELET,
 ) -> Track | None:
     """Steps 3-7: the facts no policy may reinterpret. None: the policy decides."""
     if disruption is not None and disruption.final:
@@ -502,13 +535,14 @@ def _judge_lifecycle(
         return _bury(track, now, deletion, pod)
     if evicted:
         if track.ever_ready:
-            return _kill(track, pod, now, Cause.EVICTED, death)
+            return _kill(track, pod, now, Cause.EVICTED, death, observer=observer)
         return _bury(track, now, Cause.FAILED_BEFORE_READY, pod)
     if pod.phase == "Succeeded":
         return _bury(track, now, Cause.COMPLETED, pod)
     if pod.phase == "Failed":
         if track.ever_ready:
-            return _kill(track, pod, now, death.cause if death else Cause.UNKNOWN, death)
+            cause = death.cause if death else Cause.UNKNOWN
+            return _kill(track, pod, now, cause, death, observer=observer)
         return _bury(track, now, Cause.FAILED_BEFORE_READY, pod)
     if not track.ever_ready:
         # Restarts and exits before the first Ready are start-up, not death.
@@ -520,10 +554,15 @@ def _judge_lifecycle(
 
 
 def _apply(
-    track: Track, pod: PodView, now: datetime, decision: Decision, death: ContainerDeath | None
+    track: Track,
+    pod: PodView,
+    now: datetime,
+    decision: Decision,
+    death: ContainerDeath | None,
+    observer: Observer = Observer.KUBELET,
 ) -> Track:
     if decision.state is State.DEAD:
-        return _kill(track, pod, now, decision.cause or Cause.UNKNOWN, death)
+        return _kill(track, pod, now, decision.cause or Cause.UNKNOWN, death, observer=observer)
     if decision.state is State.SUSPECT:
         if (track.state, track.cause, track.deadline) == (
             State.SUSPECT,
@@ -560,6 +599,32 @@ def expire(
     if track.state is not State.SUSPECT or last is None:
         return Step(track)
     return step(track, last, now, policy, settings)
+
+
+def exited(
+    track: Track,
+    pod: PodView,
+    exit: NodeExit,
+    now: datetime,
+    policy: Policy,
+    settings: PolicySettings,
+    *,
+    deletion: Cause = Cause.DELETED,
+) -> tuple[Step, PodView] | None:
+    """A container's exit as its node heard it, `pod` as the API holds it now (a fresh
+    read: a deletion or a disruption it shows stands beside the exit). Judged as the
+    kubelet's report of it will be (`nodeexit.reported`), by the same rules; a death is
+    observed by the node. None when the exit is not the watched container's (another
+    instance, an init container, an exec probe's process) or only the kubelet can tell what
+    it leads to: the kubelet's report judges it then, as ever. With the step, the pod as it
+    was judged (the kubelet's report to come)."""
+    if track.state.terminal:
+        return None
+    after = nodeexit.reported(pod, exit)
+    if after is None:
+        return None
+    judged = step(track, after, now, policy, settings, deletion=deletion, observer=Observer.NODE)
+    return judged, after
 
 
 def remove(

@@ -1,5 +1,6 @@
-"""What the engine remembers of one pod, and the three ways it learns: an observation of the
-pod, its removal from the API, a Suspect window closing on the clock.
+"""What the engine remembers of one pod, and the four ways it learns: an observation of the
+pod, a container's exit its node heard, its removal from the API, a Suspect window closing on
+the clock.
 
 Shared by replay (one `Memory` per pod of a recording) and the operator (one inside each
 sandbox's record, records.py): each keeps its memories where it keeps everything else about a
@@ -20,6 +21,7 @@ import msgspec
 from deathwatch._engine import engine
 from deathwatch._engine.contract import Policies, PolicySettings
 from deathwatch._engine.engine import Step, Track
+from deathwatch._engine.nodeexit import NodeExit
 from deathwatch._engine.podview import PodView
 from deathwatch._engine.verdict import Cause, State
 
@@ -128,6 +130,26 @@ def observe(
     first = not memory.seen and memory.track.state not in _TERMINAL
     step = engine.step(memory.track, pod, now, policy, settings, first=first, deletion=deletion)
     return memory, _keep(memory, step, pod, deadlines)
+
+
+def exited(
+    memory: Memory,
+    pod: PodView,
+    exit: NodeExit,
+    now: datetime,
+    policies: Policies,
+    deadlines: Deadlines,
+    deletion: Cause = Cause.DELETED,
+) -> Step | None:
+    """A container's exit as its node heard it, `pod` as the API holds it now. None: the
+    exit is not the watched container's, or only the kubelet can tell what it leads to."""
+    policy = policies.get(memory.track.policy)
+    settings = memory.settings or _DEFAULT
+    judged = engine.exited(memory.track, pod, exit, now, policy, settings, deletion=deletion)
+    if judged is None:
+        return None
+    step, reported = judged
+    return _keep(memory, step, reported, deadlines)
 
 
 def remove(

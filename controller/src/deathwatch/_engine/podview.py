@@ -66,6 +66,7 @@ class ContainerView(msgspec.Struct, frozen=True, gc=False):
     last_termination: Termination | None
     restart_count: int
     ready: bool
+    container_id: str | None = None  # this instance, as the runtime names it (runtime://id)
 
 
 class ProbeView(msgspec.Struct, frozen=True, gc=False):
@@ -125,6 +126,10 @@ class PodView(msgspec.Struct, frozen=True, gc=False):
     disruption: Disruption | None = None
     # status.message: the component's sentence beside `reason` ("The node was low on ...").
     message: str | None = None
+    # spec.restartPolicy (Always when unset), and whether any container has its own restart
+    # policy or rules (then only the kubelet knows what an exit leads to)
+    restart_policy: str = "Always"
+    container_restart_rules: bool = False
 
     @property
     def ready(self) -> bool:
@@ -281,12 +286,16 @@ def view_of(pod: raw.Pod) -> PodView:
                 last,
                 cs.restart_count or 0,
                 cs.ready is True,
+                cs.container_id or None,
             )
         )
 
     probes = []
     ports: dict[str, int] = {}
+    own_rules = False
     for c in spec.containers or ():
+        if c.restart_policy is not None or c.restart_policy_rules:
+            own_rules = True
         if c.readiness_probe is not None:
             probe = _probe(c)
             if probe is not None:
@@ -322,6 +331,8 @@ def view_of(pod: raw.Pod) -> PodView:
         _controlling_sandbox(meta) if meta.owner_references else None,
         disruption,
         status.message,
+        spec.restart_policy or "Always",
+        own_rules,
     )
 
 

@@ -58,11 +58,16 @@ class Container(msgspec.Struct, rename="camel", frozen=True, gc=False):
     name: str | None = None
     readiness_probe: Probe | None = None
     ports: list[ContainerPort] | None = None
+    # a container's own restart policy and rules (ContainerRestartRules, 1.34+): whether the
+    # kubelet restarts it after an exit is theirs to say, not the pod's restartPolicy
+    restart_policy: str | None = None
+    restart_policy_rules: list[Any] | None = None
 
 
 class PodSpec(msgspec.Struct, rename="camel", frozen=True, gc=False):
     containers: list[Container] | None = None
     node_name: str | None = None
+    restart_policy: str | None = None
 
 
 class Condition(msgspec.Struct, rename="camel", frozen=True, gc=False):
@@ -91,6 +96,9 @@ class ContainerState(msgspec.Struct, rename="camel", frozen=True, gc=False):
 
 class ContainerStatus(msgspec.Struct, rename="camel", frozen=True, gc=False):
     name: str | None = None
+    # the runtime's id of the container instance (containerd://<id>): what a node's runtime
+    # names in an exit, and a new one for every restart
+    container_id: str | None = msgspec.field(name="containerID", default=None)
     ready: bool | None = None
     restart_count: int | None = None
     state: ContainerState | None = None

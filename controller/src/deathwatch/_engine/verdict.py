@@ -93,6 +93,13 @@ def origin_of(cause: Cause | None) -> Origin:
     return _ORIGINS.get(cause, Origin.UNKNOWN) if cause is not None else Origin.UNKNOWN
 
 
+class Observer(StrEnum):
+    """Whose report a verdict rests on."""
+
+    KUBELET = "kubelet"  # the pod's status, as the kubelet (or a controller) wrote it
+    NODE = "node"  # the node's container runtime, heard by deathwatch's node agent
+
+
 class Evidence(msgspec.Struct, frozen=True, gc=False):
     """Captured at the moment of a terminal verdict: the pod may be gone seconds later."""
 
@@ -112,6 +119,9 @@ class Evidence(msgspec.Struct, frozen=True, gc=False):
     # the DisruptionTarget condition that ended it, as its component wrote it
     disruption: str | None = None  # its reason: EvictionByEvictionAPI, DeletionByPodGC, ...
     message: str | None = None  # its message: "Eviction API: evicting", ...
+    # whose report it rests on, and the container instance that ended (runtime://id)
+    observed_by: Observer = Observer.KUBELET
+    container_id: str | None = None
 
     @property
     def origin(self) -> Origin:
@@ -136,4 +146,6 @@ class Evidence(msgspec.Struct, frozen=True, gc=False):
             "declared_at": format_time(self.declared_at),
             "disruption": self.disruption,
             "message": self.message,
+            "observed_by": str(self.observed_by),
+            "container_id": self.container_id,
         }

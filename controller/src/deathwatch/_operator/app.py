@@ -28,7 +28,7 @@ import structlog
 from deathwatch._engine.podview import PodView
 from deathwatch._kube.ports import Heartbeat
 from deathwatch._kube.serving import Limits
-from deathwatch._operator import gcpauses, readiness, reads, timers
+from deathwatch._operator import gcpauses, node_exits, readiness, reads, timers
 from deathwatch._operator.adoption import Adoption
 from deathwatch._operator.agent_sandboxes import AgentSandboxes, SandboxObject
 from deathwatch._operator.controller import Controller, Firewall, Verdict
@@ -41,6 +41,7 @@ from deathwatch._operator.endpoints import Address, Endpoints
 from deathwatch._operator.kube import ApiLease, ApiWrites, load_configuration
 from deathwatch._operator.leader import Elector, LeaseTimings
 from deathwatch._operator.metrics import Metrics
+from deathwatch._operator.node_exits import ExitsLease
 from deathwatch._operator.ownership import Ownership
 from deathwatch._operator.readiness import Readiness, Streams
 from deathwatch._operator.records import Records
@@ -89,6 +90,8 @@ class Config:
     lease_timings: LeaseTimings = field(default_factory=LeaseTimings)
     delivery: DeliveryConfig | None = None  # the sinks verdicts are delivered to (delivery/)
     shard: Spec = field(default_factory=Spec)  # which slots this process judges (ADR 0025)
+    # where the node agents' exits Leases are (ADR 0028: deaths heard on the node); None: off
+    node_exits_namespace: str | None = None
 
     @property
     def scopes(self) -> tuple[str | None, ...]:
@@ -105,6 +108,7 @@ class Watched:
     sandboxes: tuple[Collection[SandboxObject], ...]
     pods: tuple[Collection[PodView], ...]
     pods_by_slot: str | None  # sharded: KEP-5866's selector of this shard's pods
+    node_exits: tuple[Collection[ExitsLease], ...] = ()  # the nodes' exits Leases (ADR 0028)
 
     @classmethod
     def of(cls, cfg: Config) -> Watched:
@@ -123,11 +127,13 @@ class Watched:
             sandboxes=tuple(sandboxes(scope) for scope in sandbox_scopes),
             pods=tuple(pods(scope, cfg.pod_label_selector, pods_by_slot) for scope in cfg.scopes),
             pods_by_slot=pods_by_slot,
+            node_exits=(node_exits.leases(cfg.node_exits_namespace),)
+            if cfg.node_exits_namespace else (),
         )  # fmt: skip
 
     @property
     def reflectors(self) -> int:
-        return len(self.verdicts) + len(self.sandboxes) + len(self.pods)
+        return len(self.verdicts) + len(self.sandboxes) + len(self.pods) + len(self.node_exits)
 
     @property
     def list_connections(self) -> int:
@@ -244,6 +250,10 @@ class App:
         s.verdicts.extend(reflector(x, VerdictSink(c, w, metrics)) for x in plan.verdicts)
         s.agent_sandboxes.extend(reflector(x, AgentSandboxSink(c, metrics)) for x in plan.sandboxes)
         s.pods.extend(reflector(x, PodSink(c, metrics)) for x in plan.pods)
+        if plan.node_exits:
+            # its own client: a pod read for an exit never queues behind a listing or a write
+            heard = node_exits.NodeExits(c, rest("node-exits", 4), metrics)
+            s.node_exits.extend(reflector(x, heard) for x in plan.node_exits)
         self.built = True
 
     # --- start-up and shutdown -------------------------------------------------------------
@@ -282,6 +292,8 @@ class App:
         for i, reflector in enumerate(s.pods):
             sup.start(f"watch-pods-{i}", reflector.run)
         await asyncio.gather(*(r.listed() for r in s.pods))
+        for i, reflector in enumerate(s.node_exits):  # after the pods: exits need records
+            sup.start(f"watch-node-exits-{i}", reflector.run)
         if self.elector is None:  # the only writer: it leads from the start
             self.reconcile_events()
             if self.sender is not None:

@@ -98,6 +98,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "or Expired (default on)",
     )
     p.add_argument(
+        "--node-exits",
+        default=None,
+        metavar="NAMESPACE",
+        help="watch the node agents' exits Leases in NAMESPACE (deathwatch-firewall exits): a "
+        "container's exit heard on its node is judged at once, before the kubelet's next "
+        "relist (ADR 0028); default off",
+    )
+    p.add_argument(
         "--delivery-config",
         default=None,
         metavar="FILE",
@@ -260,6 +268,7 @@ def run(args: argparse.Namespace) -> int:
         lease_timings=timings,
         delivery=delivery,
         shard=shard,
+        node_exits_namespace=args.node_exits,
     )
     try:
         app = App(config)

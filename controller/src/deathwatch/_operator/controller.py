@@ -31,10 +31,11 @@ from typing import Any
 import msgspec
 import structlog
 
-from deathwatch._engine import memory
+from deathwatch._engine import memory, nodeexit
 from deathwatch._engine.contract import Policies
 from deathwatch._engine.engine import SignalKind, Step, Track
 from deathwatch._engine.memory import Deadlines
+from deathwatch._engine.nodeexit import NodeExit
 from deathwatch._engine.podview import PodView
 from deathwatch._engine.timeutil import UTC, parse_time
 from deathwatch._engine.verdict import Cause, State, origin_of
@@ -177,6 +178,36 @@ class Controller:
                 return  # its DeathWatch is invalid for now: judged again once it is valid
             rules = found
         self._judge(kind, pod, record, rules, changed, received)
+
+    def tracks(self, uid: str) -> bool:
+        """Whether this pod is a sandbox this controller judges (a record of it is kept)."""
+        return self.records.get(uid) is not None
+
+    def on_node_exit(self, exit: NodeExit, pod: PodView, version: str,
+                     received: float | None = None) -> str:  # fmt: skip
+        """A container's exit heard on its node (node_exits.py), `pod` as the API holds it
+        now. What came of it: judged, not-watched (not a tracked sandbox's running
+        container), kubelet (its report is needed: the engine abstained, or the verdict was
+        final already)."""
+        record = self.records.get(pod.uid)
+        rules = self.deathwatches.get(record.deathwatch) if record is not None else None
+        if record is None or rules is None or record.memory is None:
+            return "not-watched"
+        if record.memory.track.state.terminal:
+            return "kubelet"
+        self.records.newer(pod.uid, version)
+        self.records.observe(pod, listed=False)
+        now = self.clock()
+        deletion = Cause.DELETED
+        if record.agent_sandbox is not None and pod.deletion_requested_at is not None:
+            deletion = self.agent_sandboxes.fate(pod.namespace, record.agent_sandbox,
+                                                 pod.deletion_requested_at)  # fmt: skip
+        step = memory.exited(record.memory, pod, exit, now, self.policies, self.deadlines,
+                             deletion)  # fmt: skip
+        if step is None:
+            return "kubelet" if nodeexit.watched(pod, exit) is not None else "not-watched"
+        self._settle(step, record, rules, received)
+        return "judged"
 
     def mine(self, uid: str | None, where: str) -> bool:
         """Sharded: whether this shard judges the sandbox of this pod uid (a pod or verdict
@@ -336,6 +367,11 @@ class Controller:
                             uid=track.uid, policy=track.policy)  # fmt: skip
             elif kind is SignalKind.POLICY_FAILED:
                 self.metrics.policy_errors.labels(track.policy).inc()
+            elif kind is SignalKind.DISPUTED:
+                self.metrics.node_exit_disputes.labels(track.policy).inc()
+                log.warning("a death heard on the node, told otherwise by the kubelet; the "
+                            "verdict stands", namespace=track.namespace, pod=track.name,
+                            uid=track.uid, disputed=track.disputed)  # fmt: skip
         # a policy's failure is logged once per spell, and its recovery
         if self.records.set_failing(record, track.policy_error is not None):
             if record.failing:

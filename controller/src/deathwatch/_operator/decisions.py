@@ -117,6 +117,8 @@ def _events(step: Step) -> list[Announcement]:
             out.append(Announcement(EventReason.SANDBOX_FALSE_POSITIVE))
         elif signal.kind is SignalKind.PROBE_BLOCKED:
             out.append(Announcement(EventReason.PROBE_BLOCKED))
+        elif signal.kind is SignalKind.DISPUTED:
+            out.append(Announcement(EventReason.NODE_EXIT_DISPUTED))
     return out
 
 

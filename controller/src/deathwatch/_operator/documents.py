@@ -20,7 +20,7 @@ import msgspec
 from deathwatch._engine.engine import Track
 from deathwatch._engine.podview import Disruption
 from deathwatch._engine.timeutil import UTC, format_time
-from deathwatch._engine.verdict import Cause, Evidence, Origin, State, origin_of
+from deathwatch._engine.verdict import Cause, Evidence, Observer, Origin, State, origin_of
 from deathwatch._operator.resources import (
     API_VERSION,
     MANAGED_BY,
@@ -134,6 +134,8 @@ def evidence_details(e: Evidence | None) -> list[str]:
         parts.append(f"exit code {e.exit_code}")
     if e.reason:
         parts.append(f"reason {e.reason}")
+    if e.observed_by is Observer.NODE:
+        parts.append("heard on its node")
     return parts
 
 
@@ -208,6 +210,9 @@ def verdict_status(
         exit_code=e.exit_code if e else None,
         reason=e.reason if e else None,
         restart_count=e.restart_count if e else sum(track.restart_baseline.values()),
+        observed_by=e.observed_by if e else None,
+        container_id=e.container_id if e else None,
+        disputed=track.disputed,
         restart_counts=dict(track.restart_baseline),
         pod_uid=track.uid,
         node=node,
@@ -274,6 +279,8 @@ def events(track: Track, announcements: Iterable[Announcement]) -> list[PodEvent
             out.append(false_positive_event(track))
         elif a.reason is EventReason.PROBE_BLOCKED:
             out.append(probe_blocked_event(track))
+        elif a.reason is EventReason.NODE_EXIT_DISPUTED:
+            out.append(disputed_event(track))
         elif a.reason is EventReason.SANDBOX_UNSHIELDED and a.shield is not None:
             out.append(unshielded_event(track, a.shield, a.spell or ""))
     return out
@@ -349,6 +356,8 @@ def track_from_status(namespace: str, name: str, status: Mapping[str, Any]) -> T
             declared_at=sv.declared_at,
             disruption=disruption.reason if disruption else None,
             message=disruption.message if disruption else None,
+            observed_by=sv.observed_by or Observer.KUBELET,
+            container_id=sv.container_id,
         )
     return Track(
         uid=sv.pod_uid,
@@ -371,6 +380,7 @@ def track_from_status(namespace: str, name: str, status: Mapping[str, Any]) -> T
         changed_at=changed_at,
         policy_error=sv.policy_error,
         disruption=disruption,
+        disputed=sv.disputed,
     )
 
 
@@ -536,6 +546,7 @@ def deathwatch_status(
                 exit_code=e.exit_code,
                 ready_drop_at=e.ready_drop_at,
                 declared_at=e.declared_at,
+                observed_by=e.observed_by,
             )
             for e in summary.last_deaths(LAST_DEATHS)
         ],
@@ -659,6 +670,15 @@ def false_positive_event(track: Track) -> PodEvent:
         track,
         EventReason.SANDBOX_FALSE_POSITIVE,
         f"Ready again after being declared dead at {declared}; the Dead verdict stands",
+    )
+
+
+def disputed_event(track: Track) -> PodEvent:
+    return _event(
+        track,
+        EventReason.NODE_EXIT_DISPUTED,
+        f"declared dead on the exit its node heard; the kubelet's report tells it otherwise: "
+        f"{track.disputed}. The Dead verdict stands (docs/runbook.md#nodeexitdisputed)",
     )
 
 

@@ -39,9 +39,34 @@ class Metrics:
             ["policy"],
             registry=r,
         )
+        self.node_exits = Counter(
+            "deathwatch_node_exits",
+            "Container exits heard on the nodes (ADR 0028), by what came of them: judged (a "
+            "verdict step), not-watched (no tracked sandbox's running container: another "
+            "instance, an init container, another shard's pod), kubelet (only the kubelet "
+            "can tell what it leads to, or the verdict was final already), gone (the pod "
+            "was deleted), unread (the pod could not be read), busy (too many reads at once)",
+            ["outcome"],
+            registry=r,
+        )
+        self.node_exit_delivery = Histogram(
+            "deathwatch_node_exit_delivery_seconds",
+            "From a container's exit (its node's clock) to the controller reading it on the "
+            "node's exits Lease",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.node_exit_disputes = Counter(
+            "deathwatch_node_exit_disputes",
+            "Deaths heard on the node that the kubelet's report told otherwise (the verdict "
+            "stands; a NodeExitDisputed Event says how)",
+            ["policy"],
+            registry=r,
+        )
         self.verdict_latency = Histogram(
             "deathwatch_verdict_latency_seconds",
-            "From the pod's Ready-drop time (kubelet clock, 1 s precision) to Dead written",
+            "From the pod's Ready-drop time (kubelet clock, 1 s precision; a death heard on "
+            "its node: the exit, to the microsecond) to Dead written",
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
@@ -275,5 +300,8 @@ class Metrics:
     def policies_known(self, names: Iterable[str]) -> None:
         """Start every policy's counters at 0: a policy's first error must show in increase()."""
         for name in names:
-            for counter in (self.policy_errors, self.flaps, self.false_positives, self.ready_drops):
+            for counter in (self.policy_errors, self.flaps, self.false_positives, self.ready_drops,
+                            self.node_exit_disputes):  # fmt: skip
                 counter.labels(name)
+        for outcome in ("judged", "not-watched", "kubelet", "gone", "unread", "busy"):
+            self.node_exits.labels(outcome)

@@ -33,6 +33,7 @@ class Streams:
     pods: list[Reflector[Any]] = field(default_factory=list)
     verdicts: list[Reflector[Any]] = field(default_factory=list)
     agent_sandboxes: list[Reflector[Any]] = field(default_factory=list)
+    node_exits: list[Reflector[Any]] = field(default_factory=list)  # the nodes' exits Leases
 
     def fresh(self) -> bool | None:
         """Every pod stream delivered something (an event or a bookmark) lately; None before
@@ -43,7 +44,7 @@ class Streams:
 
     @property
     def every(self) -> list[Reflector[Any]]:
-        return [*self.verdicts, *self.agent_sandboxes, *self.pods]
+        return [*self.verdicts, *self.agent_sandboxes, *self.pods, *self.node_exits]
 
     def not_open(self) -> dict[str, str]:
         """The collections not listed within their deadline, each with its last error."""
@@ -53,7 +54,7 @@ class Streams:
         """Each collection's oldest stream, in seconds since it last delivered anything."""
         ages: dict[str, float] = {}
         present = [r for r in self.agent_sandboxes if not r.absent]
-        for reflector in (*self.pods, *self.verdicts, *present):
+        for reflector in (*self.pods, *self.verdicts, *present, *self.node_exits):
             name = reflector.collection.resource
             ages[name] = round(max(ages.get(name, 0.0), reflector.age()), 1)
         return ages

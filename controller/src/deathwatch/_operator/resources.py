@@ -15,7 +15,7 @@ from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
-from deathwatch._engine.verdict import Cause, Origin, State
+from deathwatch._engine.verdict import Cause, Observer, Origin, State
 
 GROUP: Final = "deathwatch.dev"
 VERSION: Final = "v1alpha1"
@@ -88,6 +88,8 @@ class EventReason(StrEnum):
     PROBE_BLOCKED = "ProbeBlockedByFirewall"
     SANDBOX_LOST_TRACK = "SandboxLostTrack"  # gone while nobody watched: fate unknown
     SANDBOX_UNSHIELDED = "SandboxUnshielded"  # once per spell without a current firewall
+    # a death its node heard that the kubelet's report tells otherwise (the verdict stands)
+    NODE_EXIT_DISPUTED = "NodeExitDisputed"
 
 
 class _Object(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True, frozen=True):
@@ -152,6 +154,7 @@ class LastDeath(_Object, frozen=True):
     exit_code: int | None = None
     ready_drop_at: Time | None = None
     declared_at: Time | None = None
+    observed_by: Observer | None = None
 
 
 class OriginCounts(_Object, frozen=True):
@@ -288,6 +291,13 @@ class SandboxVerdictStatus(_Object, frozen=True):
     exit_code: int | None = None
     reason: str | None = None
     restart_count: int | None = None  # the dead container's, else the sum at first Ready
+    # a terminal verdict's: whose report it rests on (node: the runtime's exit, ADR 0028),
+    # the container instance that ended, and where the kubelet's report told it otherwise
+    observed_by: Observer | None = None
+    container_id: Annotated[str, msgspec.Meta(max_length=512)] | None = msgspec.field(
+        name="containerID", default=None
+    )
+    disputed: Annotated[str, msgspec.Meta(max_length=1024)] | None = None
     node: str | None = None
     last_ready_at: Time | None = None
     ready_drop_at: Time | None = None

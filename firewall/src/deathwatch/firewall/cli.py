@@ -1,4 +1,5 @@
-"""`deathwatch-firewall render|apply|check|cleanup|agent --config FILE`.
+"""`deathwatch-firewall render|apply|check|cleanup|agent --config FILE`, and
+`deathwatch-firewall exits`: the node's container exits, heard and published (ADR 0028).
 
 Exit codes: 0 done / table as configured; 1 the table differs or nft failed; 2 bad config or
 usage (the message names the field and value).
@@ -15,7 +16,9 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
+from deathwatch._kube.exits import LEASE_PREFIX as EXITS_PREFIX
 from deathwatch.firewall.coverage import LEASE_PREFIX
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
@@ -29,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    _exits_parser(sub)
     for name, text in (
         ("render", "print the nft script for the config"),
         ("apply", "replace the table atomically with the configured one"),
@@ -118,6 +122,58 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _exits_parser(sub: Any) -> None:
+    text = ("hear this node's container exits from the runtime and publish them on its exits "
+            "Lease, for the controller (ADR 0028)")  # fmt: skip
+    a = sub.add_parser("exits", help=text, description=text)
+    a.add_argument(
+        "--runtime-socket", default="/run/containerd/containerd.sock", metavar="PATH",
+        help="the container runtime's socket: CRI events (containerd >= 2, CRI-O), or "
+        "containerd's own task events (containerd 1.6, 1.7)",
+    )  # fmt: skip
+    a.add_argument(
+        "--oom-wait", type=_seconds, default=0.05, metavar="SECONDS",
+        help="containerd's events: how long a SIGKILL's exit (137) waits for the OOM event "
+        "that may follow it (0: never)",
+    )  # fmt: skip
+    a.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
+                   help="this node (env NODE_NAME)")  # fmt: skip
+    a.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", "deathwatch-system"),
+                   help="where the exits Lease lives (env POD_NAMESPACE)")  # fmt: skip
+    a.add_argument("--identity", default=os.environ.get("POD_NAME"),
+                   help="this agent's pod (env POD_NAME)")  # fmt: skip
+    a.add_argument(
+        "--lease-prefix", default=EXITS_PREFIX, metavar="PREFIX",
+        help="the exits Lease is PREFIX.NODE (the chart: RELEASE-exits; its admission policy "
+        "admits no other name from this node's agent)",
+    )  # fmt: skip
+    a.add_argument("--kube-api", help="API server URL (default: in-cluster)")
+    a.add_argument("--kube-token-file", help="bearer token file (with --kube-api)")
+    a.add_argument("--kube-ca-file", help="CA bundle (with --kube-api)")
+    a.add_argument("--metrics-port", type=int, default=9102,
+                   help="/metrics, /healthz, /readyz (0: off): HTTPS, to whom RBAC lets get "
+                   "/metrics")  # fmt: skip
+    a.add_argument("--metrics-host", default="0.0.0.0",  # noqa: S104 - TokenReview guards it
+                   help="its address")  # fmt: skip
+    a.add_argument(
+        "--metrics-cert-dir",
+        default=None,
+        help="tls.crt and tls.key for the metrics port (default: self-signed)",
+    )
+    a.add_argument("--log-level", default="info",
+                   choices=("debug", "info", "warning", "error"))  # fmt: skip
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value <= 5:
+        raise argparse.ArgumentTypeError(f"between 0 and 5 seconds: {text!r}")
+    return value
+
+
 def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     try:
         return ipaddress.ip_address(text)
@@ -159,6 +215,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.action == "agent":
         return _agent(args)
+    if args.action == "exits":
+        return _exits(args)
     try:
         config = load_config(args.config)
     except ConfigError as exc:
@@ -274,6 +332,62 @@ def _agent(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     agent.run(stop)
+    if port is not None:
+        port.stop()
+    return EXIT_OK
+
+
+def _exits(args: argparse.Namespace) -> int:
+    from deathwatch._kube.ports import Heartbeat
+    from deathwatch._kube.serving import Limits
+    from deathwatch._kube.tls import CertificateError
+    from deathwatch.firewall import logs
+    from deathwatch.firewall.endpoint import OpenPort, listener
+    from deathwatch.firewall.exits import ExitsMetrics, Observer, Publisher
+    from deathwatch.firewall.kubeapi import KubeApi, NotInCluster
+
+    logs.configure(args.log_level)
+    for flag, value in (("--node-name (env NODE_NAME)", args.node_name),
+                        ("--identity (env POD_NAME)", args.identity)):  # fmt: skip
+        if not value:
+            print(f"deathwatch-firewall exits: {flag} is required", file=sys.stderr)
+            return EXIT_BAD_CONFIG
+    try:
+        api = (
+            KubeApi(
+                args.kube_api.rstrip("/"),
+                Path(args.kube_token_file or "/dev/null"),
+                Path(args.kube_ca_file) if args.kube_ca_file else None,
+            )
+            if args.kube_api
+            else KubeApi.in_cluster()
+        )
+    except NotInCluster as exc:
+        print(f"deathwatch-firewall exits: {exc}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    metrics = ExitsMetrics()
+    heartbeat = Heartbeat(stalled_after=60.0)
+    port = None
+    if args.metrics_port:
+        try:
+            port = listener(args.metrics_host, args.metrics_port, metrics.registry, heartbeat,
+                            api, Path(args.metrics_cert_dir) if args.metrics_cert_dir else None,
+                            (args.identity, args.node_name), Limits())  # fmt: skip
+            port.start()
+        except (OpenPort, CertificateError, OSError) as exc:
+            print(f"deathwatch-firewall exits: --metrics-host/--metrics-port: {exc}",
+                  file=sys.stderr)  # fmt: skip
+            return EXIT_BAD_CONFIG
+    stop = threading.Event()
+    publisher = Publisher(api, args.node_name, args.namespace, args.identity, args.lease_prefix)
+    observer = Observer(args.runtime_socket, publisher, metrics, heartbeat, stop, args.oom_wait)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    observer.run()
     if port is not None:
         port.stop()
     return EXIT_OK

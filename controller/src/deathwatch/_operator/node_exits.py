@@ -1,0 +1,154 @@
+"""Container exits heard on the nodes (ADR 0028): each node agent's exits Lease, watched by a
+reflector of its own, and each exit not taken yet handed to the controller with its pod read
+fresh from the API.
+
+The read is the causal check: the kubelet kills a container for a deletion, an eviction or a
+preemption only after the API holds it, so a read after the exit shows what the kill answers,
+and the engine judges the exit beside it (Gone for a deletion, the disruption's cause). It is
+the only call an exit costs here; the verdict's write is the one the death costs anyway.
+
+An exit of a pod no record tracks (not a sandbox, another shard's, one forgotten) is dropped
+before any read. A read that fails leaves the death to the kubelet's report, as ever: said,
+counted. Standbys judge exits too (they stay level with the leader); writes are the writer's
+(only a leader's reach the API).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Final
+
+import msgspec
+import structlog
+
+from deathwatch._engine.nodeexit import NodeExit
+from deathwatch._engine.podview import MalformedPod, read_pod
+from deathwatch._engine.timeutil import UTC
+from deathwatch._kube import exits as wire
+from deathwatch._kube.errors import ApiError, KubeError, describe, label
+from deathwatch._operator.controller import Controller
+from deathwatch._operator.kube import LEASES
+from deathwatch._operator.metrics import Metrics
+from deathwatch._operator.reflector import Collection, EventType, Undecodable
+from deathwatch._operator.rest import Rest
+
+log = structlog.get_logger("deathwatch.node_exits")
+IN_FLIGHT: Final = 256  # reads at once; past it, an exit is left to the kubelet's report
+READ_DEADLINE: Final = 5.0  # a read slower than this is no faster than the kubelet
+REMEMBERED: Final = wire.MAX_AGE + timedelta(minutes=1)
+
+
+class ExitsLease(msgspec.Struct, frozen=True):
+    """A node's exits Lease, read."""
+
+    node: str
+    exits: tuple[wire.Exit, ...]
+
+
+class _Meta(msgspec.Struct):
+    name: str = ""
+    annotations: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class _Lease(msgspec.Struct):
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+
+
+_lease = msgspec.json.Decoder(_Lease).decode
+
+
+def decode(raw: msgspec.Raw) -> ExitsLease:
+    try:
+        meta = _lease(raw).metadata
+        read = wire.read_lease({"metadata": {"annotations": meta.annotations}})
+    except (msgspec.ValidationError, msgspec.DecodeError, wire.MalformedExits) as exc:
+        raise Undecodable("an exits Lease", str(exc)[:300]) from None
+    if read is None:
+        raise Undecodable(f"exits Lease {meta.name}", f"no {wire.NODE_ANNOTATION} annotation")
+    return ExitsLease(read[0], tuple(read[1]))
+
+
+def leases(namespace: str) -> Collection[ExitsLease]:
+    """The node agents' exits Leases, in the namespace they are installed in."""
+    path = f"{LEASES}/namespaces/{namespace}/leases"
+    return Collection("leases", path, decode, namespace, wire.LABEL_SELECTOR)
+
+
+class NodeExits:
+    """The exits Leases' sink: each exit once, to the controller, with its pod read."""
+
+    def __init__(self, controller: Controller, rest: Rest, metrics: Metrics,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:  # fmt: skip
+        self.controller, self.rest, self.metrics, self.clock = controller, rest, metrics, clock
+        self.taken: dict[str, datetime] = {}  # container instance -> its exit, once taken
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def listing(self, scope: str | None) -> None:
+        return None
+
+    def listed(self, scope: str | None) -> None:
+        return None
+
+    def undecodable(self, error: Undecodable) -> None:
+        self.controller.undecodable(error)
+
+    def event(self, kind: EventType, lease: ExitsLease, received: float, version: str) -> None:
+        if kind is EventType.DELETED:
+            return
+        now = self.clock()
+        for exit in lease.exits:
+            if exit.container_id in self.taken:
+                continue
+            self.taken[exit.container_id] = exit.exited_at
+            self.metrics.node_exit_delivery.observe(
+                max(0.0, (now - exit.exited_at).total_seconds())
+            )
+            self._take(lease.node, exit, received)
+        if len(self.taken) > 4 * wire.KEEP:
+            cut = now - REMEMBERED
+            self.taken = {c: at for c, at in self.taken.items() if at >= cut}
+
+    def _take(self, node: str, exit: wire.Exit, received: float) -> None:
+        if not self.controller.tracks(exit.pod_uid):
+            self.metrics.node_exits.labels("not-watched").inc()
+            return
+        if len(self.tasks) >= IN_FLIGHT:
+            self.metrics.node_exits.labels("busy").inc()
+            return
+        task = asyncio.get_running_loop().create_task(self._judge(node, exit, received))
+        self.tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.metrics.handler_errors.labels("node_exit").inc()
+            log.error("a node's exit was not judged; the kubelet's report judges it",
+                      exc_info=task.exception())  # fmt: skip
+
+    async def _judge(self, node: str, exit: wire.Exit, received: float) -> None:
+        path = f"/api/v1/namespaces/{exit.namespace}/pods/{exit.pod}"
+        try:
+            async with asyncio.timeout(READ_DEADLINE):
+                obj = await self.rest.get(path)
+            pod = read_pod(obj)
+        except (KubeError, TimeoutError, MalformedPod) as exc:
+            gone = isinstance(exc, ApiError) and exc.not_found
+            self.metrics.node_exits.labels("gone" if gone else "unread").inc()
+            if not gone:
+                self.metrics.api_errors.labels("read_pod", label(exc)).inc()
+                log.warning("cannot read the pod of a node's exit; the kubelet's report "
+                            "judges it", namespace=exit.namespace, pod=exit.pod,
+                            error=describe(exc)[:300])  # fmt: skip
+            return
+        version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        seen = NodeExit(exit.container_id, exit.exit_code, exit.oom, exit.exited_at, node)
+        outcome = self.controller.on_node_exit(seen, pod, version, received)
+        self.metrics.node_exits.labels(outcome).inc()
+        if outcome == "judged":
+            log.info("exit heard on its node", namespace=exit.namespace, pod=exit.pod,
+                     node=node, container=exit.container, exit_code=exit.exit_code,
+                     oom=exit.oom, read_seconds=round(time.monotonic() - received, 4))  # fmt: skip

@@ -1,0 +1,361 @@
+"""Container exits as the node's runtime reports them, the moment it does (ADR 0028).
+
+Two streams, over the runtime's socket, one chosen at each connection:
+
+- **CRI `GetContainerEvents`** (runtime.v1), runtime-neutral, what the kubelet's EventedPLEG
+  reads: each CONTAINER_STOPPED event carries the container's status (exit code, reason
+  OOMKilled, finish time) and its pod's name, namespace and uid. Taken where it broadcasts to
+  every subscriber: containerd 2.0 and later, and CRI-O (with `enable_pod_events`).
+  containerd 1.7 serves it from one channel its subscribers share: a second reader would
+  take events from an EventedPLEG kubelet, so it is not read there.
+- **containerd's own task events** (containerd.services.events.v1), broadcast by every
+  containerd (1.6, 1.7, 2.x): `/tasks/exit` of a container's init process (an exec's exit,
+  such as an exec probe's, names its exec id and is skipped) and `/tasks/oom`; the pod is
+  named by the labels the CRI plugin puts on its containers (one `Containers.Get`). A
+  SIGKILL's exit (137) waits up to `oom_wait` for the OOM event that may follow it.
+
+Read-only in what it asks: Version, the event subscription, Containers.Get. The socket itself
+grants more (ADR 0028 says what, and what a compromise of this container means). Blocking
+gRPC calls in the agent's own threads; `close()` cancels the stream from any thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final, Protocol
+
+import grpc
+
+from deathwatch._kube.exits import Exit
+from deathwatch.firewall.protos import containerd_pb2, cri_pb2
+
+CRI: Final = "cri"
+CONTAINERD: Final = "containerd"
+K8S_NAMESPACE: Final = "k8s.io"  # containerd's namespace for the CRI plugin's containers
+# the labels the CRI plugin sets on every container it makes (pkg/cri: constants, labels.go)
+POD_UID, POD_NAMESPACE, POD_NAME = (
+    "io.kubernetes.pod.uid", "io.kubernetes.pod.namespace", "io.kubernetes.pod.name",
+)  # fmt: skip
+CONTAINER_NAME = "io.kubernetes.container.name"
+KIND = "io.cri-containerd.kind"  # "sandbox": the pod's pause container, not one of its own
+SIGKILL_EXIT: Final = 137
+CALL_TIMEOUT: Final = 5.0  # a unary call to the runtime (Version, Containers.Get)
+_TASK_EXIT = "containerd.events.TaskExit"
+_TASK_OOM = "containerd.events.TaskOOM"
+
+
+class RuntimeUnreadable(Exception):
+    """The runtime cannot be read: one line naming the socket and what failed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """The runtime behind the socket, as it says (CRI Version, or containerd's own)."""
+
+    name: str  # containerd, cri-o, ...: the scheme of the ids the pod's status shows
+    version: str
+    stream: str  # CRI or CONTAINERD: which event stream this agent reads from it
+
+    @property
+    def source(self) -> str:
+        return f"{self.name} {self.version} ({self.stream})"
+
+
+def choose_stream(name: str, version: str) -> str | None:
+    """Which stream to read from this runtime (None: neither is safe to read)."""
+    if name == "containerd":
+        major = _major(version)
+        return CRI if major is not None and major >= 2 else CONTAINERD
+    if name == "cri-o":
+        return CRI
+    return None
+
+
+def _major(version: str) -> int | None:
+    digits = version.lstrip("v").split(".", 1)[0]
+    return int(digits) if digits.isdigit() else None
+
+
+def _time(ns: int) -> datetime:
+    return datetime.fromtimestamp(ns / 1e9, tz=UTC)
+
+
+class Stream(Protocol):
+    runtime: Runtime
+
+    def exits(self) -> Iterator[Exit]:
+        """Each exit of a pod's container as it happens; ends when the stream does."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class _Channel:
+    def __init__(self, socket: str) -> None:
+        self.socket = socket
+        self.channel = grpc.insecure_channel(f"unix://{socket}")
+
+    def unary(self, method: str, request: Any, response: type[Any],
+              metadata: tuple[tuple[str, str], ...] = ()) -> Any:  # fmt: skip
+        call = self.channel.unary_unary(method, request_serializer=type(request).SerializeToString,
+                                        response_deserializer=response.FromString)  # fmt: skip
+        try:
+            return call(request, timeout=CALL_TIMEOUT, metadata=metadata)
+        except grpc.RpcError as exc:
+            raise RuntimeUnreadable(f"{self.socket}: {method}: {_said(exc)}") from None
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def _said(exc: Any) -> str:
+    code = exc.code() if hasattr(exc, "code") else None
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    return f"{code.name if code is not None else 'error'}: {details}"[:300]
+
+
+def connect(socket: str, oom_wait: float, clock: Callable[[], float] = time.monotonic) -> Stream:
+    """The stream to read from the runtime behind `socket`. Raises RuntimeUnreadable."""
+    channel = _Channel(socket)
+    try:
+        runtime = _runtime(channel)
+    except BaseException:
+        channel.close()
+        raise
+    if runtime.stream == CRI:
+        return CriStream(channel, runtime)
+    return ContainerdStream(channel, runtime, oom_wait, clock)
+
+
+def _runtime(channel: _Channel) -> Runtime:
+    said = channel.unary(
+        "/runtime.v1.RuntimeService/Version",
+        cri_pb2.VersionRequest(version="v1"),
+        cri_pb2.VersionResponse,
+    )
+    name, version = said.runtime_name, said.runtime_version
+    stream = choose_stream(name, version)
+    if stream is None:
+        raise RuntimeUnreadable(f"{channel.socket}: runtime {name} {version} has no event "
+                                "stream this agent reads (containerd, CRI-O)")  # fmt: skip
+    return Runtime(name, version, stream)
+
+
+class CriStream:
+    def __init__(self, channel: _Channel, runtime: Runtime) -> None:
+        self.channel, self.runtime = channel, runtime
+        self._call: Any = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def exits(self) -> Iterator[Exit]:
+        call = self.channel.channel.unary_stream(
+            "/runtime.v1.RuntimeService/GetContainerEvents",
+            request_serializer=cri_pb2.GetEventsRequest.SerializeToString,
+            response_deserializer=cri_pb2.ContainerEventResponse.FromString,
+        )(cri_pb2.GetEventsRequest())
+        with self._lock:
+            self._call = call
+            if self._closed:
+                call.cancel()
+        try:
+            for event in call:
+                found = cri_exit(event, self.runtime.name)
+                if found is not None:
+                    yield found
+        except grpc.RpcError as exc:
+            if not self._closed:
+                raise RuntimeUnreadable(
+                    f"{self.channel.socket}: GetContainerEvents: {_said(exc)}"
+                ) from None
+        if not self._closed:
+            # CRI-O without enable_pod_events answers with an empty stream at once
+            raise RuntimeUnreadable(f"{self.channel.socket}: GetContainerEvents ended (a runtime "
+                                "that does not serve container events: CRI-O needs "
+                                "enable_pod_events)")  # fmt: skip
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._call is not None:
+                self._call.cancel()
+        self.channel.close()
+
+
+def cri_exit(event: Any, runtime: str) -> Exit | None:
+    """The exit a CRI container event reports (None: not a stop of a pod's container)."""
+    if event.container_event_type != cri_pb2.CONTAINER_STOPPED_EVENT:
+        return None
+    sandbox = event.pod_sandbox_status
+    meta = sandbox.metadata if sandbox is not None else None
+    if meta is None or not meta.uid:
+        return None
+    status = next((s for s in event.containers_statuses if s.id == event.container_id), None)
+    if status is None or status.state != cri_pb2.CONTAINER_EXITED:
+        return None
+    finished = status.finished_at or event.created_at
+    return Exit(
+        container_id=f"{runtime}://{event.container_id}",
+        pod_uid=meta.uid,
+        namespace=meta.namespace,
+        pod=meta.name,
+        container=status.metadata.name if status.metadata is not None else "",
+        exit_code=status.exit_code,
+        oom=status.reason == "OOMKilled",
+        exited_at=_time(finished),
+    )
+
+
+@dataclass(slots=True)
+class _Held:
+    exit: Exit
+    until: float  # monotonic: published as it is then, if no OOM came
+
+
+class ContainerdStream:
+    """containerd's task events: exits of containers' init processes, and OOM kills."""
+
+    FILTERS = (
+        f'topic=="/tasks/exit",namespace=="{K8S_NAMESPACE}"',
+        f'topic=="/tasks/oom",namespace=="{K8S_NAMESPACE}"',
+    )
+
+    def __init__(self, channel: _Channel, runtime: Runtime, oom_wait: float,
+                 clock: Callable[[], float]) -> None:  # fmt: skip
+        self.channel, self.runtime, self.oom_wait, self.clock = channel, runtime, oom_wait, clock
+        self._call: Any = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._oom: dict[str, float] = {}  # container id -> when its OOM was heard (monotonic)
+        self._held: dict[str, _Held] = {}
+
+    def exits(self) -> Iterator[Exit]:
+        call = self.channel.channel.unary_stream(
+            "/containerd.services.events.v1.Events/Subscribe",
+            request_serializer=containerd_pb2.SubscribeRequest.SerializeToString,
+            response_deserializer=containerd_pb2.Envelope.FromString,
+        )(containerd_pb2.SubscribeRequest(filters=list(self.FILTERS)))
+        with self._lock:
+            self._call = call
+            if self._closed:
+                call.cancel()
+        # a gRPC stream cannot be waited on with a deadline, and a held exit falls due with
+        # no event: one thread reads the stream into a queue, this one waits on the queue
+        envelopes: queue.Queue[Any] = queue.Queue()
+        threading.Thread(target=_read, args=(call, envelopes), daemon=True,
+                         name="containerd-events").start()  # fmt: skip
+        while True:
+            try:
+                item = envelopes.get(timeout=self._next_timeout())
+            except queue.Empty:
+                item = None
+            if isinstance(item, grpc.RpcError):
+                if self._closed:
+                    return
+                raise RuntimeUnreadable(f"{self.channel.socket}: Subscribe: {_said(item)}")
+            if isinstance(item, StopIteration):
+                break
+            if item is not None:
+                yield from self._heard(item)
+            yield from self._due()
+        if not self._closed:
+            raise RuntimeUnreadable(f"{self.channel.socket}: the event stream ended")
+
+    def _next_timeout(self) -> float | None:
+        if not self._held:
+            return None
+        return max(0.0, min(h.until for h in self._held.values()) - self.clock())
+
+    def _heard(self, envelope: Any) -> Iterator[Exit]:
+        kind = envelope.event.type_url.rsplit("/", 1)[-1]
+        if kind == _TASK_OOM:
+            oom = containerd_pb2.TaskOOM.FromString(envelope.event.value)
+            held = self._held.pop(oom.container_id, None)
+            if held is not None:
+                yield _with_oom(held.exit)
+            else:
+                self._oom[oom.container_id] = self.clock()
+            return
+        if kind != _TASK_EXIT:
+            return
+        exit = containerd_pb2.TaskExit.FromString(envelope.event.value)
+        if exit.id != exit.container_id:
+            return  # an exec's process (an exec probe's): its container runs on
+        found = self._named(exit)
+        if found is None:
+            return
+        if self._oom.pop(exit.container_id, None) is not None:
+            yield _with_oom(found)
+        elif found.exit_code == SIGKILL_EXIT and self.oom_wait > 0:
+            self._held[exit.container_id] = _Held(found, self.clock() + self.oom_wait)
+        else:
+            yield found
+        self._forget_old()
+
+    def _due(self) -> Iterator[Exit]:
+        now = self.clock()
+        for cid, held in list(self._held.items()):
+            if held.until <= now:
+                del self._held[cid]
+                yield held.exit
+
+    def _forget_old(self) -> None:
+        if len(self._oom) > 1024:  # an OOM whose exit never came (a killed child process)
+            cut = self.clock() - 60
+            self._oom = {c: t for c, t in self._oom.items() if t >= cut}
+
+    def _named(self, exit: Any) -> Exit | None:
+        """The exit named for its pod by its container's labels (None: not a pod's own
+        container: a pause container, a container the CRI plugin did not make, one gone)."""
+        try:
+            got = self.channel.unary(
+                "/containerd.services.containers.v1.Containers/Get",
+                containerd_pb2.GetContainerRequest(id=exit.container_id),
+                containerd_pb2.GetContainerResponse,
+                metadata=(("containerd-namespace", K8S_NAMESPACE),),
+            )
+        except RuntimeUnreadable:
+            return None
+        labels = got.container.labels
+        if labels.get(KIND) == "sandbox" or not labels.get(POD_UID):
+            return None
+        at = exit.exited_at
+        return Exit(
+            container_id=f"{self.runtime.name}://{exit.container_id}",
+            pod_uid=labels[POD_UID],
+            namespace=labels.get(POD_NAMESPACE, ""),
+            pod=labels.get(POD_NAME, ""),
+            container=labels.get(CONTAINER_NAME, ""),
+            exit_code=exit.exit_status,
+            exited_at=_time(at.seconds * 1_000_000_000 + at.nanos),
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._call is not None:
+                self._call.cancel()
+        self.channel.close()
+
+
+def _with_oom(exit: Exit) -> Exit:
+    return Exit(container_id=exit.container_id, pod_uid=exit.pod_uid, namespace=exit.namespace,
+                pod=exit.pod, container=exit.container, exit_code=exit.exit_code, oom=True,
+                exited_at=exit.exited_at)  # fmt: skip
+
+
+def _read(call: Any, into: queue.Queue[Any]) -> None:
+    """Read a stream into a queue: each message, then how it ended (StopIteration, or the
+    gRPC error: its cancellation too)."""
+    try:
+        for message in call:
+            into.put(message)
+    except grpc.RpcError as exc:
+        into.put(exc)
+        return
+    into.put(StopIteration())
