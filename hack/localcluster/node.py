@@ -44,6 +44,8 @@ from hack.localcluster.controlplane import (
 
 NODE_NAME = "dw-node"
 BRIDGE = "dwcni0"
+# the node's containerd socket (its state and root stay in the node's workdir)
+RUNTIME_SOCKET = Path("/run/deathwatch-node/containerd.sock")
 POD_SUBNET = "10.88.0.0/24"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 # one node on this machine at a time: two would share the bridge, its addresses and the
@@ -208,7 +210,9 @@ class Node:
 
     @property
     def sock(self) -> Path:
-        return self.workdir / "containerd" / "containerd.sock"
+        """containerd's socket: one fixed path (one node per machine, MACHINE_LOCK), so that
+        manifests can name it (the firewall's exits container mounts it: local-node overlay)."""
+        return RUNTIME_SOCKET
 
     def ctl(self, pod: str) -> Path:
         """The host directory mounted at /ctl in the test agent pod `pod`."""
@@ -241,6 +245,7 @@ class Node:
 
     def _containerd(self) -> None:
         d = self.workdir / "containerd"
+        RUNTIME_SOCKET.parent.mkdir(parents=True, exist_ok=True)
         (d / "root").mkdir(parents=True)
         (d / "state").mkdir(parents=True)
         cni = self.workdir / "cni"
@@ -521,6 +526,7 @@ resolvConf: ""
                 _run("nft", "delete", "table", *table.split(" ", 1), check=False)
         if not self.run_containerd_existed:
             shutil.rmtree("/run/containerd", ignore_errors=True)
+        shutil.rmtree(RUNTIME_SOCKET.parent, ignore_errors=True)
         self.cp.kubectl_run(
             "delete", "node", NODE_NAME, "--ignore-not-found", "--wait=false", check=False
         )

@@ -52,7 +52,7 @@ from hack.localcluster.attacks import Attack
 from hack.localcluster.controller_process import service_account_token
 from hack.localcluster.controlplane import free_port
 from hack.localcluster.netns_tool import connect_once
-from hack.localcluster.node import BRIDGE, NODE_NAME
+from hack.localcluster.node import BRIDGE, NODE_NAME, RUNTIME_SOCKET
 from hack.localcluster.receiver import Fault, Receiver
 from hack.render_manifests import CHART, helm_bin
 from tests.conftest import _binaries_or_skip
@@ -267,7 +267,9 @@ def values(tmp: Path, apiserver_port: int) -> Path:
             "extraVolumeMounts": [{"name": "plugins", "mountPath": "/plugins", "readOnly": True}],
         },
         # podCIDRs left at its default: the agents learn the node's from its Node object
-        "firewall": {"image": {"repository": "deathwatch.local/firewall", "tag": "dev"}},
+        "firewall": {"image": {"repository": "deathwatch.local/firewall", "tag": "dev"},
+                     # the local node's containerd listens at its own socket (node.py)
+                     "exits": {"runtimeSocket": str(RUNTIME_SOCKET)}},
         # Prometheus scrapes with this ServiceAccount's token (docs/operating.md)
         "metrics": {"readers": [{"kind": "ServiceAccount", "name": SCRAPER[1],
                                  "namespace": SCRAPER[0]}]},

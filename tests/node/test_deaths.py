@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import watch
+from kubernetes import client, watch
 
 from hack.localcluster import agentpods, controlplane
 from hack.localcluster.netns_tool import connect_once
@@ -26,6 +27,7 @@ from hack.localcluster.node import (
     MACHINE_LOCK,
     NODE_NAME,
     POD_SUBNET,
+    RUNTIME_SOCKET,
     Node,
     node_available,
 )
@@ -57,6 +59,71 @@ def node(control_plane: controlplane.ControlPlane) -> Iterator[Node]:
 def nenv(env: Env, node: Node) -> Env:
     env.node = node  # type: ignore[attr-defined]
     return env
+
+
+# --- deaths heard on the node (ADR 0028): the exits observer on this node's containerd -----
+
+NODE_EXITS = ["--node-exits", "deathwatch-system"]  # the controller reads the exits Leases
+
+
+class Exits:
+    """`deathwatch-firewall exits` as a process on this node: the node's containerd socket,
+    the firewall's ServiceAccount token (its Role), the API at the control plane."""
+
+    def __init__(self, cp: controlplane.ControlPlane, token: Path, log: Path) -> None:
+        self.log = log
+        self.args = [
+            sys.executable, "-m", "deathwatch.firewall.cli", "exits",
+            "--runtime-socket", str(RUNTIME_SOCKET), "--node-name", NODE_NAME,
+            "--identity", "exits-dw-node", "--namespace", "deathwatch-system",
+            "--kube-api", cp.server, "--kube-token-file", str(token),
+            "--kube-ca-file", str(cp.certs / "ca.crt"), "--metrics-port", "0",
+        ]  # fmt: skip
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Exits:
+        with self.log.open("a") as out:
+            self.proc = subprocess.Popen(
+                self.args, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+            )  # fmt: skip
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(15)
+
+    def reading(self) -> bool:
+        return "reading the runtime's exits" in self.log.read_text()
+
+
+@pytest.fixture(scope="module")
+def exits_token(control_plane: controlplane.ControlPlane, api: object,
+                tmp_path_factory: pytest.TempPathFactory) -> Path:  # fmt: skip
+    control_plane.kubectl_run("create", "namespace", "deathwatch-system", check=False)
+    control_plane.kubectl_run("apply", "-f", str(ROOT / "manifests/base/rbac/firewall.yaml"))
+    token = client.CoreV1Api(api).create_namespaced_service_account_token(
+        "deathwatch-firewall", "deathwatch-system", {"spec": {"expirationSeconds": 7200}},
+        _request_timeout=30,
+    ).status.token  # fmt: skip
+    path = tmp_path_factory.mktemp("exits") / "token"
+    path.write_text(token)
+    return path
+
+
+@pytest.fixture
+def heard(nenv: Env, control_plane: controlplane.ControlPlane, exits_token: Path,
+          tmp_path: Path) -> Iterator[Exits]:  # fmt: skip
+    """The node's exits observer, reading the runtime; the controller reads its Lease when
+    started with NODE_EXITS."""
+    observer = Exits(control_plane, exits_token, tmp_path / "exits.log").start()
+    try:
+        wait_for(observer.reading, timeout=30, what="the observer reading containerd's events")
+        yield observer
+    finally:
+        observer.stop()
+        print(f"--- exits observer:\n{observer.log.read_text()[-3000:]}")
 
 
 def agent_pod(
@@ -200,8 +267,10 @@ def test_up_down_up_leaves_nothing(control_plane: controlplane.ControlPlane) -> 
 
 
 def test_killed_sandbox_is_dead_with_its_exit_code(nenv: Env) -> None:
+    """The kubelet's report judges every death with no exits observer on the node (stopped,
+    not installed): the controller reads exits Leases, and none come."""
     e = nenv
-    e.start_controller()
+    e.start_controller(extra=NODE_EXITS)
     e.deathwatch()
     stamps = Stamps(e)
     stamps.start()
@@ -216,12 +285,65 @@ def test_killed_sandbox_is_dead_with_its_exit_code(nenv: Env) -> None:
             code,
             "agent",
         )
+        assert dead.get("observedBy", "kubelet") == "kubelet"
         seen = functools.partial(lambda n: n in stamps.dead and n in stamps.terminated, name)
         wait_for(seen, what="both watches")
         latencies.append((stamps.dead[name] - stamps.terminated[name]) * 1e3)
     stamps.stop = True
     RESULTS["kubelet_status_write_to_dead_ms"] = [round(x, 1) for x in latencies]
     assert max(latencies) < 1000
+
+
+def container_pid(e: Env, name: str) -> int:
+    """The host pid of the pod's container's init process (as `kill -9 PID` on the host)."""
+    pod = e.core.read_namespaced_pod(name, e.ns, _request_timeout=10)
+    cid = pod.status.container_statuses[0].container_id.split("://", 1)[1]
+    node: Node = e.node  # type: ignore[attr-defined]
+    for line in node.ctr("tasks", "ls").stdout.splitlines()[1:]:
+        task, pid, *_ = line.split()
+        if task == cid:
+            return int(pid)
+    raise AssertionError(f"no task for {name} ({cid})")
+
+
+def test_deaths_heard_on_the_node_are_dead_before_the_kubelet_reports_them(
+    nenv: Env, heard: Exits
+) -> None:
+    """ADR 0028 on containerd 1.6 (its task events): an exit, a SIGKILL from the host and an
+    OOM kill, each Dead with its cause and code, observedBy node; the kubelet's report that
+    follows agrees (no dispute) and changes nothing."""
+    e = nenv
+    e.start_controller(extra=NODE_EXITS)
+    e.deathwatch()
+    stamps = Stamps(e)
+    stamps.start()
+    ahead: list[float] = []
+    cases = [("exit", "3", "ContainerExited", 3), ("sigkill", "", "ContainerExited", 137),
+             ("oom", "", "OOMKilled", 137)]  # fmt: skip
+    for i, (how, arg, cause, code) in enumerate(cases):
+        name = agent_pod(e, f"heard-{i}", memory="24Mi" if how == "oom" else "32Mi")
+        e.wait_state(name, "Alive", timeout=60)
+        if how == "sigkill":
+            os.kill(container_pid(e, name), signal.SIGKILL)
+        else:
+            (ctl(e, name) / how).write_text(arg)
+        dead = e.wait_state(name, "Dead", timeout=30)["status"]
+        assert (dead["cause"], dead["exitCode"], dead["observedBy"]) == (cause, code, "node"), dead
+        assert dead["containerID"].startswith("containerd://")
+        wait_for(lambda n=name: n in stamps.terminated and n in stamps.dead,  # type: ignore[misc]
+                 what="both watches")  # fmt: skip
+        ahead.append((stamps.terminated[name] - stamps.dead[name]) * 1e3)
+        wait_for(lambda n=name: not pod_ready(e, n), timeout=30, what="the kubelet's report")  # type: ignore[misc]
+    stamps.stop = True
+    # how much earlier than the kubelet's report each verdict was (positive: earlier)
+    RESULTS["node_verdict_ahead_of_kubelet_report_ms"] = [round(x, 1) for x in ahead]
+    # a pod made after the reports: once it is Alive, the controller has judged them
+    e.wait_state(agent_pod(e, "marker"), "Alive", timeout=60)
+    for i in range(len(cases)):
+        sv = e.sv(f"heard-{i}")["status"]  # type: ignore[index]
+        assert sv["state"] == "Dead" and "disputed" not in sv, sv
+        assert e.events(f"heard-{i}", "NodeExitDisputed") == []
+        assert len(e.events(f"heard-{i}", "SandboxDead")) == 1
 
 
 def test_oom_killed_sandbox(nenv: Env) -> None:
@@ -235,9 +357,11 @@ def test_oom_killed_sandbox(nenv: Env) -> None:
     assert (dead["cause"], dead["exitCode"], dead["reason"]) == ("OOMKilled", 137, "OOMKilled")
 
 
-def test_exec_probe_flap_then_recovery_then_hang(nenv: Env) -> None:
+def test_exec_probe_flap_then_recovery_then_hang(nenv: Env, heard: Exits) -> None:
+    """With the exits observer on: an exec probe's processes exit every second, and none
+    is the container's (containerd names an exec's exit by its exec id)."""
     e = nenv
-    e.start_controller()
+    e.start_controller(extra=NODE_EXITS)
     # W = 3 x (1 x 1 s + 1 s) = 6 s, from the pod's own probe spec
     e.deathwatch(execProbe={"windowMultiplier": 3})
     name = agent_pod(e, "probed", probe=EXEC_PROBE)
@@ -257,11 +381,14 @@ def test_exec_probe_flap_then_recovery_then_hang(nenv: Env) -> None:
     RESULTS["exec_probe_hang_suspect_to_dead_s"] = round(time.monotonic() - dropped, 2)
     assert dead["cause"] == "Unresponsive"
     assert dead["flaps"] == 1
+    assert dead.get("observedBy", "kubelet") == "kubelet"  # no exit: the probes said it
 
 
-def test_deletion_of_a_running_sandbox_is_gone(nenv: Env) -> None:
+def test_deletion_of_a_running_sandbox_is_gone(nenv: Env, heard: Exits) -> None:
+    """With the exits observer on: the kubelet stops the deleted pod's container, the node
+    hears the exit, and the pod as read then shows the deletion the kill answers: Gone."""
     e = nenv
-    e.start_controller()
+    e.start_controller(extra=NODE_EXITS)
     e.deathwatch()
     name = agent_pod(e, "deleted")
     e.wait_state(name, "Alive", timeout=60)
@@ -387,7 +514,7 @@ def test_firewall_on_the_node_refuses_kubelets_tcp_probe_but_not_an_exec_probe(
 
 
 def test_a_container_restart_rule_restarts_it_in_place_dead_and_no_false_positive(
-    nenv: Env,
+    nenv: Env, heard: Exits
 ) -> None:
     """ContainerRestartRules (beta, on by default in 1.35): the pod's restartPolicy is Never,
     its container's rule restarts it on exit 42. The sandbox's processes ended: Dead,
@@ -395,7 +522,7 @@ def test_a_container_restart_rule_restarts_it_in_place_dead_and_no_false_positiv
     pod's new life, not a false positive."""
     e = nenv
     recording = Recording(e.cp, e.ns, e.tmp / "recording.json")
-    e.start_controller()
+    e.start_controller(extra=NODE_EXITS)
     e.deathwatch()
     name = "ruled"
     body = agentpods.agent_pod(name, ctl(e, name), node=NODE_NAME)
@@ -408,6 +535,7 @@ def test_a_container_restart_rule_restarts_it_in_place_dead_and_no_false_positiv
     (ctl(e, name) / "exit-once").write_text("42")
     dead = e.wait_state(name, "Dead", timeout=30)["status"]
     assert (dead["cause"], dead["exitCode"], dead["origin"]) == ("ContainerExited", 42, "Workload")
+    assert dead["observedBy"] == "node"
 
     def restarted_and_ready() -> bool:
         pod = e.core.read_namespaced_pod(name, e.ns, _request_timeout=10)
@@ -422,6 +550,7 @@ def test_a_container_restart_rule_restarts_it_in_place_dead_and_no_false_positiv
     assert (sv["state"], sv["falsePositive"]) == ("Dead", False)
     assert e.events(name, "SandboxFalsePositive") == []
     assert len(e.events(name, "SandboxDead")) == 1
+    assert e.events(name, "NodeExitDisputed") == [] and "disputed" not in sv
     recording.keep("restart-rule.json")
 
 
@@ -435,7 +564,7 @@ def _tasks() -> int:
 
 
 def test_zz_node_pressure_eviction_by_the_kubelet_is_evicted_by_the_infrastructure(
-    nenv: Env, node: Node
+    nenv: Env, node: Node, heard: Exits
 ) -> None:
     """The kubelet's own eviction manager under PID pressure (a hard threshold a few hundred
     tasks above what runs now; the sandbox starts 1,500 processes): it evicts the pod with
@@ -449,7 +578,7 @@ def test_zz_node_pressure_eviction_by_the_kubelet_is_evicted_by_the_infrastructu
     node.reconfigure({"pid.available": str(threshold)})
     recording = Recording(e.cp, e.ns, e.tmp / "recording.json")
     try:
-        e.start_controller()
+        e.start_controller(extra=NODE_EXITS)
         e.deathwatch()
         name = agent_pod(e, "forker", memory="1Gi")  # 1,500 processes, not an OOM kill
         e.wait_state(name, "Alive", timeout=60)

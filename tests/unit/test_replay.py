@@ -430,3 +430,33 @@ def test_html_without_matplotlib_is_one_line_and_exit_2() -> None:
     assert done.stderr == (
         "deathwatch replay: --format html needs matplotlib: pip install 'deathwatch[report]'\n"
     )
+
+
+def test_a_recording_with_node_exits_is_judged_as_the_controller_judges_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ADR 0028: a NODE_EXIT record (the exit, and the pod as read at it) is Dead at once,
+    observed by the node; one of an instance the pod does not name, or without its pod, is
+    not a death (the latter skipped, said)."""
+    from tests.builders import pod, running, terminated
+
+    cid = "containerd://" + "c" * 64
+    live = pod(containers=[running(cid=cid)])
+    report = pod(ready=False, ready_at=51, containers=[terminated(code=7, finished=50, cid=cid)])
+    exit_ = {"id": cid, "code": 7, "at": "2026-11-29T10:00:50.250000Z", "node": "n1"}
+    other = {**exit_, "id": "containerd://" + "d" * 64}
+    lines = [
+        {"type": "ADDED", "object": live},
+        {"type": "NODE_EXIT", "exit": other, "object": live},  # not its instance
+        {"type": "NODE_EXIT", "exit": exit_},  # no pod as read: skipped
+        {"type": "NODE_EXIT", "exit": exit_, "object": live},
+        {"type": "MODIFIED", "object": report},
+    ]
+    path = tmp_path / "heard.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = replay_json(str(path), capsys=capsys)
+    (dead,) = out["dead"]
+    assert (dead["cause"], dead["exit_code"], dead["observed_by"]) == ("ContainerExited", 7, "node")
+    assert dead["ready_drop_at"] == "2026-11-29T10:00:50.250000Z"
+    assert out["skipped"]["count"] == 1 and "NODE_EXIT" in out["skipped"]["examples"][0]
+    assert out["false_positives"] == 0

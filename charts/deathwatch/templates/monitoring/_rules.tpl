@@ -251,6 +251,32 @@ groups:
             {{ $r.auditWindow }} that enforcing would refuse. Its log names each source
             ("audit: would refuse").
           runbook_url: {{ $runbook }}#deathwatchfirewallwouldrefuse
+      # deaths heard on the node (firewall.exits, ADR 0028): without its observer a node's
+      # deaths are still judged, from the kubelet's reports, up to a second later
+      - alert: DeathwatchNodeExitsDeaf
+        expr: deathwatch_node_exits_runtime_connected == 0
+        for: {{ $for.nodeExitsDeaf }}
+        labels: {severity: warning}
+        annotations:
+          summary: A node's exits observer cannot read its container runtime
+          description: >-
+            The exits container on {{`{{ $labels.instance }}`}} has not read its runtime's
+            events for {{ $for.nodeExitsDeaf }}: deaths on that node are judged from the
+            kubelet's reports, at its next relist (up to a second later), not as they happen.
+          runbook_url: {{ $runbook }}#deathwatchnodeexitsdeaf
+      - alert: DeathwatchNodeExitDisputed
+        expr: >-
+          max by (policy) (increase(deathwatch_node_exit_disputes_total{job=~{{ $controllerJob | quote }}}[1h])) > 0
+        for: {{ $for.nodeExitDisputed }}
+        labels: {severity: info}
+        annotations:
+          summary: The kubelet told a death heard on the node otherwise
+          description: >-
+            {{`{{ $value | printf "%.0f" }}`}} Dead verdict(s) of policy
+            {{`{{ $labels.policy }}`}} in the last hour rest on an exit heard on the node that
+            the kubelet's report then told otherwise (another exit code, an eviction). The
+            verdicts stand; each has a NodeExitDisputed Event and status.disputed saying how.
+          runbook_url: {{ $runbook }}#deathwatchnodeexitdisputed
   - name: deathwatch.shards
     rules:
       # every slot's writer: the leader of its shard (one shard: the leader); a reshard

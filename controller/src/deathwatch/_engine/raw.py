@@ -147,11 +147,25 @@ EMPTY_SPEC = PodSpec()
 EMPTY_STATUS = PodStatus()
 
 
+class ExitRecord(msgspec.Struct, frozen=True, gc=False):
+    """A container's exit heard on its node, as a recording carries it (`type: NODE_EXIT`,
+    with `object` the pod as read at the exit): the node agent's exits Lease entry
+    (deathwatch._kube.exits) and the node."""
+
+    id: str
+    code: int
+    at: Time
+    oom: bool = False
+    node: str = ""
+
+
 class WatchValue(msgspec.Struct, rename="camel", frozen=True, gc=False):
-    """One recorded value: a watch event ({type, object}), a bare Pod, or a List of Pods."""
+    """One recorded value: a watch event ({type, object}), a bare Pod, a List of Pods, or a
+    node's exit ({type: NODE_EXIT, exit, object})."""
 
     type: str | None = None
     object: Pod | None = None
+    exit: ExitRecord | None = None
     kind: str | None = None
     metadata: ObjectMeta | None = None
     spec: PodSpec | None = None

@@ -14,6 +14,7 @@ from typing import Literal
 import msgspec
 
 from deathwatch._engine import raw
+from deathwatch._engine.nodeexit import NodeExit
 from deathwatch._engine.podview import MalformedPod, PodView, read_pod, view_of
 from deathwatch._replay.stream import RawValue
 
@@ -104,8 +105,9 @@ class ViewEvent(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=1, t
     """A pod event read and validated: what the replay engine consumes."""
 
     index: int
-    type: str  # ADDED, MODIFIED or DELETED
+    type: str  # ADDED, MODIFIED, DELETED, or NODE_EXIT (`exit`, `pod` as read at it)
     pod: PodView
+    exit: NodeExit | None = None
 
 
 class SkippedEvent(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=2, tag_field="kind"):
@@ -113,10 +115,40 @@ class SkippedEvent(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=2
     reason: str
 
 
+NODE_EXIT = "NODE_EXIT"
+
+
+def _exit(index: int, value: object) -> ViewEvent | SkippedEvent:
+    """A recorded node exit: its exit and the pod as read at it."""
+    try:
+        typed = (
+            value if isinstance(value, raw.WatchValue) else msgspec.convert(value, raw.WatchValue)
+        )
+    except msgspec.ValidationError as exc:
+        return SkippedEvent(index, f"NODE_EXIT: {exc}"[:200])
+    if typed.exit is None or typed.object is None:
+        return SkippedEvent(index, "NODE_EXIT: needs `exit` and `object` (the pod as read)")
+    try:
+        pod = view_of(typed.object)
+    except MalformedPod as exc:
+        return SkippedEvent(index, str(exc))
+    e = typed.exit
+    return ViewEvent(index, NODE_EXIT, pod, NodeExit(e.id, e.code, e.oom, e.at, e.node))
+
+
+def _type_of(value: object) -> object:
+    if type(value) is raw.WatchValue:
+        return value.type
+    return value.get("type") if isinstance(value, Mapping) else None
+
+
 def view_events(values: Iterable[RawValue]) -> Iterator[ViewEvent | SkippedEvent]:
     """Recorded values to validated pod views; everything odd becomes a SkippedEvent."""
     for value in values:
         typed = value.value
+        if _type_of(typed) == NODE_EXIT:
+            yield _exit(value.index, typed)
+            continue
         if type(typed) is raw.WatchValue and typed.object is not None and typed.type in _POD_EVENTS:
             # the common case, straight through (a watch event of a Pod, typed)
             try:

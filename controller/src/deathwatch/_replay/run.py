@@ -84,6 +84,7 @@ class Report:
                         "disruption",
                         "ready_drop_at",
                         "declared_at",
+                        "observed_by",
                     )
                 }
                 for e in self.dead
@@ -145,6 +146,12 @@ class Replay:
         steps = self._expire_before(now) if first is not None and first < now else []
         uid = pod.uid
         known = self.memories.get(uid)
+        if item.exit is not None:  # a node's exit: judged as the controller judges it
+            if known is not None:
+                step = memory.exited(known, pod, item.exit, now, self.registry, self.deadlines)
+                if step is not None:
+                    steps.append(step)
+            return steps
         if item.type == "DELETED":
             if known is None:  # deleted before we ever saw it: judge its last state, then bury
                 known, _ = self._observe(None, pod, now)

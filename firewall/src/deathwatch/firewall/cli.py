@@ -367,20 +367,21 @@ def _exits(args: argparse.Namespace) -> int:
         return EXIT_BAD_CONFIG
     metrics = ExitsMetrics()
     heartbeat = Heartbeat(stalled_after=60.0)
+    stop = threading.Event()
+    publisher = Publisher(api, args.node_name, args.namespace, args.identity, args.lease_prefix)
+    observer = Observer(args.runtime_socket, publisher, metrics, heartbeat, stop, args.oom_wait)
     port = None
     if args.metrics_port:
         try:
             port = listener(args.metrics_host, args.metrics_port, metrics.registry, heartbeat,
                             api, Path(args.metrics_cert_dir) if args.metrics_cert_dir else None,
-                            (args.identity, args.node_name), Limits())  # fmt: skip
+                            (args.identity, args.node_name), Limits(),
+                            readiness=observer.report)  # fmt: skip
             port.start()
         except (OpenPort, CertificateError, OSError) as exc:
             print(f"deathwatch-firewall exits: --metrics-host/--metrics-port: {exc}",
                   file=sys.stderr)  # fmt: skip
             return EXIT_BAD_CONFIG
-    stop = threading.Event()
-    publisher = Publisher(api, args.node_name, args.namespace, args.identity, args.lease_prefix)
-    observer = Observer(args.runtime_socket, publisher, metrics, heartbeat, stop, args.oom_wait)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()

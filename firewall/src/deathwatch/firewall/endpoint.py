@@ -5,7 +5,9 @@ metrics port gets (deathwatch._kube.ports), on a listener of its own within the 
 - `/metrics` over HTTPS, to whom the API server's RBAC lets `get` it (TokenReview, then
   SubjectAccessReview, made with the agent's own client, in a worker thread); the page
   rendered off the listener's loop, reused for a second;
-- `/healthz`, to anyone: whether the agent's loop still turns (it beats at every step).
+- `/healthz`, to anyone: whether the agent's loop still turns (it beats at every step);
+- `/readyz` where the process has one (the exit observer): up or down to anyone, its details
+  to whom may get /metrics.
 
 Without a cluster (no `--node-name`: nothing to ask who a token is) it serves /metrics over
 plain HTTP, and only on a loopback address: an open port with no one to authorize is what
@@ -24,7 +26,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from deathwatch._kube.access import Access
 from deathwatch._kube.errors import Unreachable
-from deathwatch._kube.ports import Heartbeat, Listener, MetricsPort, PortsCollector
+from deathwatch._kube.ports import Heartbeat, Listener, MetricsPort, PortsCollector, Readiness
 from deathwatch._kube.scrape import Scrapes
 from deathwatch._kube.serving import Limits, Request, Response
 from deathwatch._kube.tls import Serving
@@ -53,6 +55,7 @@ def listener(
     cert_dir: Path | None = None,
     names: tuple[str, ...] = (),
     limits: Limits | None = None,
+    readiness: Readiness | None = None,
 ) -> Listener:
     """The agent's port, not yet listening (`.start()`). Raises OpenPort for a
     non-loopback address with no API, tls.CertificateError for unusable mounted files."""
@@ -90,7 +93,7 @@ def listener(
         return answer
 
     access = Access(review)
-    port_handler = MetricsPort(access, scrapes, heartbeat, None, limits.answer_timeout)
+    port_handler = MetricsPort(access, scrapes, heartbeat, readiness, limits.answer_timeout)
     tls = Serving(cert_dir, list(names) or ["localhost"])
     made = Listener(port_handler.handle, host, port, limits, tls.context, name="metrics-port")
     registry.register(PortsCollector("deathwatch_firewall", {"metrics": lambda: made.server},

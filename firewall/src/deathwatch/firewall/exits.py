@@ -175,6 +175,14 @@ class Observer:
         self._pending: list[Exit] = []
         self._source: str | None = None
 
+    def report(self) -> tuple[bool, dict[str, Any]]:
+        """/readyz's details: reading the runtime, and writing what it heard."""
+        ready = self.connected and self.written
+        return ready, {"runtime": self.stream.runtime.source if self.stream else None,
+                       "runtime_connected": self.connected, "last_write_ok": self.written,
+                       "lease": self.publisher.name, "exits_held": len(self.publisher.exits),
+                       "unwritten": len(self._pending)}  # fmt: skip
+
     def run(self) -> None:
         reader = threading.Thread(target=self._read, name="runtime-stream", daemon=True)
         reader.start()
