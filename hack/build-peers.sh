@@ -17,9 +17,9 @@ log() { printf '[build-peers] %s\n' "$*" >&2; }
 command -v go >/dev/null || { log "go not found: install Go to build the peers"; exit 1; }
 export GOFLAGS=-mod=mod GOTOOLCHAIN=${GOTOOLCHAIN:-local}
 
-# build MODULE VERSION PACKAGE BINARY
+# build MODULE VERSION PACKAGE BINARY [TAGS]
 build() {
-  local mod=$1 ver=$2 pkg=$3 name=$4
+  local mod=$1 ver=$2 pkg=$3 name=$4 tags=${5:-}
   local top=$cache/peers/${mod//\//_}@$ver
   if [ -x "$top/bin/$name" ]; then
     log "$name $ver cached in $top/bin"
@@ -31,7 +31,7 @@ build() {
   [ -d "$dir" ] || { log "go mod download gave no directory for $mod@$ver"; exit 1; }
   rm -rf "$top/src" && cp -r "$dir" "$top/src" && chmod -R u+w "$top/src"
   log "building $name from $mod@$ver (first build takes a few minutes)"
-  (cd "$top/src" && go build -trimpath -ldflags "-s -w" -o "$top/bin/$name.tmp" "$pkg")
+  (cd "$top/src" && go build -trimpath -tags "$tags" -ldflags "-s -w" -o "$top/bin/$name.tmp" "$pkg")
   mv "$top/bin/$name.tmp" "$top/bin/$name"
   log "$name $ver built in $(($(date +%s) - start))s"
 }
@@ -40,3 +40,11 @@ build k8s.io/kube-state-metrics/v2 "$KSM_VERSION" . kube-state-metrics
 build sigs.k8s.io/agent-sandbox "$AGENT_SANDBOX_VERSION" ./cmd/agent-sandbox-controller agent-sandbox-controller
 # not a peer: the network policy engine of the lanes that enforce NetworkPolicy (netpol.py)
 build github.com/cloudnativelabs/kube-router/v2 "$KUBE_ROUTER_VERSION" ./cmd/kube-router kube-router
+# not a peer: the node lane's modern runtime, beside Debian's containerd 1.6 (node.py,
+# runtime="containerd2"): the CRI event stream (GetContainerEvents) the exits container reads
+# there, and the kubelet's EventedPLEG baseline (ADR 0028). No btrfs, devmapper or zfs
+# snapshotters (the node uses overlayfs): no cgo headers needed.
+for cmd in containerd containerd-shim-runc-v2 ctr; do
+  build github.com/containerd/containerd/v2 "$CONTAINERD_VERSION" "./cmd/$cmd" "$cmd" \
+    "no_btrfs no_devmapper no_zfs"
+done

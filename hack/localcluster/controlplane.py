@@ -162,14 +162,16 @@ class Process:
     args: list[str]
     log: Path
     popen: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] | None = None  # beside this process's environment
 
     def start(self) -> None:
         logf = self.log.open("ab")
         # a new session: `hack/control-plane.sh up` leaves it running after the script exits,
         # and a Ctrl-C in the terminal of a test run does not kill it before teardown does
         self.popen = subprocess.Popen(
-            self.args, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True
-        )
+            self.args, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, **self.env} if self.env else None,
+        )  # fmt: skip
         logf.close()
 
     def stop(self, timeout: float = 15) -> None:

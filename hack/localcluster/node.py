@@ -39,7 +39,9 @@ from hack.localcluster.controlplane import (
     bin_dir,
     free_port,
     kubeconfig,
+    peer_home,
     stop_pids,
+    versions,
 )
 
 NODE_NAME = "dw-node"
@@ -69,6 +71,20 @@ def _tables() -> set[str]:
     """The nftables tables of this network namespace, as "family name"."""
     out = _run("nft", "list", "tables", check=False).stdout
     return {line.split(" ", 1)[1].strip() for line in out.splitlines() if line.startswith("table ")}
+
+
+def containerd2_bin() -> Path:
+    """Where hack/build-peers.sh puts containerd 2.x, its shim and ctr."""
+    return (
+        peer_home("github.com/containerd/containerd/v2", versions()["CONTAINERD_VERSION"]) / "bin"
+    )
+
+
+def containerd2_available() -> str | None:
+    """None if the node can run containerd 2.x here, else why not."""
+    if not (containerd2_bin() / "containerd").exists():
+        return "containerd 2 not built (hack/build-peers.sh)"
+    return node_available()
 
 
 def node_available() -> str | None:
@@ -207,6 +223,13 @@ class Node:
     locked: bool = False  # holds MACHINE_LOCK from up() to down()
     # pods' DNS server (the kubelet's clusterDNS); None: pods get none (nothing resolves)
     cluster_dns: str | None = None
+    # the container runtime: Debian's containerd 1.6 ("containerd"), or containerd 2.x built
+    # from its module ("containerd2", hack/build-peers.sh): CRI container events for every
+    # subscriber, and the kubelet's EventedPLEG (ADR 0028)
+    runtime: str = "containerd"
+    # the kubelet's EventedPLEG (alpha): pod lifecycle events from the runtime's CRI stream
+    # rather than the 1 s relist (containerd2 only)
+    evented_pleg: bool = False
 
     @property
     def sock(self) -> Path:
@@ -257,6 +280,9 @@ class Node:
             f'"routes": [{{"dst": "0.0.0.0/0"}}], "dataDir": "{self.workdir / "cni-ipam"}"}}}}]}}\n'
         )
         config = d / "config.toml"
+        if self.runtime == "containerd2":
+            self._containerd2(d, cni, config)
+            return
         config.write_text(
             f"""version = 2
 root = "{d / "root"}"
@@ -299,11 +325,60 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                 raise RuntimeError(f"containerd did not start:\n{proc.tail()}")
             time.sleep(0.1)
 
+    def _containerd2(self, d: Path, cni: Path, config: Path) -> None:
+        """containerd 2.x, its config in version 3's plugin names; its shim and ctr beside it."""
+        config.write_text(
+            f"""version = 3
+root = "{d / "root"}"
+state = "{d / "state"}"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+[grpc]
+  address = "{self.sock}"
+[ttrpc]
+  address = "{self.sock}.ttrpc"
+[debug]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d / "opt"}"
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "{images.PAUSE}"
+[plugins."io.containerd.cri.v1.runtime"]
+  # no CAP_SYS_RESOURCE here: runc cannot set a negative oom_score_adj
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["/usr/lib/cni"]
+    conf_dir = "{cni}"
+"""
+        )
+        binaries = containerd2_bin()
+        proc = Process(
+            "containerd",
+            [str(binaries / "containerd"), "--config", str(config)],
+            self.workdir / "logs" / "containerd.log",
+            env={"PATH": f"{binaries}:{os.environ.get('PATH', '')}"},  # its shim, first
+        )
+        self.processes["containerd"] = proc
+        proc.start()
+        deadline = time.monotonic() + 30
+        while not self.sock.exists():
+            if not proc.running or time.monotonic() > deadline:
+                raise RuntimeError(f"containerd 2 did not start:\n{proc.tail()}")
+            time.sleep(0.1)
+
     def ctr(
         self, *args: str, check: bool = True, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
+        tool = str(containerd2_bin() / "ctr") if self.runtime == "containerd2" else "ctr"
         return _run(
-            "ctr", "--address", str(self.sock), "-n", "k8s.io", *args, check=check, timeout=timeout
+            tool, "--address", str(self.sock), "-n", "k8s.io", *args, check=check, timeout=timeout
         )
 
     def _import_images(self) -> None:
@@ -430,6 +505,7 @@ evictionPressureTransitionPeriod: 5s
 registerNode: true
 resolvConf: ""
 """
+            + ("featureGates: {EventedPLEG: true}\n" if self.evented_pleg else "")
             + (f"clusterDNS: [{self.cluster_dns}]\nclusterDomain: cluster.local\n"
                if self.cluster_dns else "")
         )  # fmt: skip

@@ -204,12 +204,21 @@ def test_monitoring_is_opt_in_and_complete() -> None:
                         "metrics.serviceMonitor.labels.release=kube-prometheus")  # fmt: skip
     monitor = rendered[("ServiceMonitor", NAMESPACE, "deathwatch")]
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus"
-    (endpoint,) = monitor["spec"]["endpoints"]  # both components name their port `metrics`
-    assert (endpoint["port"], endpoint["scheme"]) == ("metrics", "https")
-    assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    # both components name their port `metrics`; the firewall's exits container its own
+    endpoints = monitor["spec"]["endpoints"]
+    assert [(e["port"], e["scheme"]) for e in endpoints] == [("metrics", "https"),
+                                                             ("exits-metrics", "https")]  # fmt: skip
+    for endpoint in endpoints:
+        assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
     pods = rendered[("PodMonitor", NAMESPACE, "deathwatch")]
-    (endpoint,) = pods["spec"]["podMetricsEndpoints"]
-    assert endpoint["authorization"]["credentials"]["name"] == "deathwatch-metrics-scraper-token"
+    for endpoint in pods["spec"]["podMetricsEndpoints"]:
+        assert (
+            endpoint["authorization"]["credentials"]["name"] == "deathwatch-metrics-scraper-token"
+        )
+    assert [e["port"] for e in pods["spec"]["podMetricsEndpoints"]] == ["metrics", "exits-metrics"]
+    quiet = template("metrics.podMonitor.enabled=true", "firewall.exits.enabled=false")
+    assert [e["port"] for e in quiet[("PodMonitor", NAMESPACE, "deathwatch")]["spec"]
+            ["podMetricsEndpoints"]] == ["metrics"]  # fmt: skip
     assert rendered[("Secret", NAMESPACE, "deathwatch-metrics-scraper-token")]["type"] == (
         "kubernetes.io/service-account-token"
     )
@@ -643,3 +652,54 @@ def test_the_notes_say_what_this_release_installed(tmp_path: Path) -> None:
     none = notes("deathwatch", NAMESPACE, "firewall.enabled=false", "scope.clusterWide=false",
                  "scope.namespaces={a,b}", tmp=tmp_path)  # fmt: skip
     assert "daemonset" not in none and "No firewall" in none and "in a, b" in none
+
+
+def test_the_exits_container_holds_the_socket_alone_and_the_controller_reads_its_leases() -> None:
+    """ADR 0028: the runtime's socket in the exits container only (no capability); the agent
+    keeps NET_ADMIN and no socket; the controller watches the exits Leases; the admission
+    policy admits each node's exits Lease. Off: none of it."""
+    rendered = template("firewall.exits.runtimeSocket=/var/run/crio/crio.sock",
+                        "firewall.exits.oomWaitMilliseconds=100")  # fmt: skip
+    ds = rendered[("DaemonSet", NAMESPACE, "deathwatch-firewall")]["spec"]["template"]["spec"]
+    agent, exits = ds["containers"]
+    assert (agent["name"], exits["name"]) == ("agent", "exits")
+    assert exits["args"][:4] == ["exits", "--runtime-socket=/var/run/crio/crio.sock",
+                                 "--oom-wait=0.1", "--lease-prefix=deathwatch-exits"]  # fmt: skip
+    assert exits["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert exits["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {"name": "runtime", "mountPath": "/var/run/crio/crio.sock", "readOnly": True} in (
+        exits["volumeMounts"]
+    )
+    assert all(m["name"] != "runtime" for m in agent["volumeMounts"])
+    assert "NET_ADMIN" not in str(exits) and agent["securityContext"]["capabilities"]["add"] == [
+        "NET_ADMIN"
+    ]
+    (runtime,) = [v for v in ds["volumes"] if v["name"] == "runtime"]
+    assert runtime["hostPath"] == {"path": "/var/run/crio/crio.sock", "type": "Socket"}
+    assert exits["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    controller = rendered[("Deployment", NAMESPACE, "deathwatch-controller")]
+    assert (
+        f"--node-exits={NAMESPACE}"
+        in controller["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+    role = rendered[("Role", NAMESPACE, "deathwatch-controller-leader-election")]
+    assert "watch" in role["rules"][0]["verbs"]
+    policy = rendered[("ValidatingAdmissionPolicy", "", "deathwatch-firewall-coverage")]
+    assert "variables.exits" in str(policy["spec"]["validations"])
+    off = template("firewall.exits.enabled=false")
+    ds = off[("DaemonSet", NAMESPACE, "deathwatch-firewall")]["spec"]["template"]["spec"]
+    assert [c["name"] for c in ds["containers"]] == ["agent"]
+    assert all(v["name"] != "runtime" for v in ds["volumes"])
+    args = off[("Deployment", NAMESPACE, "deathwatch-controller")]["spec"]["template"]["spec"][
+        "containers"
+    ][0]["args"]
+    assert not any(a.startswith("--node-exits") for a in args)
+    assert (
+        "watch"
+        not in off[("Role", NAMESPACE, "deathwatch-controller-leader-election")]["rules"][0][
+            "verbs"
+        ]
+    )
+    assert "variables.exits" not in str(
+        off[("ValidatingAdmissionPolicy", "", "deathwatch-firewall-coverage")]
+    )

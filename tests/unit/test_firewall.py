@@ -338,9 +338,14 @@ def test_agent_with_no_valid_config_leaves_the_table_alone(tmp_path: Path) -> No
     previous = desired(parse_config(GOOD))  # a previous agent's rule, during a rollout
     nft = FakeNft()
     nft.table = previous
-    Agent(path, nft).step()
+    agent = Agent(path, nft)
+    agent.step()
     assert nft.applied == []
     assert nft.table is previous
+    # the config's failure, not nft's: the alert names the reason (the Helm lane's bad roll)
+    failures = agent.metrics.sync_failures
+    assert failures.labels("config")._value.get() >= 1
+    assert failures.labels("nft")._value.get() == 0
 
 
 def test_cli_render_and_bad_config_exit_codes(tmp_path: Path) -> None:

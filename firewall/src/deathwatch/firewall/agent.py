@@ -396,7 +396,9 @@ class Agent:
         try:
             result = self.sync()
         except NftError as exc:
-            self.metrics.sync_failures.labels("nft").inc()
+            # no valid config yet (a new agent given one it refuses): the config's failure,
+            # as the alert must say, not nft's
+            self.metrics.sync_failures.labels("config" if self.config is None else "nft").inc()
             want = self._wanted()
             try:
                 present = want is not None and not differences(want, self.nft.list_table())

@@ -1,0 +1,484 @@
+#!/usr/bin/env python3
+"""The whole path of a sandbox's death on a real node, kill to verdict, decomposed (ADR 0028):
+
+    python3 -m bench.node_latency [--kills 60] [--runtime containerd|containerd2]
+                                  [--evented-pleg] [--json FILE]
+    python3 -m bench.node_latency --chart RESULT.json [RESULT.json ...] OUT.png
+
+One run: a control plane and a real node (kubelet, containerd: Debian's 1.6, or 2.x built
+from its module; with `--evented-pleg` the kubelet's alpha EventedPLEG), agent-sandbox's
+controller, and deathwatch as two replicas on one Lease: the leader with the node's exits
+(`--node-exits`, the exits observer on the node's containerd) and a signed CloudEvents sink,
+the standby without them, judging from the kubelet's reports alone. Sandboxes (agent-sandbox
+Sandboxes of the test agent) are killed from the host, 0.25-1.25 s apart, in turn by a
+SIGKILL of the container's process, `exit 3` and an OOM kill under a 24 MiB limit.
+
+Each kill is timed, on this machine's one clock, at:
+- runtime: the exit as containerd recorded it (the exits Lease's `at`);
+- heard: deathwatch's node observation (the exits Lease showing it, on the bench's watch);
+- verdict: the SandboxVerdict Dead on the bench's watch (the leader, node path);
+- sink: the Dead event accepted by the sink (its 2xx);
+- kubelet: the pod's status saying so (the kubelet's relist and write);
+- kubelet-path verdict: the standby's Dead, as its log stamps it (no node exits);
+- agent-sandbox: its Sandbox's Ready turning False.
+Every cause is checked (ContainerExited 137 and 3, OOMKilled). The JSON holds every span's
+p50/p95/p99/max; `--chart` draws runs side by side as the latency chart is drawn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, watch
+
+from bench.stats import summary
+from deathwatch._kube import exits as wire
+from hack.localcluster import agentpods, agentsandbox, controlplane
+from hack.localcluster.controller_process import (
+    ControllerProcess,
+    metrics_reader_token,
+    service_account_kubeconfig,
+    service_account_token,
+)
+from hack.localcluster.node import NODE_NAME, RUNTIME_SOCKET, Node
+from hack.localcluster.receiver import Receiver, sink_secret
+
+ROOT = Path(__file__).resolve().parent.parent
+NS = "bench-node"
+SYSTEM = "deathwatch-system"
+SANDBOXES = ("agents.x-k8s.io", "v1beta1", "sandboxes")
+KEY = b"bench-node-latency-signing-key-32b"
+KILLS = ("sigkill", "exit", "oom")
+EXPECTED = {"sigkill": ("ContainerExited", 137), "exit": ("ContainerExited", 3),
+            "oom": ("OOMKilled", 137)}  # fmt: skip
+SPANS = ("runtime", "heard", "verdict", "sink", "kubelet", "kubelet_path_verdict", "agent_sandbox")
+LIVE = 6  # sandboxes alive at once, each waiting for its kill
+
+
+def whsec(key: bytes) -> str:
+    import base64
+
+    return "whsec_" + base64.b64encode(key).decode()
+
+
+@dataclass
+class Kill:
+    sandbox: str
+    how: str
+    pod: str = ""
+    uid: str = ""
+    at: float = 0.0  # wall clock: the kill
+    seen: dict[str, float] = field(default_factory=dict)  # span -> wall clock
+    verdict: dict[str, Any] = field(default_factory=dict)
+
+
+class Seen:
+    """What the bench's watches saw, by pod (uid or name), first time only."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.by_pod: dict[str, dict[str, float]] = {}
+        self.verdicts: dict[str, dict[str, Any]] = {}
+
+    def note(self, pod: str, span: str, at: float | None = None) -> None:
+        with self.lock:
+            self.by_pod.setdefault(pod, {}).setdefault(span, at if at is not None else time.time())
+
+
+def follow(stop: threading.Event, lister: Callable[..., Any], on: Callable[[dict[str, Any]], None],
+           *args: Any) -> None:  # fmt: skip
+    """A watch for ever (until `stop`), reconnected; each event's object to `on`, as a dict."""
+    api = client.ApiClient()
+    while not stop.is_set():
+        with contextlib.suppress(Exception):
+            for event in watch.Watch().stream(lister, *args, timeout_seconds=30,
+                                              _request_timeout=60):  # fmt: skip
+                obj = event["object"]
+                on(obj if isinstance(obj, dict) else api.sanitize_for_serialization(obj))
+                if stop.is_set():
+                    return
+
+
+class Bench:
+    def __init__(self, work: Path, runtime: str, evented_pleg: bool) -> None:
+        self.work, self.runtime, self.evented_pleg = work, runtime, evented_pleg
+        self.stop = threading.Event()
+        self.seen = Seen()
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.kills: list[Kill] = []
+
+    # --- the cluster --------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def cluster(self) -> Iterator[None]:
+        cp = controlplane.ControlPlane(self.work / "cp")
+        self.cp = cp
+        node: Node | None = None
+        others: list[Any] = []
+        try:
+            cp.start()
+            node = Node(cp, runtime=self.runtime, evented_pleg=self.evented_pleg).up()
+            self.node = node
+            client.Configuration.set_default(_configuration(cp))
+            self.api = client.ApiClient()
+            self._install()
+            sandbox = agentsandbox.AgentSandboxController(cp, self.api, self.work).start()
+            others.append(sandbox)
+            self.receiver = Receiver(whsec(KEY)).start()
+            others.append(self.receiver)
+            self._deathwatch()
+            yield
+        finally:
+            self.stop.set()
+            for p in self.procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        p.wait(15)
+            for o in others:
+                o.stop()
+            for c in getattr(self, "controllers", []):
+                c.stop()
+            if node is not None:
+                node.down()
+            cp.destroy()
+
+    def _install(self) -> None:
+        cp = self.cp
+        cp.kubectl_run("apply", "--server-side", "-f", str(ROOT / "manifests/base/crds"))
+        cp.kubectl_run("create", "namespace", SYSTEM, check=False)
+        cp.kubectl_run("create", "namespace", NS, check=False)
+        for role in ("controller.yaml", "metrics-reader.yaml", "firewall.yaml"):
+            cp.kubectl_run("apply", "-f", str(ROOT / "manifests/base/rbac" / role))
+        cp.kubectl_run("create", "rolebinding", "deathwatch-controller", "-n", NS,
+                       "--clusterrole=deathwatch-controller",
+                       f"--serviceaccount={SYSTEM}:deathwatch-controller")  # fmt: skip
+        agentsandbox.install_crds(cp)
+        agentsandbox.install_rbac(cp)
+        cp.kubectl_run("wait", "--for=condition=Established", "--timeout=60s",
+                       "crd/deathwatches.deathwatch.dev", "crd/sandboxverdicts.deathwatch.dev")  # fmt: skip
+
+    def _deathwatch(self) -> None:
+        cp, work = self.cp, self.work
+        kc = service_account_kubeconfig(cp, self.api, SYSTEM, "deathwatch-controller",
+                                        work / "controller.kubeconfig")  # fmt: skip
+        token = work / "firewall.token"
+        token.write_text(service_account_token(self.api, SYSTEM, "deathwatch-firewall"))
+        secret = sink_secret(work / "sink", whsec(KEY))
+        config = work / "sinks.yaml"
+        config.write_text(json.dumps({"cluster": "bench", "sinks": [{
+            "name": "platform", "url": self.receiver.url, "secretDir": str(secret),
+            "allowInsecure": True, "states": ["Dead"]}]}))  # fmt: skip
+        observer = [sys.executable, "-m", "deathwatch.firewall.cli", "exits",
+                    "--runtime-socket", str(RUNTIME_SOCKET), "--node-name", NODE_NAME,
+                    "--identity", "bench-exits", "--namespace", SYSTEM, "--kube-api", cp.server,
+                    "--kube-token-file", str(token), "--kube-ca-file", str(cp.certs / "ca.crt"),
+                    "--metrics-port", "0"]  # fmt: skip
+        self.procs.append(_spawn(observer, work / "exits.log"))
+        elect = ["--leader-elect", "--lease-name", "bench-node", "--lease-namespace", SYSTEM]
+        reader = metrics_reader_token(self.api)
+        leader = ControllerProcess(kc, [NS], work / "leader.log", reader_token=reader, extra=[
+            *elect, "--identity", "leader", "--node-exits", SYSTEM,
+            "--delivery-config", str(config)]).start()  # fmt: skip
+        self.controllers = [leader]
+        _wait(lambda: "acquired the lease" in leader.log.read_text(), 60, "the leader")
+        self.standby = ControllerProcess(kc, [NS], work / "standby.log", reader_token=reader,
+                                         extra=[*elect, "--identity", "standby"]).start()  # fmt: skip
+        self.controllers.append(self.standby)
+        client.CustomObjectsApi(self.api).create_namespaced_custom_object(
+            "deathwatch.dev", "v1alpha1", NS, "deathwatches",
+            {"apiVersion": "deathwatch.dev/v1alpha1", "kind": "DeathWatch",
+             "metadata": {"name": "sandboxes"},
+             "spec": {"sandboxes": "agent-sandbox", "podSelector": {}}}, _request_timeout=30)  # fmt: skip
+        _wait(lambda: "reading the runtime's exits" in (work / "exits.log").read_text(), 60,
+              "the exits observer")  # fmt: skip
+
+    # --- the watches ----------------------------------------------------------------------
+
+    def watch(self) -> None:
+        core, custom, coordination = (client.CoreV1Api(self.api), client.CustomObjectsApi(self.api),
+                                      client.CoordinationV1Api(self.api))  # fmt: skip
+        seen = self.seen
+
+        def pods(obj: dict[str, Any]) -> None:
+            status = obj.get("status") or {}
+            conditions: list[dict[str, Any]] = status.get("conditions") or []
+            ready = next((c for c in conditions if c["type"] == "Ready"), {})
+            ended = any((c.get("state") or {}).get("terminated")
+                        for c in status.get("containerStatuses") or ())  # fmt: skip
+            if ready.get("status") == "False" and ended:
+                seen.note(obj["metadata"]["uid"], "kubelet")
+
+        def verdicts(obj: dict[str, Any]) -> None:
+            status = obj.get("status") or {}
+            if status.get("state") == "Dead":
+                seen.note(status["podUID"], "verdict")
+                with seen.lock:
+                    seen.verdicts.setdefault(status["podUID"], status)
+
+        def leases(obj: dict[str, Any]) -> None:
+            read = wire.read_lease(obj)
+            for e in read[1] if read else ():
+                seen.note(e.pod_uid, "heard")
+                seen.note(e.pod_uid, "runtime", e.exited_at.timestamp())
+
+        def sandboxes(obj: dict[str, Any]) -> None:
+            conditions = (obj.get("status") or {}).get("conditions") or ()
+            if any(c["type"] == "Ready" and c["status"] == "False" for c in conditions):
+                seen.note(f"sandbox/{obj['metadata']['name']}", "agent_sandbox")
+
+        for target in (
+            (core.list_namespaced_pod, pods, NS),
+            (custom.list_namespaced_custom_object, verdicts, "deathwatch.dev", "v1alpha1", NS,
+             "sandboxverdicts"),
+            (coordination.list_namespaced_lease, leases, SYSTEM),
+            (custom.list_namespaced_custom_object, sandboxes, *SANDBOXES[:2], NS, SANDBOXES[2]),
+        ):  # fmt: skip
+            lister, on, *args = target
+            threading.Thread(target=follow, args=(self.stop, lister, on, *args),
+                             daemon=True).start()  # fmt: skip
+
+    # --- the kills --------------------------------------------------------------------------
+
+    def sandbox(self, name: str, how: str) -> Kill:
+        ctl = self.node.ctl(f"{NS}-{name}")
+        spec = agentpods.agent_pod(name, ctl, node=NODE_NAME,
+                                   memory="24Mi" if how == "oom" else "32Mi")["spec"]  # fmt: skip
+        client.CustomObjectsApi(self.api).create_namespaced_custom_object(
+            *SANDBOXES[:2], NS, SANDBOXES[2],
+            {"apiVersion": "/".join(SANDBOXES[:2]), "kind": "Sandbox", "metadata": {"name": name},
+             "spec": {"podTemplate": {"spec": spec}}}, _request_timeout=30)  # fmt: skip
+        return Kill(name, how)
+
+    def alive(self, kill: Kill, timeout: float = 120) -> None:
+        core, custom = client.CoreV1Api(self.api), client.CustomObjectsApi(self.api)
+
+        def ready() -> bool:
+            for pod in core.list_namespaced_pod(NS, _request_timeout=10).items:
+                if any(o.name == kill.sandbox for o in pod.metadata.owner_references or ()):
+                    kill.pod, kill.uid = pod.metadata.name, pod.metadata.uid
+            if not kill.uid:
+                return False
+            with contextlib.suppress(client.ApiException):
+                sv = custom.get_namespaced_custom_object("deathwatch.dev", "v1alpha1", NS,
+                                                         "sandboxverdicts", kill.pod,
+                                                         _request_timeout=10)  # fmt: skip
+                return (sv.get("status") or {}).get("state") == "Alive"
+            return False
+
+        _wait(ready, timeout, f"{kill.sandbox} Alive")
+
+    def kill(self, k: Kill) -> None:
+        ctl = self.node.ctl(f"{NS}-{k.sandbox}")
+        if k.how == "sigkill":
+            pid = self._pid(k)
+            k.at = time.time()
+            os.kill(pid, signal.SIGKILL)
+        else:
+            k.at = time.time()
+            (ctl / k.how).write_text("3" if k.how == "exit" else "")
+
+    def _pid(self, k: Kill) -> int:
+        pod = client.CoreV1Api(self.api).read_namespaced_pod(k.pod, NS, _request_timeout=10)
+        cid = pod.status.container_statuses[0].container_id.split("://", 1)[1]
+        for line in self.node.ctr("tasks", "ls").stdout.splitlines()[1:]:
+            task, pid, *_ = line.split()
+            if task == cid:
+                return int(pid)
+        raise RuntimeError(f"no task for {k.pod}")
+
+    def run(self, kills: int) -> None:
+        self.watch()
+        rng = random.Random(42)
+        pending = [self.sandbox(f"sbx-{i}", KILLS[i % len(KILLS)]) for i in range(min(LIVE, kills))]
+        made = len(pending)
+        for k in pending:
+            self.alive(k)
+        while pending:
+            k = pending.pop(0)
+            time.sleep(rng.uniform(0.25, 1.25))
+            self.kill(k)
+            self.kills.append(k)
+            if made < kills:
+                fresh = self.sandbox(f"sbx-{made}", KILLS[made % len(KILLS)])
+                made += 1
+                self.alive(fresh)
+                pending.append(fresh)
+        _wait(lambda: all(self._complete(k) for k in self.kills), 120, "every kill seen")
+        for k in self.kills:
+            self._standby_verdict(k)
+
+    def _complete(self, k: Kill) -> bool:
+        with self.seen.lock:
+            got = self.seen.by_pod.get(k.uid, {})
+            sandbox = self.seen.by_pod.get(f"sandbox/{k.sandbox}", {})
+        sink = [r for r in self.receiver.received if r.data.get("podUID") == k.uid
+                or r.subject.endswith(f"/{k.pod}")]  # fmt: skip
+        return (
+            all(s in got for s in ("verdict", "kubelet", "heard")) and bool(sandbox) and bool(sink)
+        )
+
+    def _standby_verdict(self, k: Kill) -> None:
+        """The standby's Dead, from its log: it judges from the kubelet's reports alone."""
+        for line in self.standby.log.read_text(errors="replace").splitlines():
+            if '"verdict"' not in line or k.pod not in line:
+                continue
+            with contextlib.suppress(ValueError, KeyError):
+                entry = json.loads(line)
+                if entry.get("pod") == k.pod and entry.get("to") == "Dead":
+                    at = datetime.fromisoformat(entry["timestamp"].replace("Z", "+00:00"))
+                    self.seen.note(k.uid, "kubelet_path_verdict", at.timestamp())
+                    return
+
+    # --- the result ---------------------------------------------------------------------
+
+    def result(self) -> dict[str, Any]:
+        offset = time.time() - time.monotonic()  # the sink stamps with the monotonic clock
+        spans: dict[str, list[float]] = {s: [] for s in SPANS}
+        wrong: list[str] = []
+        observed = {"node": 0, "kubelet": 0}
+        for k in self.kills:
+            got = dict(self.seen.by_pod.get(k.uid, {}))
+            sandbox = self.seen.by_pod.get(f"sandbox/{k.sandbox}", {})
+            if "agent_sandbox" in sandbox:
+                got["agent_sandbox"] = sandbox["agent_sandbox"]
+            sink = sorted(r.at + offset for r in self.receiver.received
+                          if r.data.get("podUID") == k.uid or r.subject.endswith(f"/{k.pod}"))  # fmt: skip
+            if sink:
+                got["sink"] = sink[0]
+            for span in SPANS:
+                if span in got:
+                    spans[span].append((got[span] - k.at) * 1e3)
+            verdict = self.seen.verdicts.get(k.uid) or {}
+            observed[verdict.get("observedBy", "kubelet")] += 1
+            if (verdict.get("cause"), verdict.get("exitCode")) != EXPECTED[k.how]:
+                wrong.append(f"{k.pod} ({k.how}): {verdict.get('cause')} {verdict.get('exitCode')}")
+        return {
+            "runtime": self.runtime + (" + EventedPLEG" if self.evented_pleg else ""),
+            "kills": len(self.kills),
+            "by_kind": {how: sum(1 for k in self.kills if k.how == how) for how in KILLS},
+            "observed_by": observed,
+            "wrong_causes": wrong,
+            "spans_ms": {s: summary(v) | {"n": len(v)} for s, v in spans.items() if v},
+        }
+
+
+def _configuration(cp: controlplane.ControlPlane) -> client.Configuration:
+    from kubernetes import config as kubeconfig
+
+    conf = client.Configuration()
+    kubeconfig.load_kube_config(str(cp.kubeconfig), client_configuration=conf)
+    return conf
+
+
+def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})  # fmt: skip
+
+
+def _wait(probe: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not probe():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"node_latency: {what} not seen in {timeout:.0f} s")
+        time.sleep(0.1)
+
+
+# --- the chart -------------------------------------------------------------------------------
+
+LABELS = {"runtime": "kill → runtime", "heard": "→ node observation", "verdict": "→ verdict",
+          "sink": "→ sink 2xx", "kubelet": "kubelet's report", "kubelet_path_verdict":
+          "kubelet-path verdict", "agent_sandbox": "agent-sandbox"}  # fmt: skip
+
+
+def draw(results: list[dict[str, Any]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(6.2 * len(results), 3.8), sharey=True,
+                             squeeze=False)  # fmt: skip
+    for ax, run in zip(axes[0], results, strict=True):
+        rows = [(LABELS[s], run["spans_ms"][s]) for s in SPANS if s in run["spans_ms"]]
+        for i, (q, colour) in enumerate((("p50", "#4c72b0"), ("p95", "#dd8452"),
+                                         ("p99", "#c44e52"))):  # fmt: skip
+            xs = [j + (i - 1) * 0.27 for j in range(len(rows))]
+            bars = ax.bar(xs, [max(0.0, lat.get(q) or 0) for _, lat in rows], 0.27, label=q,
+                          color=colour)  # fmt: skip
+            ax.bar_label(bars, fmt="%.0f", fontsize=6, padding=1)
+        ax.set_xticks(range(len(rows)), [name for name, _ in rows], rotation=25, fontsize=7)
+        ax.set_title(f"{run['runtime']}: {run['kills']} kills", fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("from the kill (ms)")
+    axes[0][0].legend(loc="upper left")
+    fig.suptitle("a sandbox's death on a real node, kill → verdict (bench/node_latency.py)",
+                 fontsize=10)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def markdown(results: list[dict[str, Any]]) -> str:
+    lines = ["| runtime | span from the kill | p50 ms | p95 ms | p99 ms | max ms | n |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for run in results:
+        for span in SPANS:
+            s = run["spans_ms"].get(span)
+            if s:
+                lines.append(f"| {run['runtime']} | {LABELS[span]} | {s['p50']} | {s['p95']} | "
+                             f"{s['p99']} | {s['max']} | {s['n']} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench.node_latency", description=__doc__.split("\n\n")[0])
+    p.add_argument("--kills", type=int, default=60)
+    p.add_argument("--runtime", choices=("containerd", "containerd2"), default="containerd")
+    p.add_argument("--evented-pleg", action="store_true")
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--chart", nargs="+", metavar="FILE", default=None,
+                   help="RESULT.json ... OUT.png: draw runs side by side")  # fmt: skip
+    args = p.parse_args(argv)
+    if args.chart:
+        if len(args.chart) < 2:
+            print("node_latency: --chart RESULT.json [...] OUT.png", file=sys.stderr)
+            return 2
+        results = [json.loads(Path(f).read_text()) for f in args.chart[:-1]]
+        draw(results, Path(args.chart[-1]))
+        print(markdown(results))
+        return 0
+    if args.evented_pleg and args.runtime != "containerd2":
+        print("node_latency: --evented-pleg needs --runtime containerd2 (CRI events)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="bench-node-"))
+    bench = Bench(work, args.runtime, args.evented_pleg)
+    with bench.cluster():
+        bench.run(args.kills)
+        result = bench.result()
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
