@@ -29,6 +29,7 @@ from tests.kube import wait_for
 
 pytestmark = pytest.mark.apiserver
 AGENT = "deathwatch-firewall"
+EXITS = "deathwatch-exits"  # the exits Lease (#42): the same agent, the same node
 LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases"
 TEMPLATES = ("templates/rbac/firewall.yaml", "templates/firewall/coverage-policy.yaml")
 
@@ -102,11 +103,12 @@ def tokens(control_plane: controlplane.ControlPlane, api: client.ApiClient) -> I
         cp.kubectl_run("delete", kind, f"{AGENT}-coverage", "--ignore-not-found")
 
 
+@pytest.mark.parametrize("prefix", [AGENT, EXITS])
 def test_an_agent_writes_its_own_nodes_coverage(
-    control_plane: controlplane.ControlPlane, tokens: dict[str, str]
+    control_plane: controlplane.ControlPlane, tokens: dict[str, str], prefix: str
 ) -> None:
     cp, token = control_plane, tokens["a"]
-    name = f"{AGENT}.policy-node-a"
+    name = f"{prefix}.policy-node-a"
     code, made = call(cp, token, "POST", LEASES, lease(name, "policy-node-a"))
     assert code == 201, made
     renewed = {**lease(name, "policy-node-a")}
@@ -119,11 +121,17 @@ def test_an_agent_writes_its_own_nodes_coverage(
     ("what", "method", "name", "node", "said"),
     [
         ("another node's Lease", "POST", f"{AGENT}.policy-node-b", "policy-node-b",
-         f"may write only its own coverage Lease {AGENT}.policy-node-a"),
+         f"may write only the Leases of its node, {AGENT}.policy-node-a and "
+         f"{EXITS}.policy-node-a, not {AGENT}.policy-node-b"),
+        ("another node's exits Lease", "POST", f"{EXITS}.policy-node-b", "policy-node-b",
+         f"not {EXITS}.policy-node-b"),
         ("its own Lease claiming another node", "POST", f"{AGENT}.policy-node-a",
-         "policy-node-b", "may claim coverage of that node only"),
+         "policy-node-b", "may speak for that node only (annotation deathwatch.dev/node)"),
+        ("its own exits Lease claiming another node", "POST", f"{EXITS}.policy-node-a",
+         "policy-node-b", "may speak for that node only (annotation deathwatch.dev/node)"),
         ("the controller's Lease", "PUT", "deathwatch-controller", "policy-node-a",
-         f"may write only its own coverage Lease {AGENT}.policy-node-a, not deathwatch-controller"),
+         f"may write only the Leases of its node, {AGENT}.policy-node-a and "
+         f"{EXITS}.policy-node-a, not deathwatch-controller"),
         ("its own Lease, deleted", "DELETE", f"{AGENT}.policy-node-a", "policy-node-a", ""),
     ],
 )  # fmt: skip

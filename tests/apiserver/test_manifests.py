@@ -376,13 +376,14 @@ def test_controller_rbac_allows_its_job_and_refuses_everything_else(
     lease = ("leases", "coordination.k8s.io", "deathwatch-system")
     for verb in ("get", "update", "list", "watch"):
         assert _allowed(api, verb, *lease, None, "deathwatch-controller")
-        if verb != "list":  # listing the namespace's Leases is granted (coverage)
+        if verb not in ("list", "watch"):  # the namespace's Leases are read whole (below)
             assert not _allowed(api, verb, *lease, None, "kube-scheduler")
         assert not _allowed(api, verb, "leases", "coordination.k8s.io", "kube-system", None,
                             "deathwatch-controller")  # fmt: skip
     assert _allowed(api, "create", *lease)
     assert not _allowed(api, "delete", *lease, None, "deathwatch-controller")
     assert _allowed(api, "list", *lease)  # the firewall agents' coverage Leases
-    assert not _allowed(api, "watch", *lease)
+    assert _allowed(api, "watch", *lease)  # the exits Leases (--node-exits), one per node
+    assert not _allowed(api, "watch", "leases", "coordination.k8s.io", "kube-system")
     assert not _allowed(api, "list", "leases", "coordination.k8s.io", "kube-system")
     assert not _allowed(api, "create", "leases", "coordination.k8s.io", "kube-system")

@@ -141,8 +141,10 @@ class Lane:
         pods = self.core.list_namespaced_pod(
             SYSTEM, label_selector="app.kubernetes.io/component=firewall", _request_timeout=10
         ).items
+        # the agent container only: the exits container beside it is another process (#42)
         ids = {s.container_id.split("://", 1)[1] for p in pods if p.metadata.deletion_timestamp is None
-               for s in p.status.container_statuses or () if s.container_id and s.state.running}  # fmt: skip
+               for s in p.status.container_statuses or ()
+               if s.name == "agent" and s.container_id and s.state.running}  # fmt: skip
         for line in self.c.node.ctr("tasks", "ls").stdout.splitlines()[1:]:
             task, pid, status = [*line.split(), "", "", ""][:3]
             if task in ids and status == "RUNNING":
