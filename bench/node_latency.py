@@ -93,11 +93,19 @@ class Seen:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.by_pod: dict[str, dict[str, float]] = {}
+        self.times: dict[tuple[str, str], list[float]] = {}
         self.verdicts: dict[str, dict[str, Any]] = {}
 
     def note(self, pod: str, span: str, at: float | None = None) -> None:
         with self.lock:
             self.by_pod.setdefault(pod, {}).setdefault(span, at if at is not None else time.time())
+            # every time seen: a span counts from the first one after its kill (a Sandbox is
+            # Ready False while it starts, too)
+            self.times.setdefault((pod, span), []).append(at if at is not None else time.time())
+
+    def after(self, pod: str, span: str, kill: float) -> float | None:
+        with self.lock:
+            return next((t for t in self.times.get((pod, span), ()) if t >= kill - 0.002), None)
 
 
 def follow(stop: threading.Event, lister: Callable[..., Any], on: Callable[[dict[str, Any]], None],
@@ -106,8 +114,10 @@ def follow(stop: threading.Event, lister: Callable[..., Any], on: Callable[[dict
     api = client.ApiClient()
     while not stop.is_set():
         with contextlib.suppress(Exception):
+            # deserialize=False: dicts, not models (the pods' models cost the GIL the other
+            # watches need, and delay what they see)
             for event in watch.Watch().stream(lister, *args, timeout_seconds=30,
-                                              _request_timeout=60):  # fmt: skip
+                                              _request_timeout=60, deserialize=False):  # fmt: skip
                 obj = event["object"]
                 on(obj if isinstance(obj, dict) else api.sanitize_for_serialization(obj))
                 if stop.is_set():
@@ -190,7 +200,7 @@ class Bench:
                     "--kube-token-file", str(token), "--kube-ca-file", str(cp.certs / "ca.crt"),
                     "--metrics-port", "0"]  # fmt: skip
         self.procs.append(_spawn(observer, work / "exits.log"))
-        elect = ["--leader-elect", "--lease-name", "bench-node", "--lease-namespace", SYSTEM]
+        elect = ["--leader-elect", "--lease-namespace", SYSTEM]  # its Role names the Lease
         reader = metrics_reader_token(self.api)
         leader = ControllerProcess(kc, [NS], work / "leader.log", reader_token=reader, extra=[
             *elect, "--identity", "leader", "--node-exits", SYSTEM,
@@ -324,13 +334,12 @@ class Bench:
             self._standby_verdict(k)
 
     def _complete(self, k: Kill) -> bool:
-        with self.seen.lock:
-            got = self.seen.by_pod.get(k.uid, {})
-            sandbox = self.seen.by_pod.get(f"sandbox/{k.sandbox}", {})
         sink = [r for r in self.receiver.received if r.data.get("podUID") == k.uid
                 or r.subject.endswith(f"/{k.pod}")]  # fmt: skip
         return (
-            all(s in got for s in ("verdict", "kubelet", "heard")) and bool(sandbox) and bool(sink)
+            all(self.seen.after(k.uid, s, k.at) for s in ("verdict", "kubelet", "heard"))
+            and self.seen.after(f"sandbox/{k.sandbox}", "agent_sandbox", k.at) is not None
+            and bool(sink)
         )
 
     def _standby_verdict(self, k: Kill) -> None:
@@ -352,11 +361,15 @@ class Bench:
         spans: dict[str, list[float]] = {s: [] for s in SPANS}
         wrong: list[str] = []
         observed = {"node": 0, "kubelet": 0}
+        from_exit: dict[str, list[float]] = {s: [] for s in SPANS}
+        by_kind: dict[str, list[float]] = {how: [] for how in KILLS}
+        rows: list[dict[str, Any]] = []
         for k in self.kills:
-            got = dict(self.seen.by_pod.get(k.uid, {}))
-            sandbox = self.seen.by_pod.get(f"sandbox/{k.sandbox}", {})
-            if "agent_sandbox" in sandbox:
-                got["agent_sandbox"] = sandbox["agent_sandbox"]
+            got = {span: t for span in SPANS
+                   if (t := self.seen.after(k.uid, span, k.at)) is not None}  # fmt: skip
+            at = self.seen.after(f"sandbox/{k.sandbox}", "agent_sandbox", k.at)
+            if at is not None:
+                got["agent_sandbox"] = at
             sink = sorted(r.at + offset for r in self.receiver.received
                           if r.data.get("podUID") == k.uid or r.subject.endswith(f"/{k.pod}"))  # fmt: skip
             if sink:
@@ -364,6 +377,15 @@ class Bench:
             for span in SPANS:
                 if span in got:
                     spans[span].append((got[span] - k.at) * 1e3)
+            exit_at = got.get("runtime")
+            if exit_at is not None:  # from the exit itself: the part deathwatch answers for
+                for span in ("heard", "verdict", "sink", "kubelet", "kubelet_path_verdict"):
+                    if span in got:
+                        from_exit[span].append((got[span] - exit_at) * 1e3)
+            if "verdict" in got:
+                by_kind[k.how].append((got["verdict"] - k.at) * 1e3)
+            rows.append({"pod": k.pod, "how": k.how,
+                         "ms": {sp: round((t - k.at) * 1e3, 1) for sp, t in got.items()}})  # fmt: skip
             verdict = self.seen.verdicts.get(k.uid) or {}
             observed[verdict.get("observedBy", "kubelet")] += 1
             if (verdict.get("cause"), verdict.get("exitCode")) != EXPECTED[k.how]:
@@ -375,6 +397,11 @@ class Bench:
             "observed_by": observed,
             "wrong_causes": wrong,
             "spans_ms": {s: summary(v) | {"n": len(v)} for s, v in spans.items() if v},
+            "from_exit_ms": {s: summary(v) | {"n": len(v)} for s, v in from_exit.items() if v},
+            "kill_to_verdict_by_kind_ms": {
+                h: summary(v) | {"n": len(v)} for h, v in by_kind.items() if v
+            },
+            "kills_ms": rows,
         }
 
 
@@ -468,6 +495,9 @@ def main(argv: list[str] | None = None) -> int:
         print("node_latency: --evented-pleg needs --runtime containerd2 (CRI events)",
               file=sys.stderr)  # fmt: skip
         return 2
+    # a SIGTERM (a timeout, ^C from a wrapper) unwinds through cluster()'s cleanup: a node
+    # left running would hold the machine's node lock and its mounts
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix="bench-node-"))
     bench = Bench(work, args.runtime, args.evented_pleg)
     with bench.cluster():
