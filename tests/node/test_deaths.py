@@ -10,14 +10,12 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client, watch
 
 from hack.localcluster import agentpods, controlplane
 from hack.localcluster.netns_tool import connect_once
@@ -27,12 +25,21 @@ from hack.localcluster.node import (
     MACHINE_LOCK,
     NODE_NAME,
     POD_SUBNET,
-    RUNTIME_SOCKET,
     Node,
     node_available,
 )
 from tests.controller_env import Env, Recording
 from tests.kube import wait_for
+from tests.node.parts import (
+    EXEC_PROBE,
+    NODE_EXITS,
+    Exits,
+    Stamps,
+    agent_pod,
+    container_pid,
+    ctl,
+    pod_ready,
+)
 
 pytestmark = pytest.mark.node
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,155 +60,6 @@ def node(control_plane: controlplane.ControlPlane) -> Iterator[Node]:
         n.down()
         assert n.leftovers() == []
         print("\nnode lane measurements:", json.dumps(RESULTS, indent=1))
-
-
-@pytest.fixture
-def nenv(env: Env, node: Node) -> Env:
-    env.node = node  # type: ignore[attr-defined]
-    return env
-
-
-# --- deaths heard on the node (ADR 0028): the exits observer on this node's containerd -----
-
-NODE_EXITS = ["--node-exits", "deathwatch-system"]  # the controller reads the exits Leases
-
-
-class Exits:
-    """`deathwatch-firewall exits` as a process on this node: the node's containerd socket,
-    the firewall's ServiceAccount token (its Role), the API at the control plane."""
-
-    def __init__(self, cp: controlplane.ControlPlane, token: Path, log: Path) -> None:
-        self.log = log
-        self.args = [
-            sys.executable, "-m", "deathwatch.firewall.cli", "exits",
-            "--runtime-socket", str(RUNTIME_SOCKET), "--node-name", NODE_NAME,
-            "--identity", "exits-dw-node", "--namespace", "deathwatch-system",
-            "--kube-api", cp.server, "--kube-token-file", str(token),
-            "--kube-ca-file", str(cp.certs / "ca.crt"), "--metrics-port", "0",
-        ]  # fmt: skip
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Exits:
-        with self.log.open("a") as out:
-            self.proc = subprocess.Popen(
-                self.args, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-            )  # fmt: skip
-        return self
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(15)
-
-    def reading(self) -> bool:
-        return "reading the runtime's exits" in self.log.read_text()
-
-
-@pytest.fixture(scope="module")
-def exits_token(control_plane: controlplane.ControlPlane, api: object,
-                tmp_path_factory: pytest.TempPathFactory) -> Path:  # fmt: skip
-    control_plane.kubectl_run("create", "namespace", "deathwatch-system", check=False)
-    control_plane.kubectl_run("apply", "-f", str(ROOT / "manifests/base/rbac/firewall.yaml"))
-    token = client.CoreV1Api(api).create_namespaced_service_account_token(
-        "deathwatch-firewall", "deathwatch-system", {"spec": {"expirationSeconds": 7200}},
-        _request_timeout=30,
-    ).status.token  # fmt: skip
-    path = tmp_path_factory.mktemp("exits") / "token"
-    path.write_text(token)
-    return path
-
-
-@pytest.fixture
-def heard(nenv: Env, control_plane: controlplane.ControlPlane, exits_token: Path,
-          tmp_path: Path) -> Iterator[Exits]:  # fmt: skip
-    """The node's exits observer, reading the runtime; the controller reads its Lease when
-    started with NODE_EXITS."""
-    observer = Exits(control_plane, exits_token, tmp_path / "exits.log").start()
-    try:
-        wait_for(observer.reading, timeout=30, what="the observer reading containerd's events")
-        yield observer
-    finally:
-        observer.stop()
-        print(f"--- exits observer:\n{observer.log.read_text()[-3000:]}")
-
-
-def agent_pod(
-    e: Env,
-    name: str,
-    *,
-    probe: dict[str, Any] | None = None,
-    environment: dict[str, str] | None = None,
-    memory: str = "32Mi",
-    labels: dict[str, str] | None = None,
-) -> str:
-    target = (environment or {}).get("TARGET")
-    body = agentpods.agent_pod(name, ctl(e, name), node=NODE_NAME, probe=probe, target=target,
-                               labels=labels, memory=memory)  # fmt: skip
-    e.core.create_namespaced_pod(e.ns, body, _request_timeout=30)
-    return name
-
-
-def ctl(e: Env, name: str) -> Path:
-    return e.node.ctl(f"{e.ns}-{name}")  # type: ignore[attr-defined, no-any-return]
-
-
-def pod_ready(e: Env, name: str) -> bool:
-    pod = e.core.read_namespaced_pod(name, e.ns, _request_timeout=10)
-    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
-
-
-EXEC_PROBE = {
-    "exec": {"command": ["/bin/ready"]},
-    "periodSeconds": 1,
-    "failureThreshold": 1,
-    "timeoutSeconds": 1,
-}
-
-
-class Stamps(threading.Thread):
-    """When this test's own watches saw each change: kubelet's status writes and verdicts."""
-
-    def __init__(self, e: Env) -> None:
-        super().__init__(daemon=True)
-        self.e = e
-        self.terminated: dict[str, float] = {}
-        self.dead: dict[str, float] = {}
-        self.stop = False
-
-    def run(self) -> None:
-        threading.Thread(target=self._verdicts, daemon=True).start()
-        while not self.stop:
-            try:
-                for ev in watch.Watch().stream(
-                    self.e.core.list_namespaced_pod,
-                    self.e.ns,
-                    timeout_seconds=30,
-                    _request_timeout=60,
-                ):
-                    pod = ev["object"]
-                    if any(cs.state.terminated for cs in pod.status.container_statuses or []):
-                        self.terminated.setdefault(pod.metadata.name, time.monotonic())
-            except Exception:
-                time.sleep(0.1)
-
-    def _verdicts(self) -> None:
-        while not self.stop:
-            try:
-                for ev in watch.Watch().stream(
-                    self.e.custom.list_namespaced_custom_object,
-                    "deathwatch.dev",
-                    "v1alpha1",
-                    self.e.ns,
-                    "sandboxverdicts",
-                    timeout_seconds=30,
-                    _request_timeout=60,
-                ):
-                    sv = ev["object"]
-                    if sv.get("status", {}).get("state") == "Dead":
-                        self.dead.setdefault(sv["metadata"]["name"], time.monotonic())
-            except Exception:
-                time.sleep(0.1)
 
 
 def test_a_second_node_on_this_machine_waits_for_the_first_then_says_whose() -> None:
@@ -292,18 +150,6 @@ def test_killed_sandbox_is_dead_with_its_exit_code(nenv: Env) -> None:
     stamps.stop = True
     RESULTS["kubelet_status_write_to_dead_ms"] = [round(x, 1) for x in latencies]
     assert max(latencies) < 1000
-
-
-def container_pid(e: Env, name: str) -> int:
-    """The host pid of the pod's container's init process (as `kill -9 PID` on the host)."""
-    pod = e.core.read_namespaced_pod(name, e.ns, _request_timeout=10)
-    cid = pod.status.container_statuses[0].container_id.split("://", 1)[1]
-    node: Node = e.node  # type: ignore[attr-defined]
-    for line in node.ctr("tasks", "ls").stdout.splitlines()[1:]:
-        task, pid, *_ = line.split()
-        if task == cid:
-            return int(pid)
-    raise AssertionError(f"no task for {name} ({cid})")
 
 
 def test_deaths_heard_on_the_node_are_dead_before_the_kubelet_reports_them(

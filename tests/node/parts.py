@@ -1,0 +1,146 @@
+"""What the node lane's modules share: sandboxes of the test agent on the node, the
+exits observer as a process, and watches that stamp when each change was seen."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from kubernetes import watch
+
+from hack.localcluster import agentpods, controlplane
+from hack.localcluster.node import NODE_NAME, RUNTIME_SOCKET, Node
+from tests.controller_env import Env
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+NODE_EXITS = ["--node-exits", "deathwatch-system"]  # the controller reads the exits Leases
+
+
+class Exits:
+    """`deathwatch-firewall exits` as a process on this node: the node's containerd socket,
+    the firewall's ServiceAccount token (its Role), the API at the control plane."""
+
+    def __init__(self, cp: controlplane.ControlPlane, token: Path, log: Path) -> None:
+        self.log = log
+        self.args = [
+            sys.executable, "-m", "deathwatch.firewall.cli", "exits",
+            "--runtime-socket", str(RUNTIME_SOCKET), "--node-name", NODE_NAME,
+            "--identity", "exits-dw-node", "--namespace", "deathwatch-system",
+            "--kube-api", cp.server, "--kube-token-file", str(token),
+            "--kube-ca-file", str(cp.certs / "ca.crt"), "--metrics-port", "0",
+        ]  # fmt: skip
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Exits:
+        with self.log.open("a") as out:
+            self.proc = subprocess.Popen(
+                self.args, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+            )  # fmt: skip
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(15)
+
+    def reading(self) -> bool:
+        return "reading the runtime's exits" in self.log.read_text()
+
+
+def agent_pod(
+    e: Env,
+    name: str,
+    *,
+    probe: dict[str, Any] | None = None,
+    environment: dict[str, str] | None = None,
+    memory: str = "32Mi",
+    labels: dict[str, str] | None = None,
+) -> str:
+    target = (environment or {}).get("TARGET")
+    body = agentpods.agent_pod(name, ctl(e, name), node=NODE_NAME, probe=probe, target=target,
+                               labels=labels, memory=memory)  # fmt: skip
+    e.core.create_namespaced_pod(e.ns, body, _request_timeout=30)
+    return name
+
+
+def ctl(e: Env, name: str) -> Path:
+    return e.node.ctl(f"{e.ns}-{name}")  # type: ignore[attr-defined, no-any-return]
+
+
+def pod_ready(e: Env, name: str) -> bool:
+    pod = e.core.read_namespaced_pod(name, e.ns, _request_timeout=10)
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+EXEC_PROBE = {
+    "exec": {"command": ["/bin/ready"]},
+    "periodSeconds": 1,
+    "failureThreshold": 1,
+    "timeoutSeconds": 1,
+}
+
+
+class Stamps(threading.Thread):
+    """When this test's own watches saw each change: kubelet's status writes and verdicts."""
+
+    def __init__(self, e: Env) -> None:
+        super().__init__(daemon=True)
+        self.e = e
+        self.terminated: dict[str, float] = {}
+        self.dead: dict[str, float] = {}
+        self.stop = False
+
+    def run(self) -> None:
+        threading.Thread(target=self._verdicts, daemon=True).start()
+        while not self.stop:
+            try:
+                for ev in watch.Watch().stream(
+                    self.e.core.list_namespaced_pod,
+                    self.e.ns,
+                    timeout_seconds=30,
+                    _request_timeout=60,
+                ):
+                    pod = ev["object"]
+                    if any(cs.state.terminated for cs in pod.status.container_statuses or []):
+                        self.terminated.setdefault(pod.metadata.name, time.monotonic())
+            except Exception:
+                time.sleep(0.1)
+
+    def _verdicts(self) -> None:
+        while not self.stop:
+            try:
+                for ev in watch.Watch().stream(
+                    self.e.custom.list_namespaced_custom_object,
+                    "deathwatch.dev",
+                    "v1alpha1",
+                    self.e.ns,
+                    "sandboxverdicts",
+                    timeout_seconds=30,
+                    _request_timeout=60,
+                ):
+                    sv = ev["object"]
+                    if sv.get("status", {}).get("state") == "Dead":
+                        self.dead.setdefault(sv["metadata"]["name"], time.monotonic())
+            except Exception:
+                time.sleep(0.1)
+
+
+def container_pid(e: Env, name: str) -> int:
+    """The host pid of the pod's container's init process (as `kill -9 PID` on the host)."""
+    pod = e.core.read_namespaced_pod(name, e.ns, _request_timeout=10)
+    cid = pod.status.container_statuses[0].container_id.split("://", 1)[1]
+    node: Node = e.node  # type: ignore[attr-defined]
+    for line in node.ctr("tasks", "ls").stdout.splitlines()[1:]:
+        task, pid, *_ = line.split()
+        if task == cid:
+            return int(pid)
+    raise AssertionError(f"no task for {name} ({cid})")

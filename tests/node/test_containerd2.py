@@ -1,0 +1,86 @@
+"""The real node on containerd 2.x, built from its module (hack/build-peers.sh): the exits
+observer reads the CRI's container events (GetContainerEvents, the stream the kubelet's
+EventedPLEG reads), not containerd's own task events as on Debian's 1.6 (test_deaths.py).
+
+One module, one node: an exit, a SIGKILL from the host and an OOM kill, each Dead with its
+cause and code, observed by the node, the kubelet's report agreeing; then the same node with
+no observer, the kubelet's reports judging a death alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from deathwatch.firewall.runtime import CRI
+from hack.localcluster import controlplane
+from hack.localcluster.node import Node, containerd2_available
+from tests.controller_env import Env
+from tests.kube import wait_for
+from tests.node.parts import NODE_EXITS, Exits, agent_pod, container_pid, ctl, pod_ready
+
+pytestmark = pytest.mark.node
+RESULTS: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="module")
+def node(control_plane: controlplane.ControlPlane) -> Iterator[Node]:
+    reason = containerd2_available()
+    if reason:
+        pytest.skip(reason)
+    started = time.monotonic()
+    n = Node(control_plane, runtime="containerd2").up()
+    RESULTS["node_up_seconds"] = round(time.monotonic() - started, 1)
+    try:
+        yield n
+    finally:
+        n.down()
+        assert n.leftovers() == []
+        print("\ncontainerd 2 node measurements:", json.dumps(RESULTS, indent=1))
+
+
+def test_the_cri_stream_hears_each_death_and_the_kubelet_agrees(nenv: Env, heard: Exits) -> None:
+    e = nenv
+    said = next(json.loads(line) for line in heard.log.read_text().splitlines()
+                if "reading the runtime's exits" in line)  # fmt: skip
+    assert (said["runtime"], said["stream"]) == ("containerd", CRI), said
+    assert said["version"].lstrip("v").startswith("2."), said
+    e.start_controller(extra=NODE_EXITS)
+    e.deathwatch()
+    cases = [("exit", "3", "ContainerExited", 3), ("sigkill", "", "ContainerExited", 137),
+             ("oom", "", "OOMKilled", 137)]  # fmt: skip
+    for i, (how, arg, cause, code) in enumerate(cases):
+        name = agent_pod(e, f"cri-{i}", memory="24Mi" if how == "oom" else "32Mi")
+        e.wait_state(name, "Alive", timeout=60)
+        if how == "sigkill":
+            os.kill(container_pid(e, name), signal.SIGKILL)
+        else:
+            (ctl(e, name) / how).write_text(arg)
+        dead = e.wait_state(name, "Dead", timeout=30)["status"]
+        assert (dead["cause"], dead["exitCode"], dead["observedBy"]) == (cause, code, "node"), dead
+        assert dead["containerID"].startswith("containerd://")
+        wait_for(lambda n=name: not pod_ready(e, n), timeout=30, what="the kubelet's report")  # type: ignore[misc]
+    # a pod made after the reports: once it is Alive, the controller has judged them
+    e.wait_state(agent_pod(e, "cri-marker"), "Alive", timeout=60)
+    for i in range(len(cases)):
+        sv = (e.sv(f"cri-{i}") or {})["status"]
+        assert sv["state"] == "Dead" and "disputed" not in sv, sv
+        assert e.events(f"cri-{i}", "NodeExitDisputed") == []
+    RESULTS["cri_stream_deaths"] = len(cases)
+
+
+def test_with_no_observer_the_kubelets_report_judges_the_death(nenv: Env) -> None:
+    e = nenv
+    e.start_controller(extra=NODE_EXITS)
+    e.deathwatch()
+    name = agent_pod(e, "kubelet-path")
+    e.wait_state(name, "Alive", timeout=60)
+    (ctl(e, name) / "exit").write_text("5")
+    dead = e.wait_state(name, "Dead", timeout=30)["status"]
+    assert (dead["cause"], dead["exitCode"]) == ("ContainerExited", 5), dead
+    assert dead.get("observedBy", "kubelet") == "kubelet", dead
