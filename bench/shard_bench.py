@@ -35,7 +35,7 @@ from kubernetes import client, config
 
 from bench.controller_bench import NS, create_ready, rss_mib, wait_alive
 from bench.delivery_bench import cpu_seconds, namespace_ready, wait_until
-from deathwatch._operator.sharding import assign, selector
+from deathwatch._operator.slots import assign, selector
 from hack.localcluster import controlplane
 from hack.localcluster.controller_process import ControllerProcess, metrics_reader_token
 from hack.render_manifests import CHART, NAMESPACE, helm, without_helm_labels

@@ -26,7 +26,7 @@ from kubernetes import client, config
 from deathwatch._kube.errors import ApiError
 from deathwatch._operator.kubeconfig import load
 from deathwatch._operator.rest import Rest
-from deathwatch.client import Change, Client, State, Unreachable, get_verdict, wait_for_verdict
+from deathwatch.client import Change, Client, NeverReached, State, get_verdict, wait_for_verdict
 from hack.localcluster import controlplane
 from hack.localcluster.chaosproxy import ChaosProxy
 from hack.localcluster.controller_process import service_account_token
@@ -220,7 +220,7 @@ def test_wait_for_returns_at_the_state_and_refuses_what_can_no_longer_happen(
     timer.join()
     assert got.state is State.DEAD and got.cause is not None and got.cause.value == "Evicted"
     v.put("gone", "Gone", cause="Deleted")
-    with pytest.raises(Unreachable, match="can never be Dead"):
+    with pytest.raises(NeverReached, match="can never be Dead"):
         wait_for_verdict(ns, "gone", [State.DEAD], 30, kubeconfig=kc)
     v.put("idle", "Alive")
     started = time.monotonic()

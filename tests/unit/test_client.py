@@ -103,3 +103,12 @@ def test_a_delivered_events_data_decodes_to_the_explain_document_typed() -> None
     assert verdict_document(doc) == typed
     with pytest.raises(ValueError, match=r"not a verdict document: .*\$\.state"):
         verdict_document({**doc, "state": "Zombie"})
+
+
+def test_the_old_name_of_never_reached_still_imports() -> None:
+    """`Unreachable` was renamed `NeverReached` (it clashed with the API client's error of
+    that name); code that catches the old name keeps working."""
+    from deathwatch import client
+
+    assert client.Unreachable is client.NeverReached
+    assert "NeverReached" in client.__all__

@@ -26,15 +26,24 @@ from deathwatch._engine.engine import Track
 from deathwatch._engine.nodeexit import NodeExit
 from deathwatch._engine.podview import read_pod
 from deathwatch._engine.verdict import Cause, Evidence, Observer, State
-from deathwatch._operator import documents
+from deathwatch._operator import (
+    documents,
+    node_exits,
+    owners,
+    pods,
+    publishing,
+    retention,
+    verdict_watch,
+)
 from deathwatch._operator.agent_sandboxes import AgentSandboxes
-from deathwatch._operator.controller import Controller, Firewall, Verdict
+from deathwatch._operator.core import Core, Firewall
 from deathwatch._operator.deathwatches import DeathWatches
 from deathwatch._operator.metrics import Metrics
 from deathwatch._operator.records import Records
 from deathwatch._operator.reflector import EventType
 from deathwatch._operator.resources import DW_PLURAL, SV_PLURAL, to_document
 from deathwatch._operator.summary import Summaries
+from deathwatch._operator.verdict_watch import Verdict
 from deathwatch._operator.writer import Writer
 from deathwatch._policies import AUTO, PolicySettings, default_registry
 from tests.builders import T0, at, exec_probe, pod, running, terminated, waiting
@@ -71,12 +80,15 @@ class Clock:
         return self.now
 
 
-def core(writer: Writer, clock: Clock, metrics: Metrics) -> Controller:
+LIVENESS = publishing.Liveness(fresh=lambda: None, stale_after=90.0)
+
+
+def core(writer: Writer, clock: Clock, metrics: Metrics) -> Core:
     registry = default_registry()
-    return Controller(
+    return Core(
         deathwatches=DeathWatches(registry), records=Records(), policies=registry,
         summaries=Summaries(), writer=writer, metrics=metrics, firewall=Firewall(None, None),
-        agent_sandboxes=AgentSandboxes(), fresh=lambda: None, stale_after=90.0, clock=clock,
+        agent_sandboxes=AgentSandboxes(), clock=clock,
     )  # fmt: skip
 
 
@@ -84,20 +96,20 @@ def core(writer: Writer, clock: Clock, metrics: Metrics) -> Controller:
 class Harness:
     api: FakeApi
     clock: Clock
-    controller: Controller
+    controller: Core
     writer: Writer
 
     def deathwatch(self, **spec: Any) -> None:
-        self.controller.on_deathwatch(None, deathwatch_body(**spec))
+        owners.on_deathwatch(self.controller, None, deathwatch_body(**spec))
 
     def pod(
         self, body: dict[str, Any], seconds: float, event: EventType = EventType.MODIFIED
     ) -> None:
         self.clock.now = at(seconds)
-        self.controller.on_pod(event, read_pod(body))
+        pods.on_pod(self.controller, event, read_pod(body))
 
     async def settle(self) -> None:
-        self.controller.publish()
+        publishing.publish(self.controller, LIVENESS)
         await asyncio.wait_for(self.writer.idle(), 5)
 
     def sv(self, name: str = "sbx-1") -> dict[str, Any] | None:
@@ -161,10 +173,12 @@ async def test_a_sandbox_lifecycle_ending_in_death() -> None:
     assert h.api.labels(SV_PLURAL, NS, "sbx-1")["deathwatch.dev/origin"] == "Workload"
     assert (dead["origin"], dw["deaths"]["workload"]) == ("Workload", 1)
     # and the writer taking over (a restart, a new leader) says it again: a 409, not a second
-    (lost,) = h.controller.unannounced_deaths()
+    (lost,) = publishing.unannounced_deaths(h.controller)
     assert lost.name == "sbx-1.uid-1.sandboxdead"
     h.clock.now = at(60 * 60)
-    assert h.controller.unannounced_deaths() == []  # past the Event TTL: no old death as news
+    assert (
+        publishing.unannounced_deaths(h.controller) == []
+    )  # past the Event TTL: no old death as news
 
 
 async def test_an_exit_heard_on_the_node_is_dead_at_once_and_a_kubelet_that_disagrees_is_said(
@@ -180,7 +194,7 @@ async def test_an_exit_heard_on_the_node_is_dead_at_once_and_a_kubelet_that_disa
         await h.settle()
         h.clock.now = at(50.2)
         heard = NodeExit(cid, 3, False, at(50.1), "node-1")
-        assert h.controller.on_node_exit(heard, read_pod(live), "9") == "judged"
+        assert node_exits.exited(h.controller, heard, read_pod(live), "9") == "judged"
         await h.settle()
         dead = h.sv()
         assert dead is not None
@@ -188,7 +202,7 @@ async def test_an_exit_heard_on_the_node_is_dead_at_once_and_a_kubelet_that_disa
                 dead["containerID"]) == ("Dead", "ContainerExited", 3, "node", cid)  # fmt: skip
         assert "heard on its node" in next(iter(h.api.events.values()))["message"]
         # the same exit again (the Lease read again after a restart): the verdict is final
-        assert h.controller.on_node_exit(heard, read_pod(live), "9") == "kubelet"
+        assert node_exits.exited(h.controller, heard, read_pod(live), "9") == "kubelet"
         writes = len(h.api.writes)
         report = pod(ready=False, ready_at=51, node="node-1",
                      containers=[terminated(code=3, finished=50, cid=cid)])  # fmt: skip
@@ -208,7 +222,7 @@ async def test_an_exit_heard_on_the_node_is_dead_at_once_and_a_kubelet_that_disa
     assert sample("deathwatch_node_exit_disputes_total", {"policy": "no-probe"}) == 1
     # an exit of a pod no record tracks, or of an instance its status does not name
     unknown = pod(uid="uid-2", name="sbx-2", containers=[running(cid=cid)])
-    assert h.controller.on_node_exit(heard, read_pod(unknown), "3") == "not-watched"
+    assert node_exits.exited(h.controller, heard, read_pod(unknown), "3") == "not-watched"
 
 
 async def test_deletion_is_gone_and_the_verdict_retires_after_its_retention() -> None:
@@ -221,9 +235,9 @@ async def test_deletion_is_gone_and_the_verdict_retires_after_its_retention() ->
         gone = h.sv()
         assert gone is not None and (gone["state"], gone["cause"]) == ("Gone", "Deleted")
         h.clock.now = at(11 + 29)
-        assert h.controller.retire() == 0
+        assert retention.retire(h.controller) == 0
         h.clock.now = at(11 + 31)
-        assert h.controller.retire() == 1
+        assert retention.retire(h.controller) == 1
         await h.settle()
     assert (SV_PLURAL, NS, "sbx-1") not in h.api.objects
     dw = h.api.status(DW_PLURAL, NS, "sandboxes")
@@ -259,11 +273,11 @@ async def test_an_exec_probe_window_closes_on_the_clock_not_on_the_next_event() 
         await h.settle()
         suspect = h.sv()
         assert suspect is not None and suspect["state"] == "Suspect"
-        assert h.controller.next_deadline() == at(14)
+        assert pods.next_deadline(h.controller) == at(14)
         h.clock.now = at(13.9)
-        h.controller.expire()
+        pods.expire(h.controller)
         h.clock.now = at(14)
-        h.controller.expire()
+        pods.expire(h.controller)
         await h.settle()
     dead = h.sv()
     assert dead is not None and (dead["state"], dead["cause"]) == ("Dead", "Unresponsive")
@@ -271,7 +285,9 @@ async def test_an_exec_probe_window_closes_on_the_clock_not_on_the_next_event() 
 
 async def test_an_invalid_deathwatch_says_which_field_on_its_status() -> None:
     async with harness() as h:
-        h.controller.on_deathwatch(None, deathwatch_body(podSelector={"matchLabels": {"a b": "x"}}))
+        owners.on_deathwatch(
+            h.controller, None, deathwatch_body(podSelector={"matchLabels": {"a b": "x"}})
+        )
         await h.settle()
     status = h.api.status(DW_PLURAL, NS, "sandboxes")
     assert status is not None
@@ -291,7 +307,9 @@ async def test_a_restarted_controller_rewrites_nothing_it_already_published() ->
     async with harness(api) as h2:
         h2.deathwatch()
         listed = [o for k, o in api.objects.items() if k[0] == SV_PLURAL]
-        assert [h2.controller.restore(as_verdict(copy.deepcopy(o))) for o in listed] == [True]
+        assert [
+            verdict_watch.restore(h2.controller, as_verdict(copy.deepcopy(o))) for o in listed
+        ] == [True]
         h2.pod(body, 3)
         await h2.settle()
     new = api.calls[writes:]
@@ -329,17 +347,17 @@ async def test_a_late_joiner_takes_the_verdict_of_a_deletion_it_did_not_see(
     writer = Writer(api, metrics, schedule=FakeTimers(), clock=clock, leading=False)
     late = core(writer, clock, metrics)
     async with workers(writer):
-        late.on_deathwatch(None, deathwatch_body())
-        assert [late.restore(as_verdict(o)) for o in alive] == [True]
-        late.listing(None)
-        late.listed(None)  # the pod is not in the listing
+        owners.on_deathwatch(late, None, deathwatch_body())
+        assert [verdict_watch.restore(late, as_verdict(o)) for o in alive] == [True]
+        pods.listing(late, None)
+        pods.listed(late, None)  # the pod is not in the listing
         record = late.records.named(NS, "sbx-1")
         assert record is not None and record.track is not None
         assert (record.track.state, record.track.cause) == (State.GONE, Cause.UNOBSERVED)
-        late.on_verdict(EventType.MODIFIED, as_verdict(copy.deepcopy(final)))
+        verdict_watch.on_verdict(late, EventType.MODIFIED, as_verdict(copy.deepcopy(final)))
         assert record.track is not None
         assert (str(record.track.state), str(record.track.cause)) == expected
-        late.republish(writer.lead(2))
+        verdict_watch.republish(late, writer.lead(2))
         await asyncio.wait_for(writer.idle(), 5)
     assert [k[0] for _, k in api.calls[writes:]] == []  # nothing written over the leader's
 
@@ -360,7 +378,9 @@ async def test_a_restored_record_is_judged_with_its_deathwatchs_settings(
     async with harness(h.api) as h2:
         if deathwatch_first:
             h2.deathwatch(agentPorts=[1234], execProbe={"windowMultiplier": 3})
-        assert [h2.controller.restore(as_verdict(copy.deepcopy(o))) for o in listed] == [True]
+        assert [
+            verdict_watch.restore(h2.controller, as_verdict(copy.deepcopy(o))) for o in listed
+        ] == [True]
         record = h2.controller.records.named(NS, "sbx-1")
         assert record is not None and record.memory is not None
         if not deathwatch_first:
@@ -379,15 +399,17 @@ async def test_a_new_deathwatch_adopts_its_idle_pods_whatever_comes_between_the_
     compared by identity, and adopted nothing (300 of 300 sandboxes with no verdict)."""
     async with harness() as h:
         c = h.controller
-        change = c.on_deathwatch(None, deathwatch_body())
+        change = owners.on_deathwatch(c, None, deathwatch_body())
         assert change is not None and change.rules is not None
         rules = change.rules
         idle = [read_pod(pod(uid=f"u{i}", name=f"idle-{i}")) for i in range(600)]
-        assert c.adopt(rules.key, rules.revision, idle[:500]) == 500  # the first page
+        assert pods.adopt(c, rules.key, rules.revision, idle[:500]) == 500  # the first page
         h.pod(pod(uid="other", name="web", labels={"app": "web"}), 3)  # the namespace churns
-        assert c.on_deathwatch("MODIFIED", deathwatch_body()) is None  # read again: same one
+        assert (
+            owners.on_deathwatch(c, "MODIFIED", deathwatch_body()) is None
+        )  # read again: same one
         h.pod(pod(uid="u7", name="idle-7", ready=False, ready_at=4), 4)  # one dies meanwhile
-        assert c.adopt(rules.key, rules.revision, idle[500:]) == 100  # the second page
+        assert pods.adopt(c, rules.key, rules.revision, idle[500:]) == 100  # the second page
         await h.settle()
         states = Counter(str((h.sv(f"idle-{i}") or {}).get("state")) for i in range(600))
     assert states == {"Alive": 599, "Dead": 1}
@@ -397,24 +419,24 @@ async def test_a_new_deathwatch_adopts_its_idle_pods_whatever_comes_between_the_
 async def test_an_adoption_for_a_superseded_version_adopts_nothing_and_the_newer_one_does() -> None:
     async with harness() as h:
         c = h.controller
-        first = c.on_deathwatch(None, deathwatch_body())
+        first = owners.on_deathwatch(c, None, deathwatch_body())
         assert first is not None and first.rules is not None
-        pods = [read_pod(pod(uid="u1", name="sbx-1", labels={"tier": "b"}))]
-        newer = c.on_deathwatch("MODIFIED", deathwatch_body(
+        listed = [read_pod(pod(uid="u1", name="sbx-1", labels={"tier": "b"}))]
+        newer = owners.on_deathwatch(c, "MODIFIED", deathwatch_body(
             generation=2, podSelector={"matchLabels": {"tier": "b"}}))  # fmt: skip
         assert newer is not None and newer.rules is not None
-        assert c.adopt(first.key, first.rules.revision, pods) == 0  # listed for generation 1
-        assert c.adopt(newer.key, newer.rules.revision, pods) == 1
+        assert pods.adopt(c, first.key, first.rules.revision, listed) == 0  # for generation 1
+        assert pods.adopt(c, newer.key, newer.rules.revision, listed) == 1
 
 
 async def test_a_pod_deleted_while_it_was_being_listed_is_not_adopted() -> None:
     async with harness() as h:
         c = h.controller
-        change = c.on_deathwatch(None, deathwatch_body())
+        change = owners.on_deathwatch(c, None, deathwatch_body())
         assert change is not None and change.rules is not None
         listed = read_pod(pod())
         h.pod(pod(deletion_at=3), 4, event=EventType.DELETED)  # its DELETED came before the page
-        assert c.adopt(change.key, change.rules.revision, [listed]) == 0
+        assert pods.adopt(c, change.key, change.rules.revision, [listed]) == 0
 
 
 async def test_an_older_event_behind_a_newer_listing_is_not_judged() -> None:
@@ -424,19 +446,21 @@ async def test_an_older_event_behind_a_newer_listing_is_not_judged() -> None:
     under load). Each pod's newest state judged is kept; an older one comes to nothing."""
     async with harness() as h:
         c = h.controller
-        change = c.on_deathwatch(None, deathwatch_body())
+        change = owners.on_deathwatch(c, None, deathwatch_body())
         assert change is not None and change.rules is not None
         listed = read_pod(pod())
-        assert c.adopt(change.key, change.rules.revision, [listed], {"uid-1": "12"}) == 1
+        assert pods.adopt(c, change.key, change.rules.revision, [listed], {"uid-1": "12"}) == 1
         created = pod(ready=None, phase="Pending", containers=[])
-        c.on_pod(EventType.ADDED, read_pod(created), None, "10")
-        c.on_pod(EventType.MODIFIED, read_pod(pod()), None, "11")
+        pods.on_pod(c, EventType.ADDED, read_pod(created), None, "10")
+        pods.on_pod(c, EventType.MODIFIED, read_pod(pod()), None, "11")
         await h.settle()
         assert (h.sv() or {}).get("state") == "Alive"
-        c.on_pod(EventType.MODIFIED, read_pod(pod()), None, "12")  # the same state: changes nothing
+        pods.on_pod(
+            c, EventType.MODIFIED, read_pod(pod()), None, "12"
+        )  # the same state: changes nothing
         h.clock.now = at(50)
         dies = pod(ready=False, ready_at=50, phase="Failed", containers=[terminated(code=3)])
-        c.on_pod(EventType.MODIFIED, read_pod(dies), None, "13")
+        pods.on_pod(c, EventType.MODIFIED, read_pod(dies), None, "13")
         await h.settle()
         assert ((h.sv() or {}).get("state"), (h.sv() or {}).get("cause")) == (
             "Dead",
@@ -472,10 +496,10 @@ async def test_a_standby_owes_digests_and_a_takeover_says_only_what_differs() ->
     writer = Writer(api, metrics, schedule=FakeTimers(), clock=clock, leading=False)
     c = core(writer, clock, metrics)
     async with workers(writer):
-        c.on_deathwatch(None, deathwatch_body())
+        owners.on_deathwatch(c, None, deathwatch_body())
         for i in range(3):
             clock.now = at(2)
-            c.on_pod(EventType.MODIFIED, read_pod(pod(uid=f"u{i}", name=f"sbx-{i}")))
+            pods.on_pod(c, EventType.MODIFIED, read_pod(pod(uid=f"u{i}", name=f"sbx-{i}")))
         # the leader wrote sbx-0 and sbx-1 as we judge them (but for its own times)
         for i in (0, 1):
             status = api.objects[(SV_PLURAL, NS, f"sbx-{i}")] = {
@@ -486,12 +510,12 @@ async def test_a_standby_owes_digests_and_a_takeover_says_only_what_differs() ->
             assert record is not None and track is not None
             written = documents.verdict_status(track, None, transitions=record.transitions)
             status["status"] = {**to_document(written), "term": 1}
-            c.on_verdict(EventType.MODIFIED, Verdict(NS, f"sbx-{i}", api.version(SV_PLURAL, NS, f"sbx-{i}"),
+            verdict_watch.on_verdict(c, EventType.MODIFIED, Verdict(NS, f"sbx-{i}", api.version(SV_PLURAL, NS, f"sbx-{i}"),
                                                  "sandboxes", {}, status["status"]))  # fmt: skip
         assert api.calls == []  # a standby sends nothing
         owed = writer.lead(2)
         assert [k[2] for k in owed] == ["sbx-2"]
-        c.republish(owed)
+        verdict_watch.republish(c, owed)
         await asyncio.wait_for(writer.idle(), 5)
     assert [(op, k[2]) for op, k in api.calls] == [("create", "sbx-2"), ("replace_status", "sbx-2")]
 
@@ -535,10 +559,10 @@ def test_counts_kept_by_difference_equal_a_recount(script: list[tuple[int, str]]
                 else:
                     record = h.controller.records.get(uid)
                     if record is not None:
-                        h.controller.gone(record, at(t))
+                        pods.gone(h.controller, record, at(t))
                 if i == 0 and what == "gone":
                     h.clock.now = at(t + 7200)
-                    h.controller.retire()
+                    retention.retire(h.controller)
             c = h.controller
             summary = c.summaries[(NS, "sandboxes")]
             tracks = [r.track for r in c.records if r.track is not None]

@@ -25,8 +25,8 @@ from deathwatch._operator.delivery.events import (
     Outcome,
     backoff,
     event_id,
-    judge,
     outgoing,
+    read_answer,
     request,
     retry_after,
 )
@@ -141,15 +141,17 @@ def test_ids_are_stable_per_verdict_and_transition() -> None:
 
 
 def test_what_each_answer_means() -> None:
-    assert judge(204, {}, NOW) == Answer(Outcome.DELIVERED, "2xx")
-    assert judge(400, {}, NOW).outcome is Outcome.REFUSED
-    assert judge(410, {}, NOW).outcome is Outcome.REFUSED
-    assert judge(308, {"Location": "http://elsewhere"}, NOW).outcome is Outcome.REFUSED
-    assert judge(408, {}, NOW) == Answer(Outcome.RETRY, "408")
-    assert judge(500, {"Retry-After": "9"}, NOW) == Answer(Outcome.RETRY, "500")  # not a 429/503
-    assert judge(429, {"Retry-After": "7"}, NOW) == Answer(Outcome.RETRY, "429", 7.0)
+    assert read_answer(204, {}, NOW) == Answer(Outcome.DELIVERED, "2xx")
+    assert read_answer(400, {}, NOW).outcome is Outcome.REFUSED
+    assert read_answer(410, {}, NOW).outcome is Outcome.REFUSED
+    assert read_answer(308, {"Location": "http://elsewhere"}, NOW).outcome is Outcome.REFUSED
+    assert read_answer(408, {}, NOW) == Answer(Outcome.RETRY, "408")
+    assert read_answer(500, {"Retry-After": "9"}, NOW) == Answer(
+        Outcome.RETRY, "500"
+    )  # not a 429/503
+    assert read_answer(429, {"Retry-After": "7"}, NOW) == Answer(Outcome.RETRY, "429", 7.0)
     date = "Wed, 02 Dec 2026 10:00:30 GMT"
-    assert judge(503, {"Retry-After": date}, NOW) == Answer(Outcome.RETRY, "503", 30.0)
+    assert read_answer(503, {"Retry-After": date}, NOW) == Answer(Outcome.RETRY, "503", 30.0)
     assert retry_after("999999", NOW) == 3600.0 and retry_after("soon", NOW) is None
     assert retry_after("Wed, 02 Dec 2026 09:00:00 GMT", NOW) == 0.0
     assert [backoff(n, 0.999) for n in (0, 1, 4, 30)] == pytest.approx(
@@ -235,8 +237,9 @@ def test_deliveries_owe_each_sink_what_it_wants_and_no_mark_covers(tmp_path: Pat
 # --- the controller's side: owed on a transition, built from the record, marked back ----------
 
 from deathwatch._engine.podview import read_pod  # noqa: E402
+from deathwatch._operator import delivery_bridge, owners, pods, retention, verdict_watch  # noqa: E402
 from deathwatch._operator.agent_sandboxes import AgentSandboxes  # noqa: E402
-from deathwatch._operator.controller import Controller, Firewall, Verdict  # noqa: E402
+from deathwatch._operator.core import Core, Firewall  # noqa: E402
 from deathwatch._operator.deathwatches import DeathWatches  # noqa: E402
 from deathwatch._operator.delivery.outbox import Ended  # noqa: E402
 from deathwatch._operator.metrics import Metrics  # noqa: E402
@@ -244,6 +247,7 @@ from deathwatch._operator.records import Records  # noqa: E402
 from deathwatch._operator.reflector import EventType  # noqa: E402
 from deathwatch._operator.resources import DW_PLURAL, SV_PLURAL  # noqa: E402
 from deathwatch._operator.summary import Summaries  # noqa: E402
+from deathwatch._operator.verdict_watch import Verdict  # noqa: E402
 from deathwatch._operator.writer import Writer  # noqa: E402
 from deathwatch._policies import default_registry  # noqa: E402
 from tests.builders import at, pod, terminated  # noqa: E402
@@ -252,28 +256,26 @@ from tests.unit.test_core import NS, Clock, deathwatch_body  # noqa: E402
 from tests.writer_driver import workers  # noqa: E402
 
 
-def controller(
-    writer: Writer, clock: Clock, metrics: Metrics, max_age: float = 3600.0
-) -> Controller:
+def controller(writer: Writer, clock: Clock, metrics: Metrics, max_age: float = 3600.0) -> Core:
     registry = default_registry()
     sinks = config.DeliveryConfig("prod", (
         config.Sink("billing", "https://b", Path("/"), frozenset({State.DEAD}), "structured",
                     frozenset(), 30.0, 2, max_age),
     ))  # fmt: skip
-    return Controller(
+    return Core(
         deathwatches=DeathWatches(registry), records=Records(), policies=registry,
         summaries=Summaries(), writer=writer, metrics=metrics, firewall=Firewall(None, None),
-        agent_sandboxes=AgentSandboxes(), fresh=lambda: None, stale_after=90.0, clock=clock,
+        agent_sandboxes=AgentSandboxes(), clock=clock,
         deliveries=Deliveries(sinks),
     )  # fmt: skip
 
 
-def died(c: Controller, clock: Clock) -> None:
-    c.on_deathwatch(None, deathwatch_body())
+def died(c: Core, clock: Clock) -> None:
+    owners.on_deathwatch(c, None, deathwatch_body())
     clock.now = at(2)
-    c.on_pod(EventType.MODIFIED, read_pod(pod(ready=True, ready_at=2, node="n1")))
+    pods.on_pod(c, EventType.MODIFIED, read_pod(pod(ready=True, ready_at=2, node="n1")))
     clock.now = at(50)
-    c.on_pod(EventType.MODIFIED, read_pod(pod(ready=False, ready_at=50, phase="Failed",
+    pods.on_pod(c, EventType.MODIFIED, read_pod(pod(ready=False, ready_at=50, phase="Failed",
                                               containers=[terminated(code=7)], node="n1")))  # fmt: skip
 
 
@@ -284,15 +286,15 @@ async def test_a_death_is_owed_built_from_the_record_and_its_mark_written_back()
     writer = Writer(api, metrics, schedule=FakeTimers(), clock=clock)
     async with workers(writer):
         c = controller(writer, clock, metrics)
-        c.on_deathwatch(None, deathwatch_body())
+        owners.on_deathwatch(c, None, deathwatch_body())
         clock.now = at(2)
-        c.on_pod(EventType.MODIFIED, read_pod(pod(ready=True, ready_at=2, node="n1")))
+        pods.on_pod(c, EventType.MODIFIED, read_pod(pod(ready=True, ready_at=2, node="n1")))
         box = c.deliveries.sinks["billing"]
         assert box.owed == {}  # Alive: this sink wants Dead only
         died(c, clock)
         ((uid, owed),) = box.owed.items()
         assert owed.state is State.DEAD and owed.sequence == 2  # Pending->Alive, Alive->Dead
-        out = c.outgoing(uid, "billing", owed)
+        out = delivery_bridge.outgoing(c, uid, "billing", owed)
         assert out is not None and out.id == f"{uid}/dead" and out.sequence == 2
         event = msgspec.json.decode(out.data, type=VerdictDocument)
         assert (event.state, event.cause, event.evidence.exit_code) == (State.DEAD,
@@ -301,7 +303,7 @@ async def test_a_death_is_owed_built_from_the_record_and_its_mark_written_back()
         await asyncio.wait_for(writer.idle(), 5)
         mark = DeliveryMark(sink="billing", id=out.id, sequence=2, state=State.DEAD,
                             outcome=DeliveryOutcome.DELIVERED, at=clock.now)  # fmt: skip
-        c.delivered(Ended(uid, mark))
+        delivery_bridge.delivered(c, Ended(uid, mark))
         await asyncio.wait_for(writer.idle(), 5)
         assert box.owed == {} and not c.deliveries.owes(uid)
     written = api.status(SV_PLURAL, NS, "sbx-1")
@@ -312,16 +314,18 @@ async def test_a_death_is_owed_built_from_the_record_and_its_mark_written_back()
     api2 = FakeApi()
     writer2 = Writer(api2, Metrics(), schedule=FakeTimers(), clock=clock, leading=False)
     c2 = controller(writer2, clock, Metrics())
-    assert c2.restore(Verdict(NS, "sbx-1", "5", "sandboxes", {}, written))
+    assert verdict_watch.restore(c2, Verdict(NS, "sbx-1", "5", "sandboxes", {}, written))
     assert not c2.deliveries.owes(uid)
     unmarked = {k: v for k, v in written.items() if k != "delivery"}
     c3 = controller(Writer(FakeApi(), Metrics(), schedule=FakeTimers(), clock=clock), clock,
                     Metrics())  # fmt: skip
-    assert c3.restore(Verdict(NS, "sbx-1", "5", "sandboxes", {}, unmarked))
+    assert verdict_watch.restore(c3, Verdict(NS, "sbx-1", "5", "sandboxes", {}, unmarked))
     assert c3.deliveries.owes(uid)
     # a standby owing it levels with the leader's mark as its watch shows it
     c3.writer.standby()
-    c3.on_verdict(EventType.MODIFIED, Verdict(NS, "sbx-1", "6", "sandboxes", {}, written))
+    verdict_watch.on_verdict(
+        c3, EventType.MODIFIED, Verdict(NS, "sbx-1", "6", "sandboxes", {}, written)
+    )
     assert not c3.deliveries.owes(uid)
 
 
@@ -336,19 +340,19 @@ async def test_a_verdict_owed_to_a_sink_outlives_its_retention_until_the_sinks_m
         c = controller(writer, clock, metrics, max_age=7200.0)
         died(c, clock)
         clock.now = at(60)
-        c.on_pod(EventType.DELETED, read_pod(pod(ready=False, ready_at=50, phase="Failed",
+        pods.on_pod(c, EventType.DELETED, read_pod(pod(ready=False, ready_at=50, phase="Failed",
                                                  containers=[terminated(code=7)], node="n1")))  # fmt: skip
         await asyncio.wait_for(writer.idle(), 5)
         clock.now = at(60 + 3600 + 1)  # past the retention (1 h): still owed, kept
-        assert c.retire() == 0 and api.status(SV_PLURAL, NS, "sbx-1") is not None
+        assert retention.retire(c) == 0 and api.status(SV_PLURAL, NS, "sbx-1") is not None
         clock.now = at(50 + 7200 + 1)  # past the sink's maxAge: given up, said, counted
-        assert c.retire() == 0
+        assert retention.retire(c) == 0
         await asyncio.wait_for(writer.idle(), 5)
         written = api.status(SV_PLURAL, NS, "sbx-1")
         assert written is not None
         assert [(m["sink"], m["outcome"]) for m in written["delivery"]] == [("billing", "Expired")]
         expired = {"sink": "billing", "outcome": "expired"}
         assert metrics.registry.get_sample_value("deathwatch_delivery_events_total", expired) == 1
-        assert c.retire() == 1
+        assert retention.retire(c) == 1
         await asyncio.wait_for(writer.idle(), 5)
     assert api.status(SV_PLURAL, NS, "sbx-1") is None

@@ -656,7 +656,7 @@ def test_an_uninstall_whose_rbac_went_first_is_told_by_the_daemonsets_watch() ->
 
     from deathwatch._kube.errors import ApiError as KubeApiError
     from deathwatch._kube.listwatch import Item, Listed, Noted
-    from deathwatch.firewall.uninstall import DaemonSetWatch, judge
+    from deathwatch.firewall.uninstall import DaemonSetWatch, assess
 
     class Refused:
         def call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
@@ -667,19 +667,19 @@ def test_an_uninstall_whose_rbac_went_first_is_told_by_the_daemonsets_watch() ->
     watch = DaemonSetWatch(api, "deathwatch-system", "deathwatch-firewall",
                            lambda: failures.append(1), threading.Event())  # fmt: skip
     ds = msgspec.Raw(json.dumps({"metadata": {"name": "deathwatch-firewall"}}).encode())
-    assert judge(api, "deathwatch-system", "deathwatch-firewall", watch).uninstalling is False
+    assert assess(api, "deathwatch-system", "deathwatch-firewall", watch).uninstalling is False
     watch.handle(Item("LISTED", ds, "1"))
     watch.handle(Listed("1", 1))
-    assert judge(api, "deathwatch-system", "deathwatch-firewall", watch).uninstalling is False
+    assert assess(api, "deathwatch-system", "deathwatch-firewall", watch).uninstalling is False
     watch.handle(Item("DELETED", ds, "2"))
-    seen = judge(api, "deathwatch-system", "deathwatch-firewall", watch)
+    seen = assess(api, "deathwatch-system", "deathwatch-firewall", watch)
     assert seen.uninstalling and "403" in seen.why and "deleted (seen on its watch)" in seen.why
     # deleted and made again (orphaning its pods, to change its selector): it stands
     watch.handle(Item("ADDED", ds, "3"))
-    assert judge(api, "deathwatch-system", "deathwatch-firewall", watch).uninstalling is False
+    assert assess(api, "deathwatch-system", "deathwatch-firewall", watch).uninstalling is False
     # a relisting that finds none by its name: gone
     watch.handle(Listed("4", 0))
-    assert judge(api, "deathwatch-system", "deathwatch-firewall", watch).uninstalling is True
+    assert assess(api, "deathwatch-system", "deathwatch-firewall", watch).uninstalling is True
     watch.handle(Noted("failed", KubeApiError(500, "InternalError"), 1.0))
     assert failures == [1]
 

@@ -122,7 +122,7 @@ def test_the_controller_requires_what_it_imports(wheels: dict[str, Path]) -> Non
 
 def test_the_shared_part_requires_what_it_imports_and_no_client(wheels: dict[str, Path]) -> None:
     requires = {IMPORT_NAME.get(r, r) for r in _requires(wheels["deathwatch_kube"])}
-    assert requires == {"msgspec", "prometheus_client", "cryptography"}, requires
+    assert requires == {"msgspec", "prometheus_client", "cryptography", "structlog"}, requires
     assert _third_party(ROOT / "kube" / "src") - {"deathwatch-kube"} == requires
 
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deathwatch._operator import sharding
+from deathwatch._operator import slots
 
 # `go run` of hash/fnv.New64a over these strings (tests/apiserver/test_shards.py runs it live)
 GO_FNV1A64 = {
@@ -25,58 +25,58 @@ GO_FNV1A64 = {
 
 def test_the_hash_is_gos_fnv1a64_and_the_slot_its_top_six_bits() -> None:
     for value, expected in GO_FNV1A64.items():
-        assert sharding.fnv1a64(value) == expected, value
-    assert sharding.slot_of("3f1c2a9e-8b7d-4c6e-9f10-2a3b4c5d6e7f") == 0x51B7BCB5B376665A >> 58
+        assert slots.fnv1a64(value) == expected, value
+    assert slots.slot_of("3f1c2a9e-8b7d-4c6e-9f10-2a3b4c5d6e7f") == 0x51B7BCB5B376665A >> 58
 
 
 @pytest.mark.parametrize("shards", [1, 2, 3, 4, 5, 7, 64])
 def test_n_shards_partition_the_slots_in_runs(shards: int) -> None:
-    owned = [sharding.assign(i, shards) for i in range(shards)]
+    owned = [slots.assign(i, shards) for i in range(shards)]
     assert sorted(s for o in owned for s in o) == list(range(64))  # each slot exactly once
-    assert all(len(sharding.runs(o)) == 1 for o in owned)  # one range each: one shardRange()
+    assert all(len(slots.runs(o)) == 1 for o in owned)  # one range each: one shardRange()
     assert max(map(len, owned)) - min(map(len, owned)) <= 1
     with pytest.raises(ValueError, match="expected 0 <= shard < shards"):
-        sharding.assign(shards, shards)
+        slots.assign(shards, shards)
 
 
 def test_the_selector_is_what_the_api_server_echoes() -> None:
-    assert sharding.selector(range(64)) == ""
-    assert sharding.selector(sharding.assign(0, 2)) == (
+    assert slots.selector(range(64)) == ""
+    assert slots.selector(slots.assign(0, 2)) == (
         "shardRange(object.metadata.uid, '0x0000000000000000', '0x8000000000000000')"
     )
-    assert sharding.selector(sharding.assign(3, 4)) == (
+    assert slots.selector(slots.assign(3, 4)) == (
         "shardRange(object.metadata.uid, '0xc000000000000000', '0x10000000000000000')"
     )
     # a reshard's holes: one range per run, joined as the server joins them
-    assert sharding.selector({0, 1, 5}) == (
+    assert slots.selector({0, 1, 5}) == (
         "shardRange(object.metadata.uid, '0x0000000000000000', '0x0800000000000000') || "
         "shardRange(object.metadata.uid, '0x1400000000000000', '0x1800000000000000')"
     )
 
 
 @given(st.frozensets(st.integers(0, 63)))
-def test_slots_read_back_from_their_description(slots: frozenset[int]) -> None:
-    assert sharding.parse(sharding.describe(slots)) == slots
+def test_slots_read_back_from_their_description(owned: frozenset[int]) -> None:
+    assert slots.parse(slots.describe(owned)) == owned
 
 
 @given(st.uuids())
 def test_a_uid_is_in_the_range_of_its_slot(uid: object) -> None:
     text = str(uid)
-    slot = sharding.slot_of(text)
+    slot = slots.slot_of(text)
     low, high = slot << 58, (slot + 1) << 58
-    assert low <= sharding.fnv1a64(text) < high
+    assert low <= slots.fnv1a64(text) < high
 
 
 def test_a_bad_slot_description_names_the_part() -> None:
     with pytest.raises(ValueError, match="'64' is outside 0-63"):
-        sharding.parse("0-3,64")
+        slots.parse("0-3,64")
     with pytest.raises(ValueError, match="'x' is not a slot"):
-        sharding.parse("x")
+        slots.parse("x")
 
 
-# --- who owns which slots: the shards' Leases (shards.py) -----------------------------------
+# --- who owns which slots: the shards' Leases (slot_claims.py) -----------------------------------
 
-from deathwatch._operator.shards import (  # noqa: E402
+from deathwatch._operator.slot_claims import (  # noqa: E402
     ALL,
     Claim,
     Spec,
@@ -176,14 +176,15 @@ def assign_all(i: int, n: int) -> frozenset[int]:
 import asyncio  # noqa: E402
 
 from deathwatch._engine.podview import read_pod  # noqa: E402
+from deathwatch._operator import owners, pods, publishing  # noqa: E402
 from deathwatch._operator.agent_sandboxes import AgentSandboxes  # noqa: E402
-from deathwatch._operator.controller import Controller, Firewall  # noqa: E402
+from deathwatch._operator.core import Core, Firewall, ShardFilter  # noqa: E402
 from deathwatch._operator.deathwatches import DeathWatches  # noqa: E402
 from deathwatch._operator.metrics import Metrics  # noqa: E402
 from deathwatch._operator.records import Records  # noqa: E402
 from deathwatch._operator.reflector import EventType  # noqa: E402
 from deathwatch._operator.resources import DW_PLURAL, SV_PLURAL  # noqa: E402
-from deathwatch._operator.sharding import assign, slot_of  # noqa: E402
+from deathwatch._operator.slots import assign, slot_of  # noqa: E402
 from deathwatch._operator.summary import Summaries  # noqa: E402
 from deathwatch._operator.writer import Writer  # noqa: E402
 from deathwatch._policies import default_registry  # noqa: E402
@@ -205,19 +206,17 @@ def uids_in(slots: frozenset[int], n: int) -> list[str]:
     return found
 
 
-def shard_controller(
-    api: FakeApi, index: int, count: int, clock: Clock
-) -> tuple[Controller, Writer]:
+def shard_controller(api: FakeApi, index: int, count: int, clock: Clock) -> tuple[Core, Writer]:
     spec = Spec(index, count, 3)
     owned = spec.slots
     writer = Writer(api, Metrics(), schedule=FakeTimers(), clock=clock,
                     owns=lambda slot: slot is None or slot in owned)  # fmt: skip
     registry = default_registry()
-    c = Controller(
+    c = Core(
         deathwatches=DeathWatches(registry), records=Records(), policies=registry,
         summaries=Summaries(), writer=writer, metrics=Metrics(), firewall=Firewall(None, None),
-        agent_sandboxes=AgentSandboxes(), fresh=lambda: True, stale_after=90.0, clock=clock,
-        leader=lambda: f"pod-{index}", shard=spec, owned=lambda: owned,
+        agent_sandboxes=AgentSandboxes(), clock=clock,
+        shards=ShardFilter(spec, lambda: owned),
     )  # fmt: skip
     return c, writer
 
@@ -229,11 +228,11 @@ async def test_each_shard_judges_its_slots_labels_its_verdicts_and_shard_0_sums_
     mine0, mine1 = uids_in(assign(0, 2), 3), uids_in(assign(1, 2), 2)
     async with workers(w0), workers(w1):
         for c in (c0, c1):
-            c.on_deathwatch(None, deathwatch_body())
+            owners.on_deathwatch(c, None, deathwatch_body())
         clock.now = at(2)
         for i, uid in enumerate(mine0 + mine1):
             for c in (c0, c1):  # every shard's watch, as if the server filtered nothing
-                c.on_pod(EventType.MODIFIED, read_pod(pod(uid=uid, name=f"sbx-{i}")))
+                pods.on_pod(c, EventType.MODIFIED, read_pod(pod(uid=uid, name=f"sbx-{i}")))
         assert {r.uid for r in c0.records} == set(mine0)
         assert {r.uid for r in c1.records} == set(mine1)
         assert c0.metrics.registry.get_sample_value("deathwatch_shard_filtered_total",
@@ -243,12 +242,12 @@ async def test_each_shard_judges_its_slots_labels_its_verdicts_and_shard_0_sums_
             labels = api.labels(SV_PLURAL, NS, f"sbx-{i}")
             assert labels["deathwatch.dev/slot"] == str(slot_of(uid)), labels
         # each its part; shard 0 the totals, from the part shard 1 wrote (as kopf shows it)
-        c1.publish()
+        publishing.publish(c1, publishing.Liveness(leader=lambda: "pod-1"))
         await asyncio.wait_for(w1.idle(), 5)
-        c0.on_deathwatch(
-            None, {**deathwatch_body(), "status": api.status(DW_PLURAL, NS, "sandboxes")}
+        owners.on_deathwatch(
+            c0, None, {**deathwatch_body(), "status": api.status(DW_PLURAL, NS, "sandboxes")}
         )
-        c0.publish()
+        publishing.publish(c0, publishing.Liveness(leader=lambda: "pod-0"))
         await asyncio.wait_for(w0.idle(), 5)
     status = api.status(DW_PLURAL, NS, "sandboxes")
     assert status is not None

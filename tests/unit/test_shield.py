@@ -16,7 +16,7 @@ from deathwatch._operator.shield import (
     NodeCoverage,
     ShieldReason,
     Sighting,
-    judge,
+    assess,
     read_lease,
     sight,
 )
@@ -78,7 +78,7 @@ def test_judge_names_why_a_sandbox_is_not_shielded() -> None:
         node: str | None = "node-a",
         observed: bool = True,
     ) -> tuple[ConditionStatus, str]:
-        s = judge(node, ips, ports, coverage, seen if coverage else None, now, observed)
+        s = assess(node, ips, ports, coverage, seen if coverage else None, now, observed)
         return s.status, s.reason
 
     t, f, u = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOWN
@@ -102,12 +102,12 @@ def test_judge_names_why_a_sandbox_is_not_shielded() -> None:
     assert reason(claim(measured="bypassed")) == (f, ShieldReason.RULE_BYPASSED)
     for measured in ("verified", "inconclusive", "none", ""):  # "": an agent older than it
         assert reason(claim(measured=measured)) == (t, ShieldReason.IN_FORCE)
-    verified = judge("node-a", ("10.244.1.2",), (49983,), claim(measured="verified"), seen,
+    verified = assess("node-a", ("10.244.1.2",), (49983,), claim(measured="verified"), seen,
                      101.0, True)  # fmt: skip
     assert verified.message.endswith("refused by it (measured)")
     # a node that audits (ADR 0027): not shielded, on purpose: neither uncovered nor exposed
     assert reason(claim(mode="audit")) == (f, ShieldReason.AUDIT)
-    audited = judge("node-a", ("10.244.1.2",), (49983,), claim(mode="audit"), seen, 101.0, True)
+    audited = assess("node-a", ("10.244.1.2",), (49983,), claim(mode="audit"), seen, 101.0, True)
     assert audited.audited and not audited.exposed
     assert "deathwatch_firewall_audited_connections_total" in audited.message
     assert reason(claim(mode="audit", rule_in_force=False)) == (f, ShieldReason.RULE_MISSING)
@@ -123,7 +123,7 @@ def test_an_audit_nodes_sandboxes_are_counted_apart_and_leave_it_covered() -> No
     track = Track(uid="u", namespace="ns", name="p", policy="no-probe", state=State.ALIVE)
     summaries = Summaries()
     for node, mode in (("node-a", "audit"), ("node-b", "enforce")):
-        shield = judge(node, ("10.244.1.2",), (49983,), claim(mode=mode), seen, 101.0, True)
+        shield = assess(node, ("10.244.1.2",), (49983,), claim(mode=mode), seen, 101.0, True)
         summaries.apply(("ns", "dw"), None, facts(track, shield, node))
     assert summaries.nodes == {("node-a", "Audit"): 1, ("node-b", "True"): 1}
     assert summaries[("ns", "dw")].uncovered_nodes() == []
@@ -145,7 +145,7 @@ def test_hosts_the_agent_cannot_tell_from_pods_are_said_on_its_lease() -> None:
     assert unknown(Hosts((), None)) == "*"  # the nodes were never listed
     assert unknown(Hosts((), tuple(f"n{i:02}" for i in range(25)))).endswith(",n19,+5")
     assert unknown(Hosts((), None), inbound=False) == ""
-    shield = judge("node-a", ("10.244.1.2",), (49983,), claim(hosts_unknown="node-b,node-c"),
+    shield = assess("node-a", ("10.244.1.2",), (49983,), claim(hosts_unknown="node-b,node-c"),
                    Sighting("t", 100.0, 1.0), 101.0, True)  # fmt: skip
     assert "nodes node-b, node-c" in shield.message
     assert config.inbound
@@ -190,12 +190,12 @@ def test_pod_ranges_learned_from_the_nodes_and_when_the_inbound_rule_waits_for_t
     assert both.pod_ranges_unknown == ""
     assert set(both.pod_cidrs) == {ipaddress.ip_network("10.244.0.0/16"),
                                    ipaddress.ip_network("10.42.0.0/23")}  # fmt: skip
-    shield = judge("node-a", ("10.42.0.7",), (49983,), some, Sighting("t", 100.0, 1.0), 101.0,
+    shield = assess("node-a", ("10.42.0.7",), (49983,), some, Sighting("t", 100.0, 1.0), 101.0,
                    True)  # fmt: skip
     assert shield.reason == ShieldReason.POD_RANGES_UNKNOWN
     assert "nodes without spec.podCIDRs: node-c" in shield.message
     assert "set firewall.podCIDRs" in shield.message
-    outside = judge("node-a", ("192.168.3.4",), (49983,), every, Sighting("t", 100.0, 1.0),
+    outside = assess("node-a", ("192.168.3.4",), (49983,), every, Sighting("t", 100.0, 1.0),
                     101.0, True)  # fmt: skip
     assert outside.reason == ShieldReason.OUTSIDE_POD_RANGES
     assert "192.168.3.4 is in no pod range the firewall on node-a knows (10.42.0.0/23)" in (
@@ -216,18 +216,18 @@ def test_a_node_no_lease_was_read_for_since_its_first_sandbox_waits_for_the_next
     assert coverage.changed_nodes() is None  # readable now: everything
     now[0] = 101.0
     # nothing to say yet (a restored shield stands, a new sandbox has none for now)
-    assert coverage.judge("node-a", ("10.244.1.2",), frozenset({49983})) is None
+    assert coverage.shield_of("node-a", ("10.244.1.2",), frozenset({49983})) is None
     now[0] = 105.0
     coverage.read([lease], NOW + timedelta(seconds=5))  # its first Lease, read
     assert "node-a" in (coverage.changed_nodes() or set())  # judged again
-    shield = coverage.judge("node-a", ("10.244.1.2",), frozenset({49983}))
+    shield = coverage.shield_of("node-a", ("10.244.1.2",), frozenset({49983}))
     assert shield is not None and shield.reason == ShieldReason.IN_FORCE
     # a node with truly no agent: NoAgent after the read that follows its first sandbox
     now[0] = 106.0
-    assert coverage.judge("node-b", ("10.244.2.2",), frozenset({49983})) is None
+    assert coverage.shield_of("node-b", ("10.244.2.2",), frozenset({49983})) is None
     now[0] = 110.0
     coverage.read([lease], NOW + timedelta(seconds=10))
     assert "node-b" in (coverage.changed_nodes() or set())
-    alone = coverage.judge("node-b", ("10.244.2.2",), frozenset({49983}))
+    alone = coverage.shield_of("node-b", ("10.244.2.2",), frozenset({49983}))
     assert alone is not None and alone.reason == ShieldReason.NO_AGENT and alone.exposed
     assert coverage.changed_nodes() == set()  # settled: not again

@@ -23,7 +23,7 @@ it was not looking arrives as one `Change` with `deleted=True`. Every request ha
 treated as dropped.
 
 Dead and Gone are final for a pod: a Dead verdict is never taken back (the CRD refuses it),
-and a Gone pod cannot die. `wait_for` raises `Unreachable` as soon as the verdict is final
+and a Gone pod cannot die. `wait_for` raises `NeverReached` as soon as the verdict is final
 and not one of the states asked for, and `TimeoutError` at the deadline.
 
 A platform that receives verdicts as CloudEvents (`--delivery-config`; docs/delivery.md, "Delivering
@@ -80,6 +80,7 @@ __all__ = [
     "CredentialError",
     "DisruptionStatus",
     "KubeconfigError",
+    "NeverReached",
     "NoAnswer",
     "Origin",
     "State",
@@ -99,8 +100,10 @@ log = structlog.get_logger("deathwatch.client")
 T = TypeVar("T")
 
 
-class Unreachable(Exception):
-    """The verdict is final and not what was waited for (a Gone pod can never be Dead)."""
+class NeverReached(Exception):
+    """The verdict is final and not what was waited for (a Gone pod can never be Dead).
+    Called `Unreachable` before 0.x (an alias is kept): that name is the API error of a call
+    that got no answer (`deathwatch._kube.errors.Unreachable`), a different thing."""
 
     def __init__(self, verdict: Verdict, wanted: Collection[State]) -> None:
         want = "|".join(sorted(s.value for s in wanted))
@@ -109,6 +112,9 @@ class Unreachable(Exception):
             f"{f' ({verdict.cause.value})' if verdict.cause else ''}: it can never be {want}"
         )
         self.verdict = verdict
+
+
+Unreachable = NeverReached  # deprecated: the name it had (CHANGELOG)
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,7 +351,7 @@ class Client:
         states: Collection[State],
         timeout: float,  # noqa: ASYNC109 - the deadline of the whole wait, the caller's word
     ) -> Verdict:
-        """The verdict once its state is one of `states`. Raises `Unreachable` when it is
+        """The verdict once its state is one of `states`. Raises `NeverReached` when it is
         final and not one of them, `TimeoutError` after `timeout` seconds."""
         wanted = frozenset(states)
 
@@ -357,7 +363,7 @@ class Client:
                 if v.state in wanted:
                     return v
                 if v.final:
-                    raise Unreachable(v, wanted)
+                    raise NeverReached(v, wanted)
             raise AssertionError("a watch does not end")  # pragma: no cover
 
         return await asyncio.wait_for(reached(), timeout)
@@ -375,7 +381,7 @@ class Client:
         timeout: float,  # noqa: ASYNC109 - the deadline of the whole wait, the caller's word
     ) -> Verdict:
         """The verdict of the Sandbox's current pod once its state is one of `states`.
-        Raises `Unreachable` when no pod of it can ever be in them: a pod that is Dead (its
+        Raises `NeverReached` when no pod of it can ever be in them: a pod that is Dead (its
         Sandbox leaves a failed pod in place) or Gone because the Sandbox expired; a
         suspended or re-created Sandbox's next pod is waited for."""
         wanted = frozenset(states)
@@ -394,7 +400,7 @@ class Client:
                 if v.state in wanted:
                     return v
                 if v.state is State.DEAD or (v.state is State.GONE and v.cause in _SANDBOX_ENDS):
-                    raise Unreachable(v, wanted)
+                    raise NeverReached(v, wanted)
             raise AssertionError("a watch does not end")  # pragma: no cover
 
         return await asyncio.wait_for(reached(), timeout)

@@ -14,7 +14,8 @@ import structlog
 from deathwatch._engine.podview import MalformedPod, PodView, decode_pod
 from deathwatch._kube.errors import describe, label
 from deathwatch._kube.listwatch import Item, ListWatch, Noted, outputs
-from deathwatch._operator.controller import Controller
+from deathwatch._operator import owners, pods
+from deathwatch._operator.core import Core
 from deathwatch._operator.deathwatches import Change
 from deathwatch._operator.kube import objects
 from deathwatch._operator.metrics import Metrics
@@ -33,7 +34,7 @@ def _once(label_selector: str | None = None, shard_selector: str | None = None) 
 
 
 class Adoption:
-    def __init__(self, rest: Rest, controller: Controller, metrics: Metrics,
+    def __init__(self, rest: Rest, controller: Core, metrics: Metrics,
                  scopes: tuple[str | None, ...], label_selector: str | None,
                  shard_selector: str | None = None) -> None:  # fmt: skip
         self.rest, self.controller, self.metrics = rest, controller, metrics
@@ -52,7 +53,7 @@ class Adoption:
                     if isinstance(out, Item):
                         body = msgspec.json.decode(out.raw)
                         with contained(self.metrics, "deathwatch_event", body):
-                            self.controller.on_deathwatch(None, body)
+                            owners.on_deathwatch(self.controller, None, body)
                     elif isinstance(out, Noted) and out.error is not None:
                         self._failed("list_deathwatches", out, scope=scope or "all")
             except Exception as exc:
@@ -76,16 +77,20 @@ class Adoption:
                 if isinstance(out, Item):
                     page.append(out.raw)
                     if len(page) >= protocol.page_size:
-                        adopted += self.controller.adopt(
-                            rules.key, rules.revision, _views(page, versions), versions
+                        adopted += pods.adopt(
+                            self.controller,
+                            rules.key,
+                            rules.revision,
+                            _views(page, versions),
+                            versions,
                         )
                         page = []
                         if self.controller.deathwatches.current(rules.key, rules.revision) is None:
                             return  # changed or gone meanwhile: its own listing adopts them
                 elif isinstance(out, Noted) and out.error is not None:
                     self._failed("list_pods", out, namespace=namespace, deathwatch=rules.name)
-            adopted += self.controller.adopt(
-                rules.key, rules.revision, _views(page, versions), versions
+            adopted += pods.adopt(
+                self.controller, rules.key, rules.revision, _views(page, versions), versions
             )
         except Exception as exc:
             log.error("pods of a deathwatch not listed; each pod's next event adopts it",

@@ -28,10 +28,20 @@ import structlog
 from deathwatch._engine.podview import PodView
 from deathwatch._kube.ports import Heartbeat
 from deathwatch._kube.serving import Limits
-from deathwatch._operator import gcpauses, node_exits, readiness, reads, timers
+from deathwatch._operator import (
+    delivery_bridge,
+    gcpauses,
+    node_exits,
+    owners,
+    publishing,
+    readiness,
+    reads,
+    timers,
+    verdict_watch,
+)
 from deathwatch._operator.adoption import Adoption
 from deathwatch._operator.agent_sandboxes import AgentSandboxes, SandboxObject
-from deathwatch._operator.controller import Controller, Firewall, Verdict
+from deathwatch._operator.core import Core, Firewall, ShardFilter
 from deathwatch._operator.coverage import Coverage
 from deathwatch._operator.deathwatches import DeathWatches
 from deathwatch._operator.delivery.config import DeliveryConfig
@@ -42,18 +52,19 @@ from deathwatch._operator.kube import ApiLease, ApiWrites, load_configuration
 from deathwatch._operator.leader import Elector, LeaseTimings
 from deathwatch._operator.metrics import Metrics
 from deathwatch._operator.node_exits import ExitsLease
-from deathwatch._operator.ownership import Ownership
 from deathwatch._operator.readiness import Readiness, Streams
 from deathwatch._operator.records import Records
 from deathwatch._operator.reflector import OPEN_DEADLINE, Collection, Reflector
 from deathwatch._operator.resources import DW_PLURAL, GROUP, SLOT_LABEL, VERSION
 from deathwatch._operator.rest import Rest
-from deathwatch._operator.sharding import selector as shard_selector
-from deathwatch._operator.sharding import slot_of
-from deathwatch._operator.shards import Spec
 from deathwatch._operator.sinks import AgentSandboxSink, PodSink, VerdictSink, contained
+from deathwatch._operator.slot_claims import Spec
+from deathwatch._operator.slot_leases import Ownership
+from deathwatch._operator.slots import selector as shard_selector
+from deathwatch._operator.slots import slot_of
 from deathwatch._operator.summary import Summaries
 from deathwatch._operator.supervisor import Supervisor
+from deathwatch._operator.verdict_watch import Verdict
 from deathwatch._operator.watched import pods, sandboxes, verdicts
 from deathwatch._operator.writer import Writer
 from deathwatch._policies import default_registry
@@ -216,7 +227,7 @@ class App:
         coverage = Coverage(cfg.coverage_interval) if cfg.firewall_daemonset else None
         deliveries = Deliveries(cfg.delivery)
         metrics.sinks_known(deliveries.sinks)
-        self.controller = Controller(
+        self.core = Core(
             deathwatches=DeathWatches(registry),
             records=Records(),
             policies=registry,
@@ -225,23 +236,27 @@ class App:
             metrics=metrics,
             firewall=Firewall(cfg.firewall_daemonset, coverage),
             agent_sandboxes=AgentSandboxes(),
+            deliveries=deliveries,
+            shards=ShardFilter(shard, lambda: ownership.owned),
+        )
+        self.liveness = publishing.Liveness(
             fresh=self.streams.fresh,
             stale_after=cfg.stream_stale_after,
             leader=(lambda: elector.leader) if elector else (lambda: cfg.identity),
-            deliveries=deliveries,
-            shard=shard,
-            owned=lambda: ownership.owned,
         )
+        core = self.core
         if deliveries:
-            self.sender = Sender(deliveries, self.controller.outgoing, self.controller.delivered,
+            self.sender = Sender(deliveries, lambda uid, sink, owed: delivery_bridge.outgoing(
+                                     core, uid, sink, owed),
+                                 lambda ended: delivery_bridge.delivered(core, ended),
                                  metrics, may_send=may_write, user_agent=f"deathwatch/{_version()}",
-                                 clock=self.controller.clock,
+                                 clock=core.clock,
                                  sendable=(lambda uid: ownership.owns(slot_of(uid)))
                                  if shard.sharded else None)  # fmt: skip
         plan = self.watched
-        self.adoption = Adoption(self.watches, self.controller, metrics, cfg.scopes,
+        self.adoption = Adoption(self.watches, self.core, metrics, cfg.scopes,
                                  cfg.pod_label_selector, plan.pods_by_slot)  # fmt: skip
-        c, w, s = self.controller, self.writer, self.streams
+        c, w, s = self.core, self.writer, self.streams
 
         def reflector(collection: Collection[Any], sink: Any) -> Reflector[Any]:
             return Reflector(self.watches, collection, sink, metrics,
@@ -310,10 +325,11 @@ class App:
             if cfg.shard.sharded:
                 rest_ = self.lease_rest
                 sup.start("shard-slots", lambda: self.ownership.run(rest_))
-        c, m, probe, fw = self.controller, self.metrics, self.probe, cfg.firewall_daemonset
+        c, m, probe, fw = self.core, self.metrics, self.probe, cfg.firewall_daemonset
         sup.start("deadlines", lambda: timers.suspects(c))
         sup.start(
-            "publish", lambda: timers.publishing(c, cfg.publish_interval, cfg.retire_interval)
+            "publish",
+            lambda: timers.publishing(c, self.liveness, cfg.publish_interval, cfg.retire_interval),
         )
         sup.start("probe", lambda: reads.probe(c, probe, m, self.readiness, fw, cfg.probe_interval))
         if fw:
@@ -357,20 +373,20 @@ class App:
         if term is not None and self.config.shard.sharded:
             term = term * 64 + self.config.shard.index  # unique across the shards' Leases
         owed = self.writer.lead(term)
-        self.controller.republish(owed)
+        verdict_watch.republish(self.core, owed)
         if self.sender is not None:
             self.sender.lead()  # what the old leader left undelivered, then what comes
 
     def _gained(self, slots: frozenset[int]) -> None:
         """Sharded: these slots are this shard's to write from now on: what it owes there is
         said again, and their deliveries may go."""
-        self.controller.republish(self.writer.gained(slots))
+        verdict_watch.republish(self.core, self.writer.gained(slots))
         if self.sender is not None:
             self.sender.wake.set()
 
     def reconcile_events(self) -> None:
         """Taking over the writing: post again any SandboxDead Event a crash may have lost."""
-        events = self.controller.unannounced_deaths()
+        events = publishing.unannounced_deaths(self.core)
         if events:
             log.info("reconciling sandboxdead events", count=len(events))
             self.writer.reconcile(events)
@@ -392,7 +408,7 @@ class App:
         built = self.built
 
         def parts() -> dict[str, Any]:
-            c = self.controller if built else None
+            c = self.core if built else None
             return {
                 "firewall": c.firewall.reading if c else None,
                 "task_restarts": {n: t.restarts for n, t in self.supervisor.tasks.items()},
@@ -459,7 +475,7 @@ def register(registry: kopf.OperatorRegistry, app: App) -> None:
     async def deathwatch_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         change = None
         with contained(app.metrics, "deathwatch_event", body):
-            change = app.controller.on_deathwatch(event.get("type"), body)
+            change = owners.on_deathwatch(app.core, event.get("type"), body)
         if change is not None:
             # the pods it selects that came before it: no pod event will tell of them
             await app.adoption.adopt(change)

@@ -156,13 +156,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def run(args: argparse.Namespace) -> int:
     import asyncio  # here, not at the top: `deathwatch replay` and `--help` never need it
+    import logging
 
     import kopf
     import structlog
 
+    from deathwatch._kube import logs
     from deathwatch._kube.serving import Limits, connection_cap, raise_open_files
     from deathwatch._kube.tls import CertificateError
-    from deathwatch._operator import logs
     from deathwatch._operator.app import App, Config, register
     from deathwatch._operator.endpoints import address
     from deathwatch._operator.kubeconfig import CredentialError, KubeconfigError
@@ -190,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_BAD_CONFIG
-    from deathwatch._operator.shards import Spec
+    from deathwatch._operator.slot_claims import Spec
 
     try:
         shard = Spec(args.shard, args.shards, args.shard_epoch)
@@ -242,7 +243,9 @@ def run(args: argparse.Namespace) -> int:
         except delivery_config.ConfigError as exc:
             print(f"deathwatch controller: --delivery-config: {exc}", file=sys.stderr)
             return EXIT_BAD_CONFIG
-    logs.configure(args.log_level)
+    # kopf's per-object chatter at INFO is one line per handler call: kept at WARNING
+    logs.configure(args.log_level, quiet={"kopf": logging.WARNING, "urllib3": logging.ERROR,
+                                          "aiohttp.access": logging.WARNING})  # fmt: skip
     # as Go's runtime does: containerd 2.x leaves a Python process 1,024 descriptors, which a
     # neighbour holding connections to our ports would take from the API's (ADR 0020)
     soft, hard = raise_open_files()

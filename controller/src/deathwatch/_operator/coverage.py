@@ -18,7 +18,7 @@ from deathwatch._operator.shield import (
     NodeCoverage,
     Shield,
     Sighting,
-    judge,
+    assess,
     read_lease,
     sight,
 )
@@ -70,7 +70,9 @@ class Coverage:
             return None if now_mono - self.started <= grace else False
         return now_mono - self.read_at <= grace
 
-    def judge(self, node: str | None, ips: tuple[str, ...], ports: frozenset[int]) -> Shield | None:
+    def shield_of(
+        self, node: str | None, ips: tuple[str, ...], ports: frozenset[int]
+    ) -> Shield | None:
         """A sandbox's shield now; None while nothing has been read since start, or since
         its node's first sandbox when no Lease names that node (judged after the next read:
         `changed_nodes` names it then)."""
@@ -84,7 +86,7 @@ class Coverage:
                 # nothing to say of it yet: a restored shield stands, a new one waits
                 self._pending.add(node)
                 return None
-        return judge(
+        return assess(
             node, ips, ports, self.claims.get(node) if node else None,
             self.sightings.get(node) if node else None, now_mono, observed,
         )  # fmt: skip

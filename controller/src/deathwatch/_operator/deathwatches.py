@@ -17,12 +17,11 @@ import msgspec
 import structlog
 
 from deathwatch._engine.podview import PodView
-from deathwatch._operator.resources import Condition
+from deathwatch._operator.resources import Condition, DeathWatchKey
 from deathwatch._operator.rules import Rules, SpecError, read_deathwatch
 from deathwatch._policies import PolicyRegistry
 
 log = structlog.get_logger("deathwatch.deathwatches")
-DeathWatchKey = tuple[str, str]  # (namespace, name)
 Revision = tuple[str, int | None]  # (uid, generation): which DeathWatch, which edit of it
 
 

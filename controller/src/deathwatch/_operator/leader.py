@@ -81,7 +81,7 @@ class Elector:
         claim: Callable[[], tuple[dict[str, str], dict[str, str]]] | None = None,
     ) -> None:
         """`claim()`: the labels and annotations written on the Lease with each acquisition
-        and renewal (a shard's slots: shards.py)."""
+        and renewal (a shard's slots: slot_claims.py)."""
         self.api = api
         self.claim = claim
         self.identity = identity

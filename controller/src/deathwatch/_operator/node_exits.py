@@ -24,12 +24,14 @@ from typing import Final
 import msgspec
 import structlog
 
+from deathwatch._engine import memory, nodeexit
 from deathwatch._engine.nodeexit import NodeExit
-from deathwatch._engine.podview import MalformedPod, read_pod
+from deathwatch._engine.podview import MalformedPod, PodView, read_pod
 from deathwatch._engine.timeutil import UTC
 from deathwatch._kube import exits as wire
 from deathwatch._kube.errors import ApiError, KubeError, describe, label
-from deathwatch._operator.controller import Controller
+from deathwatch._operator import pods
+from deathwatch._operator.core import Core
 from deathwatch._operator.kube import LEASES
 from deathwatch._operator.metrics import Metrics
 from deathwatch._operator.reflector import Collection, EventType, Undecodable
@@ -80,9 +82,9 @@ def leases(namespace: str) -> Collection[ExitsLease]:
 class NodeExits:
     """The exits Leases' sink: each exit once, to the controller, with its pod read."""
 
-    def __init__(self, controller: Controller, rest: Rest, metrics: Metrics,
+    def __init__(self, core: Core, rest: Rest, metrics: Metrics,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:  # fmt: skip
-        self.controller, self.rest, self.metrics, self.clock = controller, rest, metrics, clock
+        self.core, self.rest, self.metrics, self.clock = core, rest, metrics, clock
         self.taken: dict[str, datetime] = {}  # container instance -> its exit, once taken
         self.tasks: set[asyncio.Task[None]] = set()
 
@@ -93,7 +95,7 @@ class NodeExits:
         return None
 
     def undecodable(self, error: Undecodable) -> None:
-        self.controller.undecodable(error)
+        self.core.undecodable(error)
 
     def event(self, kind: EventType, lease: ExitsLease, received: float, version: str) -> None:
         if kind is EventType.DELETED:
@@ -112,7 +114,7 @@ class NodeExits:
             self.taken = {c: at for c, at in self.taken.items() if at >= cut}
 
     def _take(self, node: str, exit: wire.Exit, received: float) -> None:
-        if not self.controller.tracks(exit.pod_uid):
+        if self.core.records.get(exit.pod_uid) is None:
             self.metrics.node_exits.labels("not-watched").inc()
             return
         if len(self.tasks) >= IN_FLIGHT:
@@ -146,9 +148,32 @@ class NodeExits:
             return
         version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
         seen = NodeExit(exit.container_id, exit.exit_code, exit.oom, exit.exited_at, node)
-        outcome = self.controller.on_node_exit(seen, pod, version, received)
+        outcome = exited(self.core, seen, pod, version, received)
         self.metrics.node_exits.labels(outcome).inc()
         if outcome == "judged":
             log.info("exit heard on its node", namespace=exit.namespace, pod=exit.pod,
                      node=node, container=exit.container, exit_code=exit.exit_code,
                      oom=exit.oom, read_seconds=round(time.monotonic() - received, 4))  # fmt: skip
+
+
+def exited(core: Core, exit: NodeExit, pod: PodView, version: str,
+           received: float | None = None) -> str:  # fmt: skip
+    """A container's exit heard on its node, `pod` as the API holds it now: judged by the
+    engine beside what the read shows, and settled as every input is. What came of it:
+    judged, not-watched (not a tracked sandbox's running container), kubelet (its report is
+    needed: the engine abstained, or the verdict was final already)."""
+    record = core.records.get(pod.uid)
+    rules = core.deathwatches.get(record.deathwatch) if record is not None else None
+    if record is None or rules is None or record.memory is None:
+        return "not-watched"
+    if record.memory.track.state.terminal:
+        return "kubelet"
+    core.records.newer(pod.uid, version)
+    core.records.observe(pod, listed=False)
+    deletion = pods.deletion_cause(core, record, pod, deleted=False)
+    step = memory.exited(record.memory, pod, exit, core.clock(), core.policies, core.deadlines,
+                         deletion)  # fmt: skip
+    if step is None:
+        return "kubelet" if nodeexit.watched(pod, exit) is not None else "not-watched"
+    core.settle(step, record, rules, received)
+    return "judged"

@@ -15,7 +15,8 @@ import structlog
 
 from deathwatch._engine.timeutil import UTC
 from deathwatch._kube.errors import ApiError, describe, label
-from deathwatch._operator.controller import Controller
+from deathwatch._operator import shielding
+from deathwatch._operator.core import Core
 from deathwatch._operator.documents import FirewallReading
 from deathwatch._operator.kube import LEASES
 from deathwatch._operator.metrics import Metrics
@@ -26,7 +27,7 @@ from deathwatch._operator.shield import SELECTOR
 log = structlog.get_logger("deathwatch.reads")
 
 
-async def coverage(controller: Controller, rest: Rest, metrics: Metrics, namespace: str,
+async def coverage(controller: Core, rest: Rest, metrics: Metrics, namespace: str,
                    interval: float) -> None:  # fmt: skip
     """List the firewall agents' coverage Leases (one per node) every interval."""
     path = f"{LEASES}/namespaces/{namespace}/leases"
@@ -43,13 +44,13 @@ async def coverage(controller: Controller, rest: Rest, metrics: Metrics, namespa
             if failing:
                 log.info("firewall coverage readable again")
             failing = False
-            controller.on_coverage(leases.get("items") or [])
+            shielding.on_coverage(controller, leases.get("items") or [])
             read = controller.coverage
             metrics.coverage_nodes.set(len(read.claims) if read else 0)
         await asyncio.sleep(interval)
 
 
-async def probe(controller: Controller, rest: Rest, metrics: Metrics, readiness: Readiness,
+async def probe(controller: Core, rest: Rest, metrics: Metrics, readiness: Readiness,
                 daemonset: str | None, interval: float) -> None:  # fmt: skip
     """One light call per interval: the firewall DaemonSet's status (which also says the
     API answers), or the API's /version when no firewall is configured."""

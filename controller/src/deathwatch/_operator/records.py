@@ -24,10 +24,9 @@ from deathwatch._engine.engine import Track
 from deathwatch._engine.memory import Memory
 from deathwatch._engine.podview import PodView
 from deathwatch._operator.decisions import Facts
-from deathwatch._operator.resources import SV_PLURAL, DeliveryMark
+from deathwatch._operator.resources import SV_PLURAL, DeathWatchKey, DeliveryMark
 from deathwatch._operator.shield import Shield
 
-DeathWatchKey = tuple[str, str]  # (namespace, DeathWatch name)
 _NO_MARKS: dict[str, DeliveryMark] = {}  # shared, never mutated: most records have none
 RECENTLY_DELETED = 600.0  # seconds a deleted pod's uid is remembered (adoption ghosts)
 

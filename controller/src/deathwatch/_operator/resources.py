@@ -32,7 +32,7 @@ POD_UID_LABEL: Final = "deathwatch.dev/pod-uid"  # on each SandboxVerdict: its p
 # on the SandboxVerdict of an agent-sandbox Sandbox's pod: the Sandbox's name, which a warm
 # pool's adoption by a claim keeps (`kubectl get sv -l deathwatch.dev/sandbox=NAME`)
 SANDBOX_LABEL: Final = "deathwatch.dev/sandbox"
-# sharded: on each SandboxVerdict, its pod's slot (sharding.py), so that a shard watches its
+# sharded: on each SandboxVerdict, its pod's slot (slots.py), so that a shard watches its
 # own verdicts only (`-l deathwatch.dev/slot in (...)`)
 SLOT_LABEL: Final = "deathwatch.dev/slot"
 # on a terminal SandboxVerdict: whose doing its end was (Workload, Infrastructure, Platform,
@@ -78,6 +78,9 @@ class Reason(StrEnum):
     WATCH_STALE = "WatchStale"
     UP_TO_DATE = "UpToDate"
     BACKLOG = "Backlog"
+
+
+DeathWatchKey = tuple[str, str]  # a DeathWatch by (namespace, name): how every part keys it
 
 
 class EventReason(StrEnum):

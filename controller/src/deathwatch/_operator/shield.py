@@ -156,7 +156,7 @@ class Shield:
         return self.status is ConditionStatus.FALSE and not self.audited
 
 
-def judge(
+def assess(
     node: str | None,
     pod_ips: Iterable[str],
     agent_ports: Iterable[int],

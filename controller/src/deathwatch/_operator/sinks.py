@@ -11,12 +11,13 @@ from typing import Any
 import structlog
 
 from deathwatch._engine.podview import PodView
-from deathwatch._operator import gcpauses
+from deathwatch._operator import gcpauses, owners, pods, verdict_watch
 from deathwatch._operator.agent_sandboxes import SandboxObject
-from deathwatch._operator.controller import Controller, Verdict
+from deathwatch._operator.core import Core
 from deathwatch._operator.metrics import Metrics
 from deathwatch._operator.reflector import EventType, Undecodable
 from deathwatch._operator.resources import SV_PLURAL
+from deathwatch._operator.verdict_watch import Verdict
 from deathwatch._operator.writer import Writer
 
 log = structlog.get_logger("deathwatch.sinks")
@@ -40,19 +41,19 @@ def contained(metrics: Metrics, handler: str, body: Any) -> Iterator[None]:
 class PodSink:
     """The pod reflector's: each event to the controller, a bug in one contained."""
 
-    def __init__(self, controller: Controller, metrics: Metrics) -> None:
+    def __init__(self, controller: Core, metrics: Metrics) -> None:
         self.controller, self.metrics = controller, metrics
 
     def listing(self, scope: str | None) -> None:
-        self.controller.listing(scope)
+        pods.listing(self.controller, scope)
 
     def event(self, kind: EventType, pod: PodView, received: float, version: str) -> None:
         with contained(self.metrics, "pod_event", pod):
-            self.controller.on_pod(kind, pod, received, version)
+            pods.on_pod(self.controller, kind, pod, received, version)
 
     def listed(self, scope: str | None) -> None:
         with contained(self.metrics, "pod_listing", {}):
-            self.controller.listed(scope)
+            pods.listed(self.controller, scope)
         # what a listing built lives as long as its pods: out of the collector's reach
         gcpauses.freeze("pod listing")
 
@@ -65,7 +66,7 @@ class VerdictSink:
     what the watch shows is what the API holds (writer.observed), and a relisting that does
     not show a verdict the writer knew says it was deleted meanwhile."""
 
-    def __init__(self, controller: Controller, writer: Writer, metrics: Metrics) -> None:
+    def __init__(self, controller: Core, writer: Writer, metrics: Metrics) -> None:
         self.controller, self.writer, self.metrics = controller, writer, metrics
         self.restoring = True
         self.restored = 0
@@ -77,11 +78,11 @@ class VerdictSink:
     def event(self, kind: EventType, verdict: Verdict, received: float, version: str) -> None:
         with contained(self.metrics, "verdict_event", verdict):
             if self.restoring:
-                self.restored += self.controller.restore(verdict)
+                self.restored += verdict_watch.restore(self.controller, verdict)
             else:
                 if kind is EventType.LISTED:
                     self.seen.add((verdict.namespace, verdict.name))
-                self.controller.on_verdict(kind, verdict)
+                verdict_watch.on_verdict(self.controller, kind, verdict)
 
     def listed(self, scope: str | None) -> None:
         if self.restoring:
@@ -100,7 +101,7 @@ class AgentSandboxSink:
     """The Sandbox reflector's: each Sandbox to the controller; a relisting's missing ones
     were deleted meanwhile."""
 
-    def __init__(self, controller: Controller, metrics: Metrics) -> None:
+    def __init__(self, controller: Core, metrics: Metrics) -> None:
         self.controller, self.metrics = controller, metrics
         self.seen: set[tuple[str, str]] = set()
 
@@ -111,7 +112,7 @@ class AgentSandboxSink:
         with contained(self.metrics, "sandbox_event", sandbox):
             if kind is EventType.LISTED:
                 self.seen.add((sandbox.namespace, sandbox.name))
-            self.controller.on_agent_sandbox(kind, sandbox)
+            owners.on_agent_sandbox(self.controller, kind, sandbox)
 
     def listed(self, scope: str | None) -> None:
         self.controller.agent_sandboxes.relisted(scope, self.seen)

@@ -18,9 +18,8 @@ from datetime import datetime
 
 from deathwatch._engine.verdict import Evidence, Origin, State
 from deathwatch._operator.decisions import Facts
-from deathwatch._operator.resources import ConditionStatus
+from deathwatch._operator.resources import ConditionStatus, DeathWatchKey
 
-DeathWatchKey = tuple[str, str]  # (namespace, DeathWatch name)
 LAST_DEATHS = 20
 
 

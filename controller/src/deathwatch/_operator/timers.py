@@ -12,19 +12,20 @@ import time
 from datetime import datetime
 
 from deathwatch._engine.timeutil import UTC
-from deathwatch._operator import gcpauses
-from deathwatch._operator.controller import Controller
+from deathwatch._operator import gcpauses, pods, retention, shielding
+from deathwatch._operator.core import Core
+from deathwatch._operator.publishing import Liveness, publish
 
 REFREEZE_INTERVAL = 600.0  # seconds: sandboxes that arrived since the last freeze join it
 
 
-async def suspects(controller: Controller) -> None:
+async def suspects(controller: Core) -> None:
     """Judge each Suspect when its window closes; sleep until the next one, or until a new
     deadline wakes the loop."""
     while True:
         controller.wake.clear()
-        controller.expire()
-        deadline = controller.next_deadline()
+        pods.expire(controller)
+        deadline = pods.next_deadline(controller)
         timeout = (
             None if deadline is None else max(0.0, (deadline - datetime.now(UTC)).total_seconds())
         )
@@ -32,7 +33,8 @@ async def suspects(controller: Controller) -> None:
             await asyncio.wait_for(controller.wake.wait(), timeout)
 
 
-async def publishing(controller: Controller, interval: float, retire_interval: float) -> None:
+async def publishing(controller: Core, liveness: Liveness, interval: float,
+                     retire_interval: float) -> None:  # fmt: skip
     last_retire = 0.0
     frozen_at = time.monotonic()
     while True:
@@ -42,6 +44,6 @@ async def publishing(controller: Controller, interval: float, retire_interval: f
             frozen_at = time.monotonic()
         if time.monotonic() - last_retire > retire_interval:
             last_retire = time.monotonic()
-            controller.retire()
-        controller.reshield()  # coverage claims go stale with no event: judged on the clock
-        controller.publish()
+            retention.retire(controller)
+        shielding.reshield(controller)  # claims go stale with no event: judged on the clock
+        publish(controller, liveness)

@@ -19,10 +19,10 @@ import msgspec
 from deathwatch._engine.podview import MalformedPod, PodView, decode_pod
 from deathwatch._operator import agent_sandboxes
 from deathwatch._operator.agent_sandboxes import SandboxObject
-from deathwatch._operator.controller import Verdict
 from deathwatch._operator.kube import objects
 from deathwatch._operator.reflector import Collection, Undecodable
 from deathwatch._operator.resources import SV_PLURAL
+from deathwatch._operator.verdict_watch import Verdict
 
 
 class _Meta(msgspec.Struct, rename="camel"):

@@ -134,7 +134,7 @@ class Desired:
     priority: int = NORMAL
     received: float | None = None  # monotonic time the triggering pod event arrived
     ready_drop_at: datetime | None = None  # for the verdict latency metric (Dead only)
-    slot: int | None = None  # its sandbox's slot (sharding.py); None: not a sandbox's, or unsharded
+    slot: int | None = None  # its sandbox's slot (slots.py); None: not a sandbox's, or unsharded
     # sharded, a DeathWatch status part: server-side applied as this field manager, the
     # other shards' parts left as they are (no resourceVersion, no term stamp: ADR 0025)
     apply_as: str | None = None

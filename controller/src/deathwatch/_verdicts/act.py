@@ -22,7 +22,7 @@ from deathwatch._verdicts.command import (
     FOR,
     _target,
 )
-from deathwatch.client import ApiError, Client, NoAnswer, Unreachable, Verdict
+from deathwatch.client import ApiError, Client, NeverReached, NoAnswer, Verdict
 
 
 class _CannotAsk(Exception):
@@ -91,7 +91,7 @@ def wait(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None
         verdict = asyncio.run(wait())
     except _CannotAsk as exc:
         return _api_failure("wait", exc.error, loaded, namespace, err)
-    except Unreachable as exc:
+    except NeverReached as exc:
         err.write(f"deathwatch wait: {exc}\n")
         return EXIT_NOT_REACHED
     except TimeoutError:

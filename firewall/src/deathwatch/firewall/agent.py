@@ -54,7 +54,7 @@ from deathwatch.firewall.ruleset import (
 from deathwatch.firewall.sandboxes import PodWatch, list_sandboxes
 from deathwatch.firewall.selfcheck import Measured, measure
 from deathwatch.firewall.table import Table, differences, dump_state
-from deathwatch.firewall.uninstall import DaemonSetWatch, judge
+from deathwatch.firewall.uninstall import DaemonSetWatch, assess
 
 log = structlog.get_logger("deathwatch.firewall")
 AUDIT_LOGGED = 10  # new sources logged a resync, at most (the rest counted in one line)
@@ -500,7 +500,7 @@ class Agent:
         if link is None or link.remove_on_uninstall is None:
             log.info("agent stopping; the table stays in place")
             return False
-        seen = judge(link.api, link.namespace, link.remove_on_uninstall, self.daemonset)
+        seen = assess(link.api, link.namespace, link.remove_on_uninstall, self.daemonset)
         if not seen.uninstalling:
             log.info("agent stopping; the table stays in place", why=seen.why)
             return False

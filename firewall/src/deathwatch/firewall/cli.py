@@ -266,10 +266,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _agent(args: argparse.Namespace) -> int:
+    from deathwatch._kube import logs
     from deathwatch._kube.ports import Heartbeat
     from deathwatch._kube.serving import Limits, connection_cap, raise_open_files
     from deathwatch._kube.tls import CertificateError
-    from deathwatch.firewall import logs
     from deathwatch.firewall.agent import Agent, ClusterLink
     from deathwatch.firewall.endpoint import OpenPort, listener
     from deathwatch.firewall.kubeapi import KubeApi, NotInCluster
@@ -338,10 +338,10 @@ def _agent(args: argparse.Namespace) -> int:
 
 
 def _exits(args: argparse.Namespace) -> int:
+    from deathwatch._kube import logs
     from deathwatch._kube.ports import Heartbeat
     from deathwatch._kube.serving import Limits
     from deathwatch._kube.tls import CertificateError
-    from deathwatch.firewall import logs
     from deathwatch.firewall.endpoint import OpenPort, listener
     from deathwatch.firewall.exits import ExitsMetrics, Observer, Publisher
     from deathwatch.firewall.kubeapi import KubeApi, NotInCluster

@@ -12,7 +12,7 @@ By the time the agent is told to stop, an uninstall has usually deleted the agen
 too (Helm deletes the DaemonSet, then the roles, a few milliseconds apart; the pods go after
 both), so a read at stop is refused. An open watch is not: the API server authorizes a watch
 when it starts, and keeps streaming after its grant is gone. So `DaemonSetWatch` follows the
-DaemonSet for the agent's whole life and remembers its last state; at stop, `judge` reads it
+DaemonSet for the agent's whole life and remembers its last state; at stop, `assess` reads it
 afresh and falls back to that memory only when the read is refused or unanswered.
 
 Anything else keeps the table: neither the read nor the watch can say (the safe side of a
@@ -41,7 +41,7 @@ BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0)
 
 
 @dataclass(frozen=True)
-class Judgement:
+class Assessment:
     uninstalling: bool
     why: str  # one line for the log
 
@@ -50,13 +50,13 @@ def _path(namespace: str) -> str:
     return f"/apis/apps/v1/namespaces/{namespace}/daemonsets"
 
 
-def _of(obj: Any, what: str) -> Judgement:
+def _of(obj: Any, what: str) -> Assessment:
     meta = obj.get("metadata") if isinstance(obj, dict) else None
     if not isinstance(meta, dict):
-        return Judgement(False, f"{what}: an answer with no metadata")
+        return Assessment(False, f"{what}: an answer with no metadata")
     if meta.get("deletionTimestamp"):
-        return Judgement(True, f"{what} is being deleted")
-    return Judgement(False, f"{what} stands (a rollout or a drain)")
+        return Assessment(True, f"{what} is being deleted")
+    return Assessment(False, f"{what} stands (a rollout or a drain)")
 
 
 class DaemonSetWatch:
@@ -69,7 +69,7 @@ class DaemonSetWatch:
         self.api, self.namespace, self.name = api, namespace, name
         self.failed, self.stop = failed, stop
         self.what = f"DaemonSet {namespace}/{name}"
-        self.seen: Judgement | None = None
+        self.seen: Assessment | None = None
 
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self.run, name="daemonset-watch", daemon=True)
@@ -91,12 +91,12 @@ class DaemonSetWatch:
     def handle(self, out: Output) -> bool:
         if isinstance(out, Item):
             if out.type == "DELETED":
-                self.seen = Judgement(True, f"{self.what} was deleted (seen on its watch)")
+                self.seen = Assessment(True, f"{self.what} was deleted (seen on its watch)")
             else:
                 self.seen = _of(json.loads(bytes(out.raw)), f"{self.what} (on its watch)")
         elif isinstance(out, Listed):
             if out.count == 0:  # listed by its name, and it is not there
-                self.seen = Judgement(True, f"{self.what} is gone (listed on its watch)")
+                self.seen = Assessment(True, f"{self.what} is gone (listed on its watch)")
         elif isinstance(out, Noted) and out.error is not None:
             self.failed()
             log.warning("daemonset watch failed; retrying", error=describe(out.error)[:300],
@@ -104,7 +104,9 @@ class DaemonSetWatch:
         return True
 
 
-def judge(api: Api, namespace: str, name: str, watched: DaemonSetWatch | None = None) -> Judgement:
+def assess(
+    api: Api, namespace: str, name: str, watched: DaemonSetWatch | None = None
+) -> Assessment:
     """Read the agent's DaemonSet once (the API client's own deadline bounds it); when the
     read is refused or unanswered, what its watch saw last."""
     what = f"DaemonSet {namespace}/{name}"
@@ -112,9 +114,9 @@ def judge(api: Api, namespace: str, name: str, watched: DaemonSetWatch | None = 
         found = api.call("GET", f"{_path(namespace)}/{name}")
     except KubeError as exc:
         if isinstance(exc, ApiError) and exc.not_found:
-            return Judgement(True, f"{what} is gone")
+            return Assessment(True, f"{what} is gone")
         unread = f"cannot read {what}: {describe(exc)[:200]}"
         if watched is not None and watched.seen is not None:
-            return Judgement(watched.seen.uninstalling, f"{unread}; {watched.seen.why}")
-        return Judgement(False, f"{unread}; its watch saw nothing")
+            return Assessment(watched.seen.uninstalling, f"{unread}; {watched.seen.why}")
+        return Assessment(False, f"{unread}; its watch saw nothing")
     return _of(found, what)

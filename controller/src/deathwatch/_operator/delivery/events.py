@@ -151,7 +151,7 @@ class Answer:
     retry_after: float | None = None  # seconds the receiver asked us to wait
 
 
-def judge(status: int, headers: Mapping[str, str], now: datetime) -> Answer:
+def read_answer(status: int, headers: Mapping[str, str], now: datetime) -> Answer:
     """What a receiver's HTTP status means. 2xx: delivered. 408, 429 and 5xx: try again
     (after Retry-After when a 429 or 503 gives one). Any other 4xx, and a redirect (never
     followed: the URL is the operator's, not the receiver's, to change): refused for good."""

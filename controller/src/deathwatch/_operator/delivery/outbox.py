@@ -28,9 +28,7 @@ from datetime import datetime
 from deathwatch._engine.verdict import State
 from deathwatch._operator.delivery.config import DeliveryConfig, Sink
 from deathwatch._operator.delivery.events import Answer, backoff, event_id
-from deathwatch._operator.resources import DeliveryMark
-
-DeathWatchKey = tuple[str, str]
+from deathwatch._operator.resources import DeathWatchKey, DeliveryMark
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ import aiohttp
 import structlog
 
 from deathwatch._operator.delivery import config as sink_config
-from deathwatch._operator.delivery.events import Answer, Outcome, Outgoing, judge, request
+from deathwatch._operator.delivery.events import Answer, Outcome, Outgoing, read_answer, request
 from deathwatch._operator.delivery.outbox import Deliveries, Ended, Owed, SinkOutbox
 from deathwatch._operator.metrics import Metrics
 from deathwatch._operator.resources import DeliveryMark, DeliveryOutcome
@@ -148,7 +148,7 @@ class Sender:
             async with session.post(sink.url, data=body, headers=headers, allow_redirects=False,
                                     timeout=deadline) as resp:  # fmt: skip
                 said = (await resp.content.read(READ_LIMIT)).decode("utf-8", "replace")
-                answer = judge(resp.status, resp.headers, self.clock())
+                answer = read_answer(resp.status, resp.headers, self.clock())
         except TimeoutError:
             self._failed(box, uid, out.sequence, None, "timeout",
                          f"no answer within {sink.timeout:.0f}s")  # fmt: skip

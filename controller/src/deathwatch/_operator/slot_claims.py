@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from deathwatch._operator.sharding import SLOTS, assign, describe, parse
+from deathwatch._operator.slots import SLOTS, assign, describe, parse
 
 SHARD, EPOCH, SLOTS_OWNED = "deathwatch.dev/shard", "deathwatch.dev/epoch", "deathwatch.dev/slots"
 LEASE_LABEL = "deathwatch.dev/controller-lease"  # every shard's Lease: listed by it

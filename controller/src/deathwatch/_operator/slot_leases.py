@@ -1,4 +1,4 @@
-"""This shard's slots, acted on (shards.py decides): what the leader of a shard owns, the
+"""This shard's slots, acted on (slot_claims.py decides): what the leader of a shard owns, the
 claim its elector writes on the shard's Lease at every renewal, and the loop that reads every
 shard's Lease and gains or gives up slots (ADR 0025).
 
@@ -26,8 +26,7 @@ import structlog
 from deathwatch._kube.errors import describe, label
 from deathwatch._operator.metrics import Metrics
 from deathwatch._operator.rest import Rest
-from deathwatch._operator.sharding import describe as slots_text
-from deathwatch._operator.shards import (
+from deathwatch._operator.slot_claims import (
     ALL,
     LEASE_LABEL,
     Claim,
@@ -37,6 +36,7 @@ from deathwatch._operator.shards import (
     decide,
     read_claim,
 )
+from deathwatch._operator.slots import describe as slots_text
 
 log = structlog.get_logger("deathwatch.shards")
 LEASES = "/apis/coordination.k8s.io/v1"

@@ -1,14 +1,17 @@
-"""Logs: structlog JSON key-values on stderr, one object per line, kopf's included."""
+"""Logs, for every deathwatch process: structlog JSON key-values on stderr, one object per
+line, the standard library's loggers (kopf's, prometheus_client's HTTP server) rendered the
+same way. `quiet`: loggers held at a floor (a library's per-call chatter)."""
 
 from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Mapping
 
 import structlog
 
 
-def configure(level: str = "info") -> None:
+def configure(level: str = "info", quiet: Mapping[str, int] | None = None) -> None:
     numeric = getattr(logging, level.upper(), logging.INFO)
     shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
@@ -25,7 +28,6 @@ def configure(level: str = "info") -> None:
         logger_factory=structlog.WriteLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
-    # kopf and libraries log through the standard library: render them the same way
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
@@ -39,7 +41,5 @@ def configure(level: str = "info") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(numeric)
-    # kopf's per-object chatter at INFO is one line per handler call: keep it at WARNING
-    logging.getLogger("kopf").setLevel(max(numeric, logging.WARNING))
-    logging.getLogger("urllib3").setLevel(logging.ERROR)
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    for name, floor in (quiet or {}).items():
+        logging.getLogger(name).setLevel(max(numeric, floor))
