@@ -28,14 +28,15 @@ class Exits:
     """`deathwatch-firewall exits` as a process on this node: the node's containerd socket,
     the firewall's ServiceAccount token (its Role), the API at the control plane."""
 
-    def __init__(self, cp: controlplane.ControlPlane, token: Path, log: Path) -> None:
+    def __init__(self, cp: controlplane.ControlPlane, token: Path, log: Path,
+                 extra: tuple[str, ...] = ()) -> None:  # fmt: skip
         self.log = log
         self.args = [
             sys.executable, "-m", "deathwatch.firewall.cli", "exits",
             "--runtime-socket", str(RUNTIME_SOCKET), "--node-name", NODE_NAME,
             "--identity", "exits-dw-node", "--namespace", "deathwatch-system",
             "--kube-api", cp.server, "--kube-token-file", str(token),
-            "--kube-ca-file", str(cp.certs / "ca.crt"), "--metrics-port", "0",
+            "--kube-ca-file", str(cp.certs / "ca.crt"), "--metrics-port", "0", *extra,
         ]  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
 

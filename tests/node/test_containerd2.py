@@ -13,11 +13,12 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from deathwatch.firewall.runtime import CRI
+from deathwatch.firewall.runtime import CONTAINERD, CRI
 from hack.localcluster import controlplane
 from hack.localcluster.node import Node, containerd2_available
 from tests.controller_env import Env
@@ -44,18 +45,34 @@ def node(control_plane: controlplane.ControlPlane) -> Iterator[Node]:
         print("\ncontainerd 2 node measurements:", json.dumps(RESULTS, indent=1))
 
 
-def test_the_cri_stream_hears_each_death_and_the_kubelet_agrees(nenv: Env, heard: Exits) -> None:
+@pytest.mark.parametrize(("prefer", "stream"), [("auto", CONTAINERD), ("cri", CRI)])
+def test_each_stream_hears_each_death_and_the_kubelet_agrees(
+    nenv: Env, control_plane: controlplane.ControlPlane, exits_token: Path, tmp_path: Path,
+    prefer: str, stream: str,
+) -> None:  # fmt: skip
     e = nenv
-    said = next(json.loads(line) for line in heard.log.read_text().splitlines()
-                if "reading the runtime's exits" in line)  # fmt: skip
-    assert (said["runtime"], said["stream"]) == ("containerd", CRI), said
-    assert said["version"].lstrip("v").startswith("2."), said
+    observer = Exits(control_plane, exits_token, tmp_path / "exits.log",
+                     extra=("--runtime-stream", prefer)).start()  # fmt: skip
+    try:
+        wait_for(observer.reading, timeout=30, what="the observer reading containerd 2")
+        said = next(json.loads(line) for line in observer.log.read_text().splitlines()
+                    if "reading the runtime's exits" in line)  # fmt: skip
+        assert (said["runtime"], said["stream"]) == ("containerd", stream), said
+        assert said["version"].lstrip("v").startswith("2."), said
+        _each_death_heard(e, f"{prefer}-")
+    finally:
+        observer.stop()
+        print(f"--- exits observer:\n{observer.log.read_text()[-3000:]}")
+    RESULTS[f"{prefer}_stream_deaths"] = 3
+
+
+def _each_death_heard(e: Env, prefix: str) -> None:
     e.start_controller(extra=NODE_EXITS)
     e.deathwatch()
     cases = [("exit", "3", "ContainerExited", 3), ("sigkill", "", "ContainerExited", 137),
              ("oom", "", "OOMKilled", 137)]  # fmt: skip
     for i, (how, arg, cause, code) in enumerate(cases):
-        name = agent_pod(e, f"cri-{i}", memory="24Mi" if how == "oom" else "32Mi")
+        name = agent_pod(e, f"{prefix}{i}", memory="24Mi" if how == "oom" else "32Mi")
         e.wait_state(name, "Alive", timeout=60)
         if how == "sigkill":
             os.kill(container_pid(e, name), signal.SIGKILL)
@@ -66,12 +83,11 @@ def test_the_cri_stream_hears_each_death_and_the_kubelet_agrees(nenv: Env, heard
         assert dead["containerID"].startswith("containerd://")
         wait_for(lambda n=name: not pod_ready(e, n), timeout=30, what="the kubelet's report")  # type: ignore[misc]
     # a pod made after the reports: once it is Alive, the controller has judged them
-    e.wait_state(agent_pod(e, "cri-marker"), "Alive", timeout=60)
+    e.wait_state(agent_pod(e, f"{prefix}marker"), "Alive", timeout=60)
     for i in range(len(cases)):
-        sv = (e.sv(f"cri-{i}") or {})["status"]
+        sv = (e.sv(f"{prefix}{i}") or {})["status"]
         assert sv["state"] == "Dead" and "disputed" not in sv, sv
-        assert e.events(f"cri-{i}", "NodeExitDisputed") == []
-    RESULTS["cri_stream_deaths"] = len(cases)
+        assert e.events(f"{prefix}{i}", "NodeExitDisputed") == []
 
 
 def test_with_no_observer_the_kubelets_report_judges_the_death(nenv: Env) -> None:

@@ -80,17 +80,22 @@ def test_lease_names_fit_an_object_name() -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "version", "stream"),
-    [("containerd", "1.6.20~ds1", CONTAINERD), ("containerd", "v1.7.29", CONTAINERD),
-     ("containerd", "v2.4.2", CRI), ("containerd", "2.0.0", CRI), ("cri-o", "1.35.0", CRI),
-     ("docker", "28.0", None), ("containerd", "weird", CONTAINERD)],
+    ("name", "version", "prefer", "stream"),
+    [("containerd", "1.6.20~ds1", "auto", CONTAINERD), ("containerd", "v2.4.2", "auto", CONTAINERD),
+     ("containerd", "1.6.20~ds1", "cri", CONTAINERD), ("containerd", "v1.7.29", "cri", CONTAINERD),
+     ("containerd", "v2.4.2", "cri", CRI), ("containerd", "2.0.0", "cri", CRI),
+     ("containerd", "v2.4.2", "containerd", CONTAINERD), ("cri-o", "1.35.0", "auto", CRI),
+     ("cri-o", "1.35.0", "containerd", CRI), ("docker", "28.0", "auto", None),
+     ("containerd", "weird", "cri", CONTAINERD)],
 )  # fmt: skip
-def test_the_cri_stream_only_where_it_reaches_every_subscriber(
-    name: str, version: str, stream: str | None
+def test_containerds_own_events_first_and_the_cri_stream_only_where_it_reaches_everyone(
+    name: str, version: str, prefer: str, stream: str | None
 ) -> None:
-    """containerd 1.7 serves its CRI events from one channel its readers share: a second
-    reader would take them from an EventedPLEG kubelet."""
-    assert choose_stream(name, version) == stream
+    """On containerd its task events come first (the CRI events follow the CRI plugin's own
+    exit handling); the CRI stream when asked for, but never on containerd 1.7, which serves
+    it from one channel its readers share: a second reader would take events from an
+    EventedPLEG kubelet. CRI-O has only the CRI stream."""
+    assert choose_stream(name, version, prefer) == stream
 
 
 # --- a runtime on a real gRPC socket ---------------------------------------------------------
@@ -263,7 +268,7 @@ def test_a_sigkill_waits_briefly_for_its_oom_and_an_oom_first_is_remembered(
 
 @pytest.mark.parametrize("runtime", [("containerd", "v2.4.2")], indirect=True)
 def test_the_cri_stream_reports_stops_with_their_status(runtime: Runtime) -> None:
-    stream = connect(runtime.socket, oom_wait=0.05)
+    stream = connect(runtime.socket, oom_wait=0.05, prefer=CRI)
     assert stream.runtime.stream == CRI
     sandbox = cri_pb2.PodSandboxStatus(id="s1", metadata=cri_pb2.PodSandboxMetadata(
         name="sbx-1", uid=UID, namespace="sandboxes"))  # fmt: skip

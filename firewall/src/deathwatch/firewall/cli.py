@@ -128,8 +128,13 @@ def _exits_parser(sub: Any) -> None:
     a = sub.add_parser("exits", help=text, description=text)
     a.add_argument(
         "--runtime-socket", default="/run/containerd/containerd.sock", metavar="PATH",
-        help="the container runtime's socket: CRI events (containerd >= 2, CRI-O), or "
-        "containerd's own task events (containerd 1.6, 1.7)",
+        help="the container runtime's socket: containerd's own task events (containerd), "
+        "CRI events (CRI-O)",
+    )  # fmt: skip
+    a.add_argument(
+        "--runtime-stream", choices=("auto", "cri", "containerd"), default="auto",
+        help="which of the runtime's event streams to read: auto (containerd's task events on "
+        "containerd, the sooner; CRI elsewhere), cri (containerd >= 2, CRI-O), containerd",
     )  # fmt: skip
     a.add_argument(
         "--oom-wait", type=_seconds, default=0.05, metavar="SECONDS",
@@ -345,6 +350,7 @@ def _exits(args: argparse.Namespace) -> int:
     from deathwatch.firewall.endpoint import OpenPort, listener
     from deathwatch.firewall.exits import ExitsMetrics, Observer, Publisher
     from deathwatch.firewall.kubeapi import KubeApi, NotInCluster
+    from deathwatch.firewall.runtime import connect
 
     logs.configure(args.log_level)
     for flag, value in (("--node-name (env NODE_NAME)", args.node_name),
@@ -369,7 +375,9 @@ def _exits(args: argparse.Namespace) -> int:
     heartbeat = Heartbeat(stalled_after=60.0)
     stop = threading.Event()
     publisher = Publisher(api, args.node_name, args.namespace, args.identity, args.lease_prefix)
-    observer = Observer(args.runtime_socket, publisher, metrics, heartbeat, stop, args.oom_wait)
+    prefer = args.runtime_stream
+    observer = Observer(args.runtime_socket, publisher, metrics, heartbeat, stop, args.oom_wait,
+                        lambda socket, wait: connect(socket, wait, prefer=prefer))  # fmt: skip
     port = None
     if args.metrics_port:
         try:

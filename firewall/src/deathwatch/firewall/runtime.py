@@ -1,6 +1,10 @@
 """Container exits as the node's runtime reports them, the moment it does (ADR 0028).
 
-Two streams, over the runtime's socket, one chosen at each connection:
+Two streams, over the runtime's socket, one chosen at each connection (`choose_stream`):
+containerd's own task events on containerd (any version: upstream of its CRI events, which
+the CRI plugin emits only once its own exit handling is done, a median 75 ms later on
+containerd 2.4 in bench/node_latency.py), the CRI's on CRI-O; `prefer="cri"` takes the CRI
+stream wherever it is safe to read.
 
 - **CRI `GetContainerEvents`** (runtime.v1), runtime-neutral, what the kubelet's EventedPLEG
   reads: each CONTAINER_STOPPED event carries the container's status (exit code, reason
@@ -66,11 +70,18 @@ class Runtime:
         return f"{self.name} {self.version} ({self.stream})"
 
 
-def choose_stream(name: str, version: str) -> str | None:
-    """Which stream to read from this runtime (None: neither is safe to read)."""
+AUTO: Final = "auto"
+STREAMS: Final = (AUTO, CRI, CONTAINERD)
+
+
+def choose_stream(name: str, version: str, prefer: str = AUTO) -> str | None:
+    """Which stream to read from this runtime (None: neither is safe to read). `prefer`:
+    auto (containerd's task events on containerd, the sooner; CRI elsewhere), cri or
+    containerd (each only where it is served and safe to read)."""
     if name == "containerd":
         major = _major(version)
-        return CRI if major is not None and major >= 2 else CONTAINERD
+        cri_safe = major is not None and major >= 2
+        return CRI if prefer == CRI and cri_safe else CONTAINERD
     if name == "cri-o":
         return CRI
     return None
@@ -119,11 +130,12 @@ def _said(exc: Any) -> str:
     return f"{code.name if code is not None else 'error'}: {details}"[:300]
 
 
-def connect(socket: str, oom_wait: float, clock: Callable[[], float] = time.monotonic) -> Stream:
+def connect(socket: str, oom_wait: float, clock: Callable[[], float] = time.monotonic,
+            prefer: str = AUTO) -> Stream:  # fmt: skip
     """The stream to read from the runtime behind `socket`. Raises RuntimeUnreadable."""
     channel = _Channel(socket)
     try:
-        runtime = _runtime(channel)
+        runtime = _runtime(channel, prefer)
     except BaseException:
         channel.close()
         raise
@@ -132,14 +144,14 @@ def connect(socket: str, oom_wait: float, clock: Callable[[], float] = time.mono
     return ContainerdStream(channel, runtime, oom_wait, clock)
 
 
-def _runtime(channel: _Channel) -> Runtime:
+def _runtime(channel: _Channel, prefer: str = AUTO) -> Runtime:
     said = channel.unary(
         "/runtime.v1.RuntimeService/Version",
         cri_pb2.VersionRequest(version="v1"),
         cri_pb2.VersionResponse,
     )
     name, version = said.runtime_name, said.runtime_version
-    stream = choose_stream(name, version)
+    stream = choose_stream(name, version, prefer)
     if stream is None:
         raise RuntimeUnreadable(f"{channel.socket}: runtime {name} {version} has no event "
                                 "stream this agent reads (containerd, CRI-O)")  # fmt: skip
