@@ -440,9 +440,14 @@ def draw(results: list[dict[str, Any]], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(results), figsize=(6.2 * len(results), 3.8), sharey=True,
+    cols = min(2, len(results))
+    height = (len(results) + cols - 1) // cols
+    fig, axes = plt.subplots(height, cols, figsize=(6.8 * cols, 3.9 * height), sharey=True,
                              squeeze=False)  # fmt: skip
-    for ax, run in zip(axes[0], results, strict=True):
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[len(results) :]:
+        ax.set_visible(False)
+    for ax, run in zip(flat, results, strict=False):
         rows = [(LABELS[s], run["spans_ms"][s]) for s in SPANS if s in run["spans_ms"]]
         for i, (q, colour) in enumerate((("p50", "#4c72b0"), ("p95", "#dd8452"),
                                          ("p99", "#c44e52"))):  # fmt: skip

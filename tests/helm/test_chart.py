@@ -137,6 +137,7 @@ def test_the_namespaced_scope_is_the_namespaced_overlay() -> None:
         ),
         (["networkPolicy.apiServer.cidrs={10.0.0.1}"], "at '/networkPolicy/apiServer/cidrs/0'"),
         (["controller.ports.health=0"], "at '/controller/ports/health'"),
+        (["firewall.exits.runtimeStream=docker"], "at '/firewall/exits/runtimeStream'"),
     ],
 )
 def test_a_bad_value_is_refused_naming_its_field(sets: list[str], message: str) -> None:
@@ -659,12 +660,14 @@ def test_the_exits_container_holds_the_socket_alone_and_the_controller_reads_its
     keeps NET_ADMIN and no socket; the controller watches the exits Leases; the admission
     policy admits each node's exits Lease. Off: none of it."""
     rendered = template("firewall.exits.runtimeSocket=/var/run/crio/crio.sock",
-                        "firewall.exits.oomWaitMilliseconds=100")  # fmt: skip
+                        "firewall.exits.oomWaitMilliseconds=100",
+                        "firewall.exits.runtimeStream=cri")  # fmt: skip
     ds = rendered[("DaemonSet", NAMESPACE, "deathwatch-firewall")]["spec"]["template"]["spec"]
     agent, exits = ds["containers"]
     assert (agent["name"], exits["name"]) == ("agent", "exits")
-    assert exits["args"][:4] == ["exits", "--runtime-socket=/var/run/crio/crio.sock",
-                                 "--oom-wait=0.1", "--lease-prefix=deathwatch-exits"]  # fmt: skip
+    assert exits["args"][:5] == ["exits", "--runtime-socket=/var/run/crio/crio.sock",
+                                 "--runtime-stream=cri", "--oom-wait=0.1",
+                                 "--lease-prefix=deathwatch-exits"]  # fmt: skip
     assert exits["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert exits["securityContext"]["readOnlyRootFilesystem"] is True
     assert {"name": "runtime", "mountPath": "/var/run/crio/crio.sock", "readOnly": True} in (

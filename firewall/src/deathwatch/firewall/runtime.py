@@ -2,9 +2,9 @@
 
 Two streams, over the runtime's socket, one chosen at each connection (`choose_stream`):
 containerd's own task events on containerd (any version: upstream of its CRI events, which
-the CRI plugin emits only once its own exit handling is done, a median 75 ms later on
-containerd 2.4 in bench/node_latency.py), the CRI's on CRI-O; `prefer="cri"` takes the CRI
-stream wherever it is safe to read.
+the CRI plugin emits only once its own exit handling is done; on containerd 2.4, exit → heard
+p50 76 ms against 100 ms in bench/node_latency.py), the CRI's on CRI-O; `prefer="cri"` takes
+the CRI stream wherever it is safe to read.
 
 - **CRI `GetContainerEvents`** (runtime.v1), runtime-neutral, what the kubelet's EventedPLEG
   reads: each CONTAINER_STOPPED event carries the container's status (exit code, reason
