@@ -200,6 +200,25 @@ def test_a_container_that_dies_while_a_disruption_is_pending_is_the_workload() -
     assert (t.state, t.cause) == (State.DEAD, Cause.CONTAINER_EXITED)
 
 
+@pytest.mark.parametrize("finished", [99, 100])
+def test_the_kubelets_eviction_stamped_a_second_after_the_kill_is_still_evicted(
+    finished: float,
+) -> None:
+    """The kubelet sends its DisruptionTarget only once the containers it killed stopped, and
+    stamps it then (status_manager.go, mergePodStatus): a kill at 99.9 s and the condition at
+    100 s read as 99 and 100 in whole seconds. The kubelet's own `since` never says the
+    container died first (the node lane saw it, issue #42)."""
+    j = Judge()
+    j.see(ready(), 2)
+    t = j.see(
+        pod(ready=False, ready_at=finished, phase="Failed", reason="Evicted",
+            message=PRESSURE_MESSAGE, disruption=PRESSURE,
+            containers=[terminated(code=137, finished=finished)]),
+        101,
+    )  # fmt: skip
+    assert (t.state, t.cause) == (State.DEAD, Cause.EVICTED)
+
+
 def test_a_death_before_the_disruption_stands_as_the_workloads() -> None:
     """Seen only together (a relist): the container had exited before the drain began."""
     j = Judge(policy="container-state")

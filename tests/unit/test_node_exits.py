@@ -29,6 +29,7 @@ from deathwatch.firewall.protos import containerd_pb2, cri_pb2
 from deathwatch.firewall.runtime import (
     CONTAINERD,
     CRI,
+    ContainerdStream,
     RuntimeUnreadable,
     Stream,
     choose_stream,
@@ -264,6 +265,35 @@ def test_a_sigkill_waits_briefly_for_its_oom_and_an_oom_first_is_remembered(
     assert [(e.container_id.split("//")[1], e.oom) for e in got] == [
         ("oom-after", True), ("oom-before", True), ("killed", False)]  # fmt: skip
     assert time.monotonic() - started >= 0.3  # the plain kill waited out its window
+
+
+def test_the_order_each_oom_came_in_is_told_and_a_late_one_named(runtime: Runtime) -> None:
+    """What --oom-wait is chosen from: an OOM before its exit, one after it within the wait,
+    and one after the exit was published as no OOM (late: a wrong cause, disputed later)."""
+    runtime.labels = {c: pod_labels() for c in ("before", "after", "late", "after-late")}
+    stream = connect(runtime.socket, oom_wait=0.2)
+    assert isinstance(stream, ContainerdStream)
+    told: list[str] = []
+    stream.on_oom = told.append
+    runtime.send(envelope("TaskOOM", containerd_pb2.TaskOOM(container_id="before")))
+    runtime.send(task_exit("before", 137))
+    runtime.send(task_exit("after", 137))
+    runtime.send(envelope("TaskOOM", containerd_pb2.TaskOOM(container_id="after")))
+    runtime.send(task_exit("late", 137))
+    out: list[Exit] = []
+    reader = threading.Thread(target=lambda: out.extend(stream.exits()), daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: len(out) >= 3, timeout=10, what="three exits")  # "late" once waited
+        assert [(e.container_id.split("//")[1], e.oom) for e in out] == [
+            ("before", True), ("after", True), ("late", False)]  # fmt: skip
+        runtime.send(envelope("TaskOOM", containerd_pb2.TaskOOM(container_id="late")))
+        runtime.send(task_exit("after-late", 3))  # read after the OOM: it has been handled
+        wait_for(lambda: len(out) >= 4, timeout=10, what="the exit after the late OOM")
+    finally:
+        stream.close()
+        reader.join(5)
+    assert told == ["before_exit", "after_exit", "late"]
 
 
 @pytest.mark.parametrize("runtime", [("containerd", "v2.4.2")], indirect=True)

@@ -174,6 +174,10 @@ def by_disruption(s: Situation) -> Decision | None:
         and death.finished_at is not None
         and d.since is not None
         and death.finished_at < d.since
+        # the kubelet's own DisruptionTarget is sent, and its time stamped, only once the
+        # containers it killed have stopped (status_manager.go, mergePodStatus): its `since`
+        # always follows the death it caused, a second later where they straddle one
+        and d.reason != KUBELET
     ):
         return Decision(State.DEAD, death.cause)
     return Decision(State.DEAD, d.cause)

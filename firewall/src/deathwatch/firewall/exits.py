@@ -39,7 +39,7 @@ from deathwatch._kube.exits import (
 )
 from deathwatch._kube.ports import Heartbeat
 from deathwatch.firewall.kubeapi import Api
-from deathwatch.firewall.runtime import RuntimeUnreadable, Stream, connect
+from deathwatch.firewall.runtime import ContainerdStream, RuntimeUnreadable, Stream, connect
 
 log = structlog.get_logger("deathwatch.firewall.exits")
 BACKOFF: Final = (0.5, 1.0, 2.0, 5.0, 10.0)
@@ -76,6 +76,15 @@ class ExitsMetrics:
             "deathwatch_node_exits_runtime_connected",
             "1 while the runtime's event stream is read", registry=r,
         )  # fmt: skip
+        self.oom_order = Counter(
+            "deathwatch_node_exits_oom_order",
+            "containerd's task events: when an OOM event came, against its container's exit: "
+            "before_exit, after_exit (the exit held for it, within --oom-wait), late (after "
+            "the exit was published as no OOM: the kubelet's report will dispute its cause)",
+            ["order"], registry=r,
+        )  # fmt: skip
+        for order in ("before_exit", "after_exit", "late"):
+            self.oom_order.labels(order)
         self.reconnects = Counter(
             "deathwatch_node_exits_runtime_failures",
             "The runtime's event stream failed or ended (read again after a backoff)",
@@ -254,6 +263,8 @@ class Observer:
                 self._failed(str(exc), failures)
                 continue
             self.stream = stream
+            if isinstance(stream, ContainerdStream):
+                stream.on_oom = lambda order: self.metrics.oom_order.labels(order).inc()
             self.connected, failures = True, 0
             self.metrics.connected.set(1)
             self._source = stream.runtime.source

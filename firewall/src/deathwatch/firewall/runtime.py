@@ -245,6 +245,12 @@ class ContainerdStream:
         self._closed = False
         self._oom: dict[str, float] = {}  # container id -> when its OOM was heard (monotonic)
         self._held: dict[str, _Held] = {}
+        # 137s published as no OOM, for an OOM heard after them (late: the cause was wrong)
+        self._unoomed: dict[str, float] = {}
+        # the order an OOM came in, told as it is heard (the exits container counts it, so
+        # that oom_wait is chosen from what the runtime does): before_exit, after_exit (its
+        # exit held for it), late (after the exit was published as no OOM)
+        self.on_oom: Callable[[str], None] = lambda order: None
 
     def exits(self) -> Iterator[Exit]:
         call = self.channel.channel.unary_stream(
@@ -289,7 +295,10 @@ class ContainerdStream:
             oom = containerd_pb2.TaskOOM.FromString(envelope.event.value)
             held = self._held.pop(oom.container_id, None)
             if held is not None:
+                self.on_oom("after_exit")
                 yield _with_oom(held.exit)
+            elif self._unoomed.pop(oom.container_id, None) is not None:
+                self.on_oom("late")
             else:
                 self._oom[oom.container_id] = self.clock()
             return
@@ -302,6 +311,7 @@ class ContainerdStream:
         if found is None:
             return
         if self._oom.pop(exit.container_id, None) is not None:
+            self.on_oom("before_exit")
             yield _with_oom(found)
         elif found.exit_code == SIGKILL_EXIT and self.oom_wait > 0:
             self._held[exit.container_id] = _Held(found, self.clock() + self.oom_wait)
@@ -314,12 +324,15 @@ class ContainerdStream:
         for cid, held in list(self._held.items()):
             if held.until <= now:
                 del self._held[cid]
+                self._unoomed[cid] = now
                 yield held.exit
 
     def _forget_old(self) -> None:
+        cut = self.clock() - 60
         if len(self._oom) > 1024:  # an OOM whose exit never came (a killed child process)
-            cut = self.clock() - 60
             self._oom = {c: t for c, t in self._oom.items() if t >= cut}
+        if len(self._unoomed) > 1024:
+            self._unoomed = {c: t for c, t in self._unoomed.items() if t >= cut}
 
     def _named(self, exit: Any) -> Exit | None:
         """The exit named for its pod by its container's labels (None: not a pod's own
