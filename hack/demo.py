@@ -109,8 +109,12 @@ def _play(c: cluster.Cluster, core: client.CoreV1Api, custom: client.CustomObjec
         ctl[name] = c.node.ctl(f"{NS}-{name}")
         core.create_namespaced_pod(NS, agent_pod(name, ctl[name], probe=probe), _request_timeout=30)
     expected = {name: state for name, *_, state in FLEET}
-    _until(lambda: all(_states(custom).get(n) == "Alive" for n, s in expected.items() if s != "Pending"),
-           90, "every sandbox Alive")  # fmt: skip
+    try:
+        _until(lambda: all(_states(custom).get(n) == "Alive" for n, s in expected.items() if s != "Pending"),
+               90, "every sandbox Alive")  # fmt: skip
+    except TimeoutError:
+        print(c.diagnose(), file=sys.stderr)
+        raise
     print(f"\n{len(FLEET)} sandboxes running (busybox, listening on the agent port {AGENT_PORT})")
     sandbox = core.read_namespaced_pod("web-ide-1", NS, _request_timeout=10).status.pod_ip
     print("the node firewall, from the host:"

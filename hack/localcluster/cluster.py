@@ -73,6 +73,23 @@ class Cluster:
     ) -> subprocess.CompletedProcess[str]:
         return self.cp.kubectl_run(*args, check=check, timeout=timeout, input=input)
 
+    def diagnose(self) -> str:
+        """What a lane prints when a wait on the cluster times out: every pod, the latest
+        events, and the last lines of deathwatch's own logs (a failed CI run keeps nothing
+        else: its cluster is torn down with the test)."""
+        parts = [
+            ("pods", ("get", "pods", "-A", "-o", "wide")),
+            ("events", ("get", "events", "-A", "--sort-by=.lastTimestamp")),
+            ("deathwatch's logs", ("logs", "-n", "deathwatch-system", "--all-containers",
+                                   "--prefix", "--tail=40", "-l", "app.kubernetes.io/part-of=deathwatch")),
+        ]  # fmt: skip
+        out = []
+        for title, args in parts:
+            got = self.kubectl(*args, check=False, timeout=30)
+            text = (got.stdout + got.stderr).rstrip().splitlines()
+            out.append(f"--- {title}\n" + "\n".join(text[-60:]))
+        return "\n".join(out)
+
 
 @contextlib.contextmanager
 def running(workdir: Path | None = None, pod_security: str | None = "baseline",

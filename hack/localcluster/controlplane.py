@@ -69,10 +69,44 @@ def shards_apiserver() -> Path:
     return bin_dir(versions()["SHARDS_APISERVER_VERSION"]) / "kube-apiserver"
 
 
+def _ephemeral_floor() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_LISTEN_FLOOR = 20000  # below it sit well-known services; above the floor, the kernel's own
+_handed_out: set[int] = set()
+_next_port = [0]
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nobody listens on, never handed out twice by this process.
+
+    Taken below the kernel's ephemeral range, not from bind(0): a port bind(0) returned is
+    free only until the socket closes, and the kernel hands the same range to every outgoing
+    connection. CI once saw a controller's metrics port taken, for all of its 30 s, by a
+    client connection's source port (EADDRINUSE on every retry).
+    """
+    top = _ephemeral_floor()
+    span = top - _LISTEN_FLOOR
+    if not _next_port[0]:
+        # processes started together (pytest, the demo, hack scripts) start apart
+        _next_port[0] = _LISTEN_FLOOR + (os.getpid() * 7919 + time.monotonic_ns()) % span
+    for _ in range(span):
+        port = _next_port[0]
+        _next_port[0] = _LISTEN_FLOOR + (port + 1 - _LISTEN_FLOOR) % span
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port in {_LISTEN_FLOOR}-{top - 1}")
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:

@@ -104,7 +104,11 @@ class Deployed:
             sv = self.sv(name)
             return sv["status"] if sv and sv.get("status", {}).get("state") == state else None
 
-        return wait_for(probe, timeout=timeout, what=f"{name} {state}")
+        try:
+            return wait_for(probe, timeout=timeout, what=f"{name} {state}")
+        except AssertionError:
+            print(self.c.diagnose())
+            raise
 
     def events(self, pod: str, reason: str) -> int:
         selector = f"involvedObject.name={pod},reason={reason}"
