@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench import quantile_chart
+
 QUANTILES = ("p50", "p95", "p99", "max")
 LABELS = {"agent-sandbox": "agent-sandbox", "kopf-noop": "kopf no-op"}
 
@@ -124,37 +126,22 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def draw(results: dict[str, Any], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     versions = results.get("versions") or {}
-    runs = results["runs"]
-    fig, axes = plt.subplots(1, len(runs), figsize=(5.2 * len(runs), 3.6), sharey=True,
-                             squeeze=False)  # fmt: skip
-    for ax, run in zip(axes[0], runs, strict=True):
+    panels = []
+    for run in results["runs"]:
         rows = [(_label(name, versions), t["latency_ms"])
                 for name, t in run["tools"].items() if t["latency_ms"]]  # fmt: skip
         base = run.get("baseline_watch_ms") or {}
         if base:
             rows.insert(0, ("watch baseline", base))
-        for i, (q, colour) in enumerate((("p50", "#4c72b0"), ("p95", "#dd8452"),
-                                         ("p99", "#c44e52"))):  # fmt: skip
-            xs = [j + (i - 1) * 0.27 for j in range(len(rows))]
-            bars = ax.bar(xs, [max(0.0, lat.get(q) or 0) for _, lat in rows], 0.27, label=q,
-                          color=colour)  # fmt: skip
-            ax.bar_label(bars, fmt="%.1f", fontsize=7, padding=1)
-        ax.set_xticks(range(len(rows)), [name for name, _ in rows], rotation=15)
-        ax.set_title(f"N = {run['pods']:,} sandboxes, {run.get('rate', 20):g} status writes/s")
-        ax.grid(axis="y", alpha=0.3)
-    axes[0][0].set_ylabel("status write → verdict seen (ms)")
-    axes[0][0].legend(loc="upper left")
-    fig.suptitle("deathwatch next to agent-sandbox on one API server, one run (bench/peers.py)",
-                 fontsize=10)  # fmt: skip
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+        panels.append(
+            (f"N = {run['pods']:,} sandboxes, {run.get('rate', 20):g} status writes/s", rows)
+        )
+    quantile_chart.draw(
+        panels, out, ylabel="status write → verdict seen (ms)",
+        title="deathwatch next to agent-sandbox on one API server, one run (bench/peers.py)",
+        cols=len(panels), size=(5.2, 3.6),
+    )  # fmt: skip
 
 
 def main(argv: list[str]) -> int:

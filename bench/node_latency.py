@@ -46,6 +46,7 @@ from typing import Any
 
 from kubernetes import client, watch
 
+from bench import quantile_chart
 from bench.stats import summary
 from deathwatch._kube import exits as wire
 from hack.localcluster import agentpods, agentsandbox, controlplane
@@ -435,36 +436,17 @@ LABELS = {"runtime": "kill → runtime", "heard": "→ node observation", "verdi
 
 
 def draw(results: list[dict[str, Any]], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cols = min(2, len(results))
-    height = (len(results) + cols - 1) // cols
-    fig, axes = plt.subplots(height, cols, figsize=(6.8 * cols, 3.9 * height), sharey=True,
-                             squeeze=False)  # fmt: skip
-    flat = [ax for row in axes for ax in row]
-    for ax in flat[len(results) :]:
-        ax.set_visible(False)
-    for ax, run in zip(flat, results, strict=False):
-        rows = [(LABELS[s], run["spans_ms"][s]) for s in SPANS if s in run["spans_ms"]]
-        for i, (q, colour) in enumerate((("p50", "#4c72b0"), ("p95", "#dd8452"),
-                                         ("p99", "#c44e52"))):  # fmt: skip
-            xs = [j + (i - 1) * 0.27 for j in range(len(rows))]
-            bars = ax.bar(xs, [max(0.0, lat.get(q) or 0) for _, lat in rows], 0.27, label=q,
-                          color=colour)  # fmt: skip
-            ax.bar_label(bars, fmt="%.0f", fontsize=6, padding=1)
-        ax.set_xticks(range(len(rows)), [name for name, _ in rows], rotation=25, fontsize=7)
-        ax.set_title(f"{run['runtime']}: {run['kills']} kills", fontsize=9)
-        ax.grid(axis="y", alpha=0.3)
-    axes[0][0].set_ylabel("from the kill (ms)")
-    axes[0][0].legend(loc="upper left")
-    fig.suptitle("a sandbox's death on a real node, kill → verdict (bench/node_latency.py)",
-                 fontsize=10)  # fmt: skip
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    panels = [
+        (f"{run['runtime']}: {run['kills']} kills",
+         [(LABELS[s], run["spans_ms"][s]) for s in SPANS if s in run["spans_ms"]])
+        for run in results
+    ]  # fmt: skip
+    quantile_chart.draw(
+        panels, out, ylabel="from the kill (ms)",
+        title="a sandbox's death on a real node, kill → verdict (bench/node_latency.py)",
+        cols=2, size=(6.8, 3.9), fmt="%.0f", label_size=6, rotation=25, tick_size=7,
+        title_size=9,
+    )  # fmt: skip
 
 
 def markdown(results: list[dict[str, Any]]) -> str:

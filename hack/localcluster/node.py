@@ -203,6 +203,62 @@ def _host_ip() -> str:
             return "127.0.0.1"
 
 
+# the CRI plugin's settings, in each version's plugin names: 1.6's config version 2 has one
+# "cri" plugin, 2.x's version 3 splits it into images and runtime
+_CRI_16 = """[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{pause}"
+  # no CAP_SYS_RESOURCE here: runc cannot set a negative oom_score_adj
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{cni}"
+"""
+_CRI_2 = """[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "{pause}"
+[plugins."io.containerd.cri.v1.runtime"]
+  # no CAP_SYS_RESOURCE here: runc cannot set a negative oom_score_adj
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["/usr/lib/cni"]
+    conf_dir = "{cni}"
+"""
+
+
+def _containerd_config(d: Path, sock: Path, cni: Path, *, v2: bool) -> str:
+    """The node's containerd config: its root, state and sockets in the node's workdir, only
+    the overlayfs snapshotter, runc with cgroupfs, and the node's CNI config."""
+    disabled = ["btrfs", "zfs", "devmapper"] if v2 else ["aufs", "btrfs", "zfs", "devmapper"]
+    disabled_plugins = ", ".join(f'"io.containerd.snapshotter.v1.{p}"' for p in disabled)
+    return f"""version = {3 if v2 else 2}
+root = "{d / "root"}"
+state = "{d / "state"}"
+disabled_plugins = [{disabled_plugins}]
+[grpc]
+  address = "{sock}"
+[ttrpc]
+  address = "{sock}.ttrpc"
+[debug]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d / "opt"}"
+""" + (_CRI_2 if v2 else _CRI_16).format(pause=images.PAUSE, cni=cni)
+
+
 @dataclass
 class Node:
     cp: ControlPlane
@@ -280,97 +336,22 @@ class Node:
             f'"routes": [{{"dst": "0.0.0.0/0"}}], "dataDir": "{self.workdir / "cni-ipam"}"}}}}]}}\n'
         )
         config = d / "config.toml"
-        if self.runtime == "containerd2":
-            self._containerd2(d, cni, config)
-            return
-        config.write_text(
-            f"""version = 2
-root = "{d / "root"}"
-state = "{d / "state"}"
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
-[grpc]
-  address = "{self.sock}"
-[ttrpc]
-  address = "{self.sock}.ttrpc"
-[debug]
-  address = ""
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{d / "opt"}"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{images.PAUSE}"
-  # no CAP_SYS_RESOURCE here: runc cannot set a negative oom_score_adj
-  restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = "{cni}"
-"""
-        )
+        v2 = self.runtime == "containerd2"
+        config.write_text(_containerd_config(d, self.sock, cni, v2=v2))
+        # containerd 2 from its module, its shim first on PATH; 1.6 is Debian's
+        binaries = containerd2_bin() if v2 else None
         proc = Process(
             "containerd",
-            ["containerd", "--config", str(config)],
+            [str(binaries / "containerd") if binaries else "containerd", "--config", str(config)],
             self.workdir / "logs" / "containerd.log",
+            env={"PATH": f"{binaries}:{os.environ.get('PATH', '')}"} if binaries else None,
         )
         self.processes["containerd"] = proc
         proc.start()
         deadline = time.monotonic() + 30
         while not self.sock.exists():
             if not proc.running or time.monotonic() > deadline:
-                raise RuntimeError(f"containerd did not start:\n{proc.tail()}")
-            time.sleep(0.1)
-
-    def _containerd2(self, d: Path, cni: Path, config: Path) -> None:
-        """containerd 2.x, its config in version 3's plugin names; its shim and ctr beside it."""
-        config.write_text(
-            f"""version = 3
-root = "{d / "root"}"
-state = "{d / "state"}"
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
-[grpc]
-  address = "{self.sock}"
-[ttrpc]
-  address = "{self.sock}.ttrpc"
-[debug]
-  address = ""
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{d / "opt"}"
-[plugins."io.containerd.cri.v1.images"]
-  snapshotter = "overlayfs"
-  [plugins."io.containerd.cri.v1.images".pinned_images]
-    sandbox = "{images.PAUSE}"
-[plugins."io.containerd.cri.v1.runtime"]
-  # no CAP_SYS_RESOURCE here: runc cannot set a negative oom_score_adj
-  restrict_oom_score_adj = true
-  [plugins."io.containerd.cri.v1.runtime".containerd]
-    default_runtime_name = "runc"
-    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-  [plugins."io.containerd.cri.v1.runtime".cni]
-    bin_dirs = ["/usr/lib/cni"]
-    conf_dir = "{cni}"
-"""
-        )
-        binaries = containerd2_bin()
-        proc = Process(
-            "containerd",
-            [str(binaries / "containerd"), "--config", str(config)],
-            self.workdir / "logs" / "containerd.log",
-            env={"PATH": f"{binaries}:{os.environ.get('PATH', '')}"},  # its shim, first
-        )
-        self.processes["containerd"] = proc
-        proc.start()
-        deadline = time.monotonic() + 30
-        while not self.sock.exists():
-            if not proc.running or time.monotonic() > deadline:
-                raise RuntimeError(f"containerd 2 did not start:\n{proc.tail()}")
+                raise RuntimeError(f"{self.runtime} did not start:\n{proc.tail()}")
             time.sleep(0.1)
 
     def ctr(

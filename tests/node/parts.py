@@ -17,6 +17,7 @@ from kubernetes import watch
 from hack.localcluster import agentpods, controlplane
 from hack.localcluster.node import NODE_NAME, RUNTIME_SOCKET, Node
 from tests.controller_env import Env
+from tests.kube import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -145,3 +146,38 @@ def container_pid(e: Env, name: str) -> int:
         if task == cid:
             return int(pid)
     raise AssertionError(f"no task for {name} ({cid})")
+
+
+DEATHS = [("exit", "3", "ContainerExited", 3), ("sigkill", "", "ContainerExited", 137),
+          ("oom", "", "OOMKilled", 137)]  # fmt: skip
+
+
+def each_death_heard(e: Env, prefix: str, stamps: Stamps | None = None) -> list[float]:
+    """ADR 0028 on one runtime: an exit, a SIGKILL from the host and an OOM kill, each Dead
+    with its cause and code, observedBy node; the kubelet's report that follows agrees (no
+    dispute, one SandboxDead). With `stamps` running, how much earlier than the kubelet's
+    report each verdict was seen (ms, positive: earlier)."""
+    ahead: list[float] = []
+    for i, (how, arg, cause, code) in enumerate(DEATHS):
+        name = agent_pod(e, f"{prefix}{i}", memory="24Mi" if how == "oom" else "32Mi")
+        e.wait_state(name, "Alive", timeout=60)
+        if how == "sigkill":
+            os.kill(container_pid(e, name), signal.SIGKILL)
+        else:
+            (ctl(e, name) / how).write_text(arg)
+        dead = e.wait_state(name, "Dead", timeout=30)["status"]
+        assert (dead["cause"], dead["exitCode"], dead["observedBy"]) == (cause, code, "node"), dead
+        assert dead["containerID"].startswith("containerd://")
+        if stamps is not None:
+            wait_for(lambda n=name: n in stamps.terminated and n in stamps.dead,  # type: ignore[misc]
+                     what="both watches")  # fmt: skip
+            ahead.append((stamps.terminated[name] - stamps.dead[name]) * 1e3)
+        wait_for(lambda n=name: not pod_ready(e, n), timeout=30, what="the kubelet's report")  # type: ignore[misc]
+    # a pod made after the reports: once it is Alive, the controller has judged them
+    e.wait_state(agent_pod(e, f"{prefix}marker"), "Alive", timeout=60)
+    for i in range(len(DEATHS)):
+        sv = (e.sv(f"{prefix}{i}") or {})["status"]
+        assert sv["state"] == "Dead" and "disputed" not in sv, sv
+        assert e.events(f"{prefix}{i}", "NodeExitDisputed") == []
+        assert len(e.events(f"{prefix}{i}", "SandboxDead")) == 1
+    return ahead

@@ -9,8 +9,6 @@ no observer, the kubelet's reports judging a death alone."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +21,7 @@ from hack.localcluster import controlplane
 from hack.localcluster.node import Node, containerd2_available
 from tests.controller_env import Env
 from tests.kube import wait_for
-from tests.node.parts import NODE_EXITS, Exits, agent_pod, container_pid, ctl, pod_ready
+from tests.node.parts import NODE_EXITS, Exits, agent_pod, ctl, each_death_heard
 
 pytestmark = pytest.mark.node
 RESULTS: dict[str, Any] = {}
@@ -59,35 +57,13 @@ def test_each_stream_hears_each_death_and_the_kubelet_agrees(
                     if "reading the runtime's exits" in line)  # fmt: skip
         assert (said["runtime"], said["stream"]) == ("containerd", stream), said
         assert said["version"].lstrip("v").startswith("2."), said
-        _each_death_heard(e, f"{prefer}-")
+        e.start_controller(extra=NODE_EXITS)
+        e.deathwatch()
+        each_death_heard(e, f"{prefer}-")
     finally:
         observer.stop()
         print(f"--- exits observer:\n{observer.log.read_text()[-3000:]}")
     RESULTS[f"{prefer}_stream_deaths"] = 3
-
-
-def _each_death_heard(e: Env, prefix: str) -> None:
-    e.start_controller(extra=NODE_EXITS)
-    e.deathwatch()
-    cases = [("exit", "3", "ContainerExited", 3), ("sigkill", "", "ContainerExited", 137),
-             ("oom", "", "OOMKilled", 137)]  # fmt: skip
-    for i, (how, arg, cause, code) in enumerate(cases):
-        name = agent_pod(e, f"{prefix}{i}", memory="24Mi" if how == "oom" else "32Mi")
-        e.wait_state(name, "Alive", timeout=60)
-        if how == "sigkill":
-            os.kill(container_pid(e, name), signal.SIGKILL)
-        else:
-            (ctl(e, name) / how).write_text(arg)
-        dead = e.wait_state(name, "Dead", timeout=30)["status"]
-        assert (dead["cause"], dead["exitCode"], dead["observedBy"]) == (cause, code, "node"), dead
-        assert dead["containerID"].startswith("containerd://")
-        wait_for(lambda n=name: not pod_ready(e, n), timeout=30, what="the kubelet's report")  # type: ignore[misc]
-    # a pod made after the reports: once it is Alive, the controller has judged them
-    e.wait_state(agent_pod(e, f"{prefix}marker"), "Alive", timeout=60)
-    for i in range(len(cases)):
-        sv = (e.sv(f"{prefix}{i}") or {})["status"]
-        assert sv["state"] == "Dead" and "disputed" not in sv, sv
-        assert e.events(f"{prefix}{i}", "NodeExitDisputed") == []
 
 
 def test_with_no_observer_the_kubelets_report_judges_the_death(nenv: Env) -> None:

@@ -4,10 +4,8 @@ firewall refusing kubelet's own TCP probe while an exec probe passes."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -36,8 +34,8 @@ from tests.node.parts import (
     Exits,
     Stamps,
     agent_pod,
-    container_pid,
     ctl,
+    each_death_heard,
     pod_ready,
 )
 
@@ -132,64 +130,10 @@ def test_killed_sandbox_is_dead_with_its_exit_code(nenv: Env) -> None:
     e.deathwatch()
     stamps = Stamps(e)
     stamps.start()
-    latencies = []
-    for i, code in enumerate((3, 42, 1)):
-        name = agent_pod(e, f"killed-{i}")
-        e.wait_state(name, "Alive", timeout=60)
-        (ctl(e, name) / "exit").write_text(str(code))
-        dead = e.wait_state(name, "Dead", timeout=30)["status"]
-        assert (dead["cause"], dead["exitCode"], dead["container"]) == (
-            "ContainerExited",
-            code,
-            "agent",
-        )
-        assert dead.get("observedBy", "kubelet") == "kubelet"
-        seen = functools.partial(lambda n: n in stamps.dead and n in stamps.terminated, name)
-        wait_for(seen, what="both watches")
-        latencies.append((stamps.dead[name] - stamps.terminated[name]) * 1e3)
-    stamps.stop = True
-    RESULTS["kubelet_status_write_to_dead_ms"] = [round(x, 1) for x in latencies]
-    assert max(latencies) < 1000
-
-
-def test_deaths_heard_on_the_node_are_dead_before_the_kubelet_reports_them(
-    nenv: Env, heard: Exits
-) -> None:
-    """ADR 0028 on containerd 1.6 (its task events): an exit, a SIGKILL from the host and an
-    OOM kill, each Dead with its cause and code, observedBy node; the kubelet's report that
-    follows agrees (no dispute) and changes nothing."""
-    e = nenv
-    e.start_controller(extra=NODE_EXITS)
-    e.deathwatch()
-    stamps = Stamps(e)
-    stamps.start()
-    ahead: list[float] = []
-    cases = [("exit", "3", "ContainerExited", 3), ("sigkill", "", "ContainerExited", 137),
-             ("oom", "", "OOMKilled", 137)]  # fmt: skip
-    for i, (how, arg, cause, code) in enumerate(cases):
-        name = agent_pod(e, f"heard-{i}", memory="24Mi" if how == "oom" else "32Mi")
-        e.wait_state(name, "Alive", timeout=60)
-        if how == "sigkill":
-            os.kill(container_pid(e, name), signal.SIGKILL)
-        else:
-            (ctl(e, name) / how).write_text(arg)
-        dead = e.wait_state(name, "Dead", timeout=30)["status"]
-        assert (dead["cause"], dead["exitCode"], dead["observedBy"]) == (cause, code, "node"), dead
-        assert dead["containerID"].startswith("containerd://")
-        wait_for(lambda n=name: n in stamps.terminated and n in stamps.dead,  # type: ignore[misc]
-                 what="both watches")  # fmt: skip
-        ahead.append((stamps.terminated[name] - stamps.dead[name]) * 1e3)
-        wait_for(lambda n=name: not pod_ready(e, n), timeout=30, what="the kubelet's report")  # type: ignore[misc]
+    ahead = each_death_heard(e, "heard-", stamps)
     stamps.stop = True
     # how much earlier than the kubelet's report each verdict was (positive: earlier)
     RESULTS["node_verdict_ahead_of_kubelet_report_ms"] = [round(x, 1) for x in ahead]
-    # a pod made after the reports: once it is Alive, the controller has judged them
-    e.wait_state(agent_pod(e, "marker"), "Alive", timeout=60)
-    for i in range(len(cases)):
-        sv = e.sv(f"heard-{i}")["status"]  # type: ignore[index]
-        assert sv["state"] == "Dead" and "disputed" not in sv, sv
-        assert e.events(f"heard-{i}", "NodeExitDisputed") == []
-        assert len(e.events(f"heard-{i}", "SandboxDead")) == 1
 
 
 def test_oom_killed_sandbox(nenv: Env) -> None:
