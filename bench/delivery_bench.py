@@ -40,7 +40,7 @@ from bench.stats import percentile
 from deathwatch._engine.timeutil import format_time
 from hack.localcluster import controlplane
 from hack.localcluster.controller_process import ControllerProcess, metrics_reader_token
-from hack.localcluster.receiver import Receiver, sink_secret
+from hack.localcluster.receiver import Fault, Receiver, sink_secret
 from hack.localcluster.sandbox_script import SandboxScript
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,13 +72,8 @@ class Churn:
             if target > time.monotonic():
                 time.sleep(target - time.monotonic())
             if i % 10 == 0:
-                name = next(self.victims, None)
-                if name is None:
+                if self.kill_one() is None:
                     break
-                self.core.patch_namespaced_pod_status(
-                    name, NS, {"status": statuses(self.scripts[name])[1]}, _request_timeout=TIMEOUT
-                )
-                self.deaths[name] = time.monotonic()
             else:
                 name = self.names[(i * 7919) % len(self.names)]
                 if name in self.deaths:
@@ -89,6 +84,16 @@ class Churn:
                                                       _request_timeout=TIMEOUT)  # fmt: skip
             done += 1
         return done / (time.monotonic() - started)
+
+    def kill_one(self) -> str | None:
+        """The next victim's death written (None: no victims left)."""
+        name = next(self.victims, None)
+        if name is not None:
+            self.core.patch_namespaced_pod_status(
+                name, NS, {"status": statuses(self.scripts[name])[1]}, _request_timeout=TIMEOUT
+            )
+            self.deaths[name] = time.monotonic()
+        return name
 
 
 def dead_watcher(custom: client.CustomObjectsApi) -> Watcher:
@@ -163,8 +168,34 @@ def arm(name: str, work: Path, cp: controlplane.ControlPlane, api: client.ApiCli
     return result, ctrl
 
 
+def delivered_status(custom: client.CustomObjectsApi) -> str | None:
+    """The bench DeathWatch's Delivered condition: True, False, or None (not said)."""
+    dw = custom.get_namespaced_custom_object("deathwatch.dev", "v1alpha1", NS, "deathwatches",
+                                             "bench", _request_timeout=TIMEOUT)  # fmt: skip
+    found = [
+        c for c in (dw.get("status") or {}).get("conditions") or [] if c["type"] == "Delivered"
+    ]
+    return str(found[0]["status"]) if found else None
+
+
+def retry_after(churn: Churn, receiver: Receiver, kills: int = 5, wait: int = 2) -> dict[str, Any]:
+    """Each of `kills` deaths answered 429 with Retry-After `wait` once: from the death's write
+    to the receiver's 2xx (the wait, plus the verdict's and the event's own time)."""
+    took = []
+    for _ in range(kills):
+        receiver.fault(Fault("429", retry_after=wait))
+        name = churn.kill_one()
+        if name is None:
+            break
+        if wait_until(lambda n=name: receiver.of(n), 60):
+            took.append(min(r.at for r in receiver.of(name)) - churn.deaths[name])
+    return {"retry_after_s": wait, "kills": len(took),
+            "made_good_s": [round(t, 2) for t in took],
+            "late_beyond_retry_after_s_max": round(max(took) - wait, 2) if took else None}  # fmt: skip
+
+
 def outage(ctrl: ControllerProcess, churn: Churn, receiver: Receiver, rate: float,
-           seconds: float) -> dict[str, Any]:  # fmt: skip
+           seconds: float, custom: client.CustomObjectsApi) -> dict[str, Any]:  # fmt: skip
     assert ctrl.proc is not None
     before = set(churn.deaths)
     rss = [rss_mib(ctrl.proc.pid)]
@@ -173,9 +204,14 @@ def outage(ctrl: ControllerProcess, churn: Churn, receiver: Receiver, rate: floa
     churner = threading.Thread(target=churn.run, args=(rate, seconds, stop), daemon=True)
     churner.start()
     began = time.monotonic()
+    # the Delivered condition: how long after the outage began it said False
+    said_false: float | None = None
     while churner.is_alive():
-        churner.join(10)
-        rss.append(rss_mib(ctrl.proc.pid))
+        churner.join(0.5)
+        if said_false is None and delivered_status(custom) == "False":
+            said_false = time.monotonic() - began
+        if len(rss) < 1 + (time.monotonic() - began) // 10:
+            rss.append(rss_mib(ctrl.proc.pid))
     owed = ctrl.metric("deathwatch_delivery_backlog", sink="bench")
     receiver.up()
     up = time.monotonic()
@@ -187,6 +223,7 @@ def outage(ctrl: ControllerProcess, churn: Churn, receiver: Receiver, rate: floa
         "down_seconds": round(up - began, 1), "deaths_while_down": len(mine),
         "backlog_at_end_of_outage": owed, "all_delivered": drained,
         "drain_seconds": round(drain, 1),
+        "delivered_false_after_s": round(said_false, 1) if said_false is not None else None,
         "rss_mib_before": rss[0], "rss_mib_max": round(max(rss), 1), "rss_mib_after": rss[-1],
     }  # fmt: skip
 
@@ -202,7 +239,7 @@ def main() -> int:
     args = ap.parse_args()
     deaths_per_arm = int(args.rate * args.seconds / 10) + 1
     outage_deaths = int(args.rate * args.outage / 10) + 1
-    needed = 2 * deaths_per_arm + outage_deaths
+    needed = 2 * deaths_per_arm + outage_deaths + 5  # and the Retry-After phase's
     work = Path(tempfile.mkdtemp(prefix="deathwatch-delivery-bench-"))
     cp = controlplane.ControlPlane(work / "cp")
     receiver = Receiver(SECRET, tls=True).start()
@@ -251,8 +288,10 @@ def main() -> int:
                 "p50_ms_over_verdict": round(second["delivered_ms_p50"] - second["verdict_ms_p50"], 1),
             },
         }  # fmt: skip
+        custom = client.CustomObjectsApi(api)
+        result["retry_after"] = retry_after(churn, receiver)
         if args.outage > 0:
-            result["outage"] = outage(ctrl, churn, receiver, args.rate, args.outage)
+            result["outage"] = outage(ctrl, churn, receiver, args.rate, args.outage, custom)
     finally:
         for c in ctrls:
             c.stop()
@@ -274,11 +313,16 @@ def _text(r: dict[str, Any]) -> str:
         f"delivered, ids stable {b['ids_stable']}, invalid signatures {b['invalid_signatures']}",
         f"  delivery adds: CPU x{d['cpu_ratio']}, RSS +{d['rss_mib']} MiB, p50 +{d['p50_ms_over_verdict']} ms after the verdict",
     ]  # fmt: skip
+    ra = r.get("retry_after")
+    if ra:
+        lines.append(f"  429 with Retry-After {ra['retry_after_s']} s: made good after "
+                     f"{ra['made_good_s']} s")  # fmt: skip
     if "outage" in r:
         o = r["outage"]
         lines.append(
             f"  outage {o['down_seconds']} s, {o['deaths_while_down']} deaths meanwhile (backlog "
-            f"{o['backlog_at_end_of_outage']:.0f}); drained in {o['drain_seconds']} s, all "
+            f"{o['backlog_at_end_of_outage']:.0f}); Delivered False after "
+            f"{o['delivered_false_after_s']} s; drained in {o['drain_seconds']} s, all "
             f"delivered {o['all_delivered']}; RSS {o['rss_mib_before']:.1f} -> max "
             f"{o['rss_mib_max']} -> {o['rss_mib_after']:.1f} MiB"
         )

@@ -828,6 +828,7 @@ def test_a_sink_refusing_and_then_down_fires_the_delivery_alerts(lane: Lane) -> 
                             f"delivery.sinks[0].url=http://{SINK_HOST}:{receiver.port}/hooks/deathwatch",
                             "delivery.sinks[0].secretName=lane-sink",
                             "delivery.sinks[0].allowInsecure=true",
+                            "delivery.sinks[0].lateAfterSeconds=3",
                             f"delivery.egress[0].cidr={cluster.BRIDGE_IP}/32",
                             f"delivery.egress[0].ports={{{receiver.port}}}")  # fmt: skip
         RESULTS["delivery_upgrade_seconds"] = round(took, 1)

@@ -21,6 +21,7 @@ from standardwebhooks.webhooks import Webhook
 from deathwatch._engine.verdict import State
 from deathwatch._operator.delivery import config
 from deathwatch._operator.delivery.events import (
+    PROBE_EVERY,
     Answer,
     Outcome,
     backoff,
@@ -154,10 +155,11 @@ def test_what_each_answer_means() -> None:
     assert read_answer(503, {"Retry-After": date}, NOW) == Answer(Outcome.RETRY, "503", 30.0)
     assert retry_after("999999", NOW) == 3600.0 and retry_after("soon", NOW) is None
     assert retry_after("Wed, 02 Dec 2026 09:00:00 GMT", NOW) == 0.0
-    assert [backoff(n, 0.999) for n in (0, 1, 4, 30)] == pytest.approx(
-        [0.999, 1.998, 15.984, 59.94]
+    # half to all of min(3 s, 0.5 s * 2^(n-1)): never near 0, never past the probe interval
+    assert [backoff(n, 0.999) for n in (1, 2, 3, 4, 30)] == pytest.approx(
+        [0.49975, 0.9995, 1.999, 2.9985, 2.9985]
     )
-    assert backoff(5, 0.0) == 0.0
+    assert [backoff(n, 0.0) for n in (0, 1, 5)] == [0.25, 0.25, 1.5]
 
 
 def box(concurrency: int = 2) -> SinkOutbox:
@@ -206,9 +208,52 @@ def test_a_failure_pauses_the_sink_and_the_event_goes_first_again() -> None:
     taken = b.take(40.0)
     assert taken is not None and taken[0] == "u2"
     b.abandoned()
-    assert b.inflight == {} and next(iter(b.ready)) == "u2"
+    assert b.inflight == {} and b.queued()[0] == "u2"
     b.put_back("u2")  # idempotent
-    assert list(b.ready) == ["u2", "u3"]
+    assert b.queued() == ["u2", "u3"]
+
+
+def test_a_failing_sink_sends_one_probe_at_a_time_until_one_ends() -> None:
+    """#43: a receiver back from an outage is found within the probe interval and drained at
+    the sink's whole concurrency; one that answers a 429 or 5xx is not a dead receiver; its
+    Retry-After is kept to the second, neither lengthened nor shortened by older pauses."""
+    b = box(concurrency=4)
+    for uid in ("u1", "u2", "u3", "u4"):
+        b.owe(uid, 1, State.DEAD, NOW, ("ns", "dw"))
+    taken = [b.take(0.0) for _ in range(4)]
+    assert all(taken) and b.take(0.0) is None
+    # the receiver is gone: all four fail without an answer
+    waits = [b.failed(f"u{i}", 1, None, "connection", 0.0, 0.999) for i in range(1, 5)]
+    assert b.unanswered == 4 and max(waits) <= PROBE_EVERY
+    # paused for at most PROBE_EVERY; then one probe at a time
+    assert b.take(PROBE_EVERY - 0.01) is None
+    probe = b.take(PROBE_EVERY)
+    assert probe is not None and probe[0] == "u1" and b.take(PROBE_EVERY) is None
+    assert b.wait(PROBE_EVERY) is None  # full: the probe is in flight
+    # it answers 503 with Retry-After 2: there, not dead; paused exactly 2 s from now
+    wait = b.failed("u1", 1, Answer(Outcome.RETRY, "503", 2.0), "503", 10.0, 0.5)
+    assert (wait, b.unanswered, b.paused_until) == (2.0, 0, 12.0)
+    assert b.take(11.99) is None
+    probe = b.take(12.0)
+    assert probe is not None and probe[0] == "u1" and b.take(12.0) is None
+    # it is delivered: the whole concurrency again, oldest first
+    b.ended("u1", 1)
+    assert (b.failures, b.unanswered, b.limit) == (0, 0, 4)
+    assert [t[0] for t in (b.take(12.0), b.take(12.0), b.take(12.0)) if t] == ["u2", "u3", "u4"]
+
+
+def test_the_receivers_latest_retry_after_is_the_pause() -> None:
+    """Two attempts in flight: the first is told 60 s, the second (answered later) 1 s: the
+    receiver's latest word is kept, not the longer pause."""
+    b = box()
+    for uid in ("u1", "u2"):
+        b.owe(uid, 1, State.DEAD, NOW, ("ns", "dw"))
+    assert b.take(0.0) is not None and b.take(0.0) is not None
+    b.failed("u1", 1, Answer(Outcome.RETRY, "429", 60.0), "429", 0.0, 0.5)
+    b.failed("u2", 1, Answer(Outcome.RETRY, "429", 1.0), "429", 5.0, 0.5)
+    assert b.paused_until == 6.0 and b.unanswered == 0
+    taken = b.take(6.0)
+    assert taken is not None and taken[0] == "u1" and b.take(6.0) is None  # one probe
 
 
 def test_deliveries_owe_each_sink_what_it_wants_and_no_mark_covers(tmp_path: Path) -> None:

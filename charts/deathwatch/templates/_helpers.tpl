@@ -94,6 +94,9 @@ sinks:
     {{- with .maxAgeSeconds }}
     maxAgeSeconds: {{ . }}
     {{- end }}
+    {{- with .lateAfterSeconds }}
+    lateAfterSeconds: {{ . }}
+    {{- end }}
     {{- if .allowInsecure }}
     allowInsecure: true
     {{- end }}

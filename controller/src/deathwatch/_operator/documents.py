@@ -482,22 +482,19 @@ def deathwatch_conditions(
     return [ready, firewall_condition, delivered_condition(list(backlogs), now, cond)]
 
 
-DELIVERY_LATE = 60.0  # seconds a transition may be owed before the condition says so
-
-
 def delivered_condition(
     backlogs: list[Backlog],
     now: datetime,
     cond: Callable[[str, ConditionStatus, str, str], Condition],
 ) -> Condition:
-    """Delivered: True while every sink has what it is owed within DELIVERY_LATE seconds;
+    """Delivered: True while every sink has what it is owed within its lateAfterSeconds;
     False naming each late sink, how much it is owed, since when and its last error. Said
     with times, never ages: a message that changed every second would be a write a second."""
-    late = [b for b in backlogs if b.oldest and (now - b.oldest).total_seconds() > DELIVERY_LATE]
+    late = [b for b in backlogs if b.oldest and (now - b.oldest).total_seconds() > b.late_after]
     kind = ConditionType.DELIVERED
     if not late:
-        sinks = ", ".join(b.sink for b in backlogs)
-        said = f"every sink ({sinks}) has what it is owed within {DELIVERY_LATE:.0f}s"
+        sinks = ", ".join(f"{b.sink} {b.late_after:g}s" for b in backlogs)
+        said = f"every sink has what it is owed within its lateAfterSeconds ({sinks})"
         return cond(kind, ConditionStatus.TRUE, Reason.UP_TO_DATE, said)
     parts = []
     for b in late:

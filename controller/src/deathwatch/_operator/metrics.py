@@ -246,6 +246,13 @@ class Metrics:
             ["sink"],
             registry=r,
         )
+        self.delivery_unanswered = Gauge(
+            "deathwatch_delivery_unanswered_attempts",
+            "Attempts in a row that got no answer at all (refused connection, timeout, TLS): "
+            "a receiver that is not there. 0 once one answers, even with a 429 or a 5xx",
+            ["sink"],
+            registry=r,
+        )
         self.delivery_latency = Histogram(
             "deathwatch_delivery_latency_seconds",
             "From the transition (the verdict's time) to the receiver's 2xx",

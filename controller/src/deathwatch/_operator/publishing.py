@@ -85,6 +85,7 @@ def publish(core: Core, liveness: Liveness) -> None:
         metrics.delivery_oldest.labels(name).set(
             (now - oldest).total_seconds() if oldest is not None else 0.0
         )
+        metrics.delivery_unanswered.labels(name).set(box.unanswered)
 
 
 def shard_status(core: Core, key: DeathWatchKey, whole: Any, generation: int | None,

@@ -12,6 +12,8 @@
         timeoutSeconds: 30              # each attempt's deadline (at most 30)
         concurrency: 8                  # attempts in flight at once, at most
         maxAgeSeconds: 86400            # owed longer than this: given up (Expired, counted)
+        lateAfterSeconds: 5             # owed longer than this: the DeathWatch's Delivered
+                                        # condition turns False (Backlog), within a second
         allowInsecure: false            # true: http:// is allowed (in-cluster receivers)
 
 Only whoever may write the controller's ConfigMap declares a sink (ADR 0024): tenants, who
@@ -38,6 +40,9 @@ from deathwatch._engine.verdict import State
 MAX_TIMEOUT = 30.0  # the field notes' cap on every call
 KEY_PREFIX = "whsec_"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# a transition owed longer than this makes the Delivered condition False: a receiver that
+# answers is told in milliseconds, so 5 s is a sink falling behind, said within 10 s (#43)
+LATE_AFTER = 5.0
 SENDABLE = (State.ALIVE, State.SUSPECT, State.DEAD, State.GONE)
 
 
@@ -57,6 +62,7 @@ class _Sink(msgspec.Struct, rename="camel", forbid_unknown_fields=True, frozen=T
     timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=MAX_TIMEOUT)] = MAX_TIMEOUT
     concurrency: Annotated[int, msgspec.Meta(ge=1, le=64)] = 8
     max_age_seconds: Annotated[int, msgspec.Meta(ge=60)] = 86_400
+    late_after_seconds: Annotated[float, msgspec.Meta(ge=1, le=3600)] = LATE_AFTER
     allow_insecure: bool = False
 
 
@@ -76,6 +82,7 @@ class Sink:
     timeout: float
     concurrency: int
     max_age: float
+    late_after: float = LATE_AFTER
 
     def wants(self, namespace: str, state: State) -> bool:
         return state in self.states and (not self.namespaces or namespace in self.namespaces)
@@ -107,6 +114,7 @@ def parse(data: object, source: str = "delivery config") -> DeliveryConfig:
             states=frozenset(State(x) for x in s.states), mode=s.mode,
             namespaces=frozenset(s.namespaces), timeout=s.timeout_seconds,
             concurrency=s.concurrency, max_age=float(s.max_age_seconds),
+            late_after=s.late_after_seconds,
         ))  # fmt: skip
     return DeliveryConfig(raw.cluster, tuple(sinks))
 
@@ -157,6 +165,7 @@ _EXPECTED = {
     "sinks[].timeoutSeconds": f"seconds, above 0 and at most {MAX_TIMEOUT:.0f}",
     "sinks[].concurrency": "1 to 64",
     "sinks[].maxAgeSeconds": "seconds, at least 60",
+    "sinks[].lateAfterSeconds": "seconds, 1 to 3600",
     "sinks[].allowInsecure": "true or false",
 }
 

@@ -40,8 +40,11 @@ SPEC_VERSION = "1.0"
 TYPES = {state: f"dev.deathwatch.sandbox.{state.value.lower()}" for state in State}
 STRUCTURED = "application/cloudevents+json; charset=utf-8"
 JSON = "application/json"
-BACKOFF_BASE, BACKOFF_CAP = 1.0, 60.0  # seconds: full jitter between 0 and min(cap, 2^n); a
-# pause is the whole sink's, so a receiver back from an outage has its backlog within a minute
+# seconds: a sink that failed is tried again after half to all of min(PROBE_EVERY, base *
+# 2^(n-1)); its pause is the whole sink's, and while it fails one attempt (the probe) goes at a
+# time, so a receiver back from an outage is found within PROBE_EVERY and drained at its own
+# pace (#43: a minute's cap once left a backlog up to 57 s after the receiver was back)
+BACKOFF_BASE, PROBE_EVERY = 0.5, 3.0
 RETRY_AFTER_CAP = 3600.0  # a Retry-After longer than this is taken as this
 
 
@@ -182,6 +185,8 @@ def retry_after(value: str | None, now: datetime) -> float | None:
 
 
 def backoff(failures: int, rand: float) -> float:
-    """Full jitter (AWS's): uniformly between 0 and min(cap, base * 2^failures), `rand` in
-    [0, 1). Receivers that come back are not met by every sender at once."""
-    return rand * min(BACKOFF_CAP, BACKOFF_BASE * float(2 ** min(failures, 20)))
+    """Equal jitter: between half and all of min(PROBE_EVERY, base * 2^(failures - 1)),
+    `rand` in [0, 1). Never near 0, so a dead receiver is not tried in a loop; never beyond
+    PROBE_EVERY, so one that comes back is found within it."""
+    span = min(PROBE_EVERY, BACKOFF_BASE * float(2 ** min(max(failures, 1) - 1, 20)))
+    return span / 2 + rand * span / 2

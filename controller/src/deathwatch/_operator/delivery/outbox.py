@@ -13,13 +13,19 @@ coalesced): Dead and Gone are final, so they are never superseded and never lost
 or a Suspect may be, when the sandbox moved on before the receiver could be told.
 
 Backoff is the sink's, not the event's: a receiver that is down is down for every event, so
-a failure pauses the whole sink (full jitter, or the receiver's Retry-After), and events go
-out again oldest first when it answers.
+a failure pauses the whole sink (a few seconds at most, or the receiver's Retry-After, to
+within the event loop's wake), and events go out again oldest first. While a sink fails, one
+attempt is in flight at a time (the probe); the first that ends (delivered, refused) gives the
+sink its whole concurrency again, so a receiver back from an outage is drained at its own
+pace. A failure the receiver answered (408, 429, 5xx) is a receiver that is there: it is
+counted apart from those that never got an answer (`unanswered`, what a dead receiver gives).
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -53,9 +59,15 @@ class SinkOutbox:
     sink: Sink
     owed: dict[str, Owed] = field(default_factory=dict)
     ready: OrderedDict[str, None] = field(default_factory=OrderedDict)  # oldest first
+    # attempts to make again, before anything in `ready`: (when first owed, uid), in order,
+    # so that a spell of failed attempts goes out again oldest first, not last failed first
+    again: list[tuple[int, str]] = field(default_factory=list)
+    tickets: dict[str, int] = field(default_factory=dict)  # uid -> when its event was owed
+    _next_ticket: int = 0
     inflight: dict[str, int] = field(default_factory=dict)  # uid -> the sequence being sent
     paused_until: float = 0.0  # monotonic: nothing is taken before (the sink's backoff)
-    failures: int = 0  # in a row, without an answer from the receiver
+    failures: int = 0  # in a row, answered (408, 429, 5xx) or not
+    unanswered: int = 0  # of those, in a row, with no answer at all (refused, timed out, TLS)
     last_error: str | None = None
     coalesced: int = 0  # transitions superseded before they could be delivered
 
@@ -70,6 +82,10 @@ class SinkOutbox:
         if superseded:
             self.coalesced += 1
         self.owed[uid] = Owed(sequence, state, since, deathwatch)
+        if self._queued(uid):
+            return superseded  # it keeps its place: the debt is as old as it was
+        self._next_ticket += 1
+        self.tickets[uid] = self._next_ticket
         if uid not in self.inflight:
             self.ready[uid] = None
         return superseded
@@ -77,46 +93,83 @@ class SinkOutbox:
     def drop(self, uid: str) -> None:
         """Nothing is owed for it any more (its state is not wanted, it is forgotten)."""
         self.owed.pop(uid, None)
+        self._unqueue(uid)
+        self.tickets.pop(uid, None)
+
+    def _unqueue(self, uid: str) -> None:
         self.ready.pop(uid, None)
+        ticket = self.tickets.get(uid)
+        if ticket is not None:
+            i = bisect.bisect_left(self.again, (ticket, uid))
+            if i < len(self.again) and self.again[i] == (ticket, uid):
+                del self.again[i]
+
+    def _queued(self, uid: str) -> bool:
+        if uid in self.ready:
+            return True
+        ticket = self.tickets.get(uid)
+        i = bisect.bisect_left(self.again, (ticket, uid)) if ticket is not None else -1
+        return 0 <= i < len(self.again) and self.again[i] == (ticket, uid)
+
+    def queued(self) -> list[str]:
+        """What waits to be sent, in the order it goes."""
+        return [uid for _, uid in self.again] + list(self.ready)
 
     def take(self, now: float, sendable: Callable[[str], bool] | None = None
              ) -> tuple[str, Owed] | None:  # fmt: skip
         """The next sandbox to send, oldest first: None while paused or full. `sendable`:
         sharded, whether this shard writes the sandbox's slot now (the others stay owed)."""
-        if now < self.paused_until or len(self.inflight) >= self.sink.concurrency:
+        if now < self.paused_until or len(self.inflight) >= self.limit:
             return None
-        for uid in list(self.ready):
+        stale, found = [], None
+        # lazily: a backlog of thousands is not copied for each attempt
+        for uid in itertools.chain([u for _, u in self.again], self.ready):
             owed = self.owed.get(uid)
             if owed is None:
-                del self.ready[uid]
-                continue
-            if sendable is not None and not sendable(uid):
-                continue
-            del self.ready[uid]
-            self.inflight[uid] = owed.sequence
-            return uid, owed
-        return None
+                stale.append(uid)
+            elif sendable is None or sendable(uid):
+                found = uid, owed
+                break
+        for uid in stale:
+            self._unqueue(uid)
+        if found is not None:
+            self._unqueue(found[0])
+            self.inflight[found[0]] = found[1].sequence
+        return found
+
+    @property
+    def limit(self) -> int:
+        """Attempts in flight at once: the sink's concurrency, or one (the probe) while it
+        fails."""
+        return 1 if self.failures else self.sink.concurrency
 
     def wait(self, now: float) -> float | None:
         """Seconds until `take` may return something; None: nothing to send yet."""
-        if not self.ready or len(self.inflight) >= self.sink.concurrency:
+        if not (self.ready or self.again) or len(self.inflight) >= self.limit:
             return None
         return max(0.0, self.paused_until - now)
 
     def ended(self, uid: str, sequence: int) -> None:
         """That attempt ended for good (delivered, refused): the receiver answered."""
-        self.failures, self.last_error = 0, None
+        self.failures, self.unanswered, self.last_error = 0, 0, None
         self._release(uid, sequence, settled=True)
 
     def failed(self, uid: str, sequence: int, answer: Answer | None, error: str, now: float,
                rand: float) -> float:  # fmt: skip
-        """That attempt must be made again: the sink pauses (the receiver's Retry-After, or
-        full jitter) and the sandbox goes first when it resumes. Returns the pause."""
+        """That attempt must be made again: the sink pauses (the receiver's Retry-After, or a
+        backoff of a few seconds at most) and the sandbox goes first when it resumes. Returns
+        the pause."""
         self.failures += 1
+        self.unanswered = self.unanswered + 1 if answer is None else 0
         self.last_error = error
-        wait = answer.retry_after if answer is not None and answer.retry_after is not None \
-            else backoff(self.failures, rand)  # fmt: skip
-        self.paused_until = max(self.paused_until, now + wait)
+        if answer is not None and answer.retry_after is not None:
+            # the receiver's own word, and its latest: neither lengthened by an older pause
+            # nor cut short by one (an attempt of the same spell that ended later)
+            wait = answer.retry_after
+            self.paused_until = now + wait
+        else:
+            wait = backoff(self.failures, rand)
+            self.paused_until = max(self.paused_until, now + wait)
         self._release(uid, sequence, settled=False)
         return wait
 
@@ -140,10 +193,13 @@ class SinkOutbox:
             return
         if settled and owed.sequence == sequence:
             del self.owed[uid]
+            self.tickets.pop(uid, None)
             return
-        self.ready[uid] = None
-        if owed.sequence == sequence:
-            self.ready.move_to_end(uid, last=False)  # the same event again: first, in order
+        self._unqueue(uid)
+        if owed.sequence == sequence:  # the same event again: first, in the order owed
+            bisect.insort(self.again, (self.tickets[uid], uid))
+        else:  # a newer transition came while it was in flight: in turn
+            self.ready[uid] = None
 
     def oldest(self) -> datetime | None:
         return min((o.since for o in self.owed.values()), default=None)
@@ -157,6 +213,7 @@ class Backlog:
     owed: int
     oldest: datetime | None
     last_error: str | None
+    late_after: float = 5.0  # seconds owed before the Delivered condition says so (its own)
 
 
 class Deliveries:
@@ -220,5 +277,6 @@ class Deliveries:
                                            else min(oldest, owed.since))  # fmt: skip
             for key in wanted:
                 n, oldest = counts.get(key, (0, None))
-                out[key].append(Backlog(name, n, oldest, box.last_error if n else None))
+                out[key].append(Backlog(name, n, oldest, box.last_error if n else None,
+                                        box.sink.late_after))  # fmt: skip
         return out

@@ -9,6 +9,11 @@ flight (its outcome unknown, it stays owed: the next leader sends it again, the 
 Each attempt has the sink's deadline (at most 30 s), follows no redirect, and reads at most
 64 KiB of the answer. The outcome goes back to the controller (`report`), which records it on
 the verdict (the writer, fenced); the outbox keeps order and the sink's backoff.
+
+An event can reach its receiver a few milliseconds before its verdict's write does (the two
+go out side by side; CI measured 7-12 ms): the event carries the whole verdict as it was
+judged, so a receiver needs no read; one that reads the SandboxVerdict on receipt may find
+the state before (docs/delivery.md).
 """
 
 from __future__ import annotations
@@ -190,7 +195,7 @@ class Sender:
         if first or box.failures % 20 == 0:  # a spell is said when it begins, then now and then
             log.warning("delivery failed, will retry", sink=box.sink.name, reason=reason,
                         error=error[:200], failures=box.failures, retry_in=round(wait, 2),
-                        owed=len(box.owed))  # fmt: skip
+                        owed=len(box.owed), answered=answer is not None)  # fmt: skip
 
     async def _session(self, box: SinkOutbox) -> aiohttp.ClientSession:
         """The sink's session, made again when its CA file changes (a rotated Secret)."""
