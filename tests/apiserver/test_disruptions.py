@@ -23,6 +23,7 @@ recording is what tests/data/disruptions.json holds (DEATHWATCH_RECORD_DIR=DIR w
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -36,6 +37,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from deathwatch.client import Client
 from hack.localcluster import controlplane
 from hack.localcluster.fakenodes import NodeKeeper, Terminator
 from hack.localcluster.sandbox_script import ProbeStyle, pod_manifest, timeline
@@ -195,7 +197,7 @@ def test_kubectl_drain_is_dead_drained_with_the_eviction_apis_words(lane: Lane) 
         status = sv["status"]
         assert status["origin"] == "Infrastructure"
         assert status["disruption"]["reason"] == "EvictionByEvictionAPI"
-        assert sv["metadata"]["labels"]["deathwatch.dev/origin"] == "Infrastructure"
+        assert "deathwatch.dev/origin" not in sv["metadata"]["labels"]  # a field, no label (#43)
         message = lane.dead_event(name)
         assert "Drained" in message and "Eviction API: evicting" in message, message
     lane.kubectl("uncordon", "node-drain")
@@ -348,10 +350,26 @@ INFRASTRUCTURE = {
 
 
 def test_origin_selects_exactly_the_infrastructures_deaths(lane: Lane) -> None:
-    done = lane.kubectl("get", "sv", "-n", NS, "-l", "deathwatch.dev/origin=Infrastructure",
+    """By field (the CRD's selectableFields, #43), on the real API server: origin alone, and
+    with the state and the cause."""
+    done = lane.kubectl("get", "sv", "-n", NS, "--field-selector", "status.origin=Infrastructure",
                         "-o", "json")  # fmt: skip
     found = {i["metadata"]["name"]: i["status"]["cause"] for i in json.loads(done.stdout)["items"]}
     assert found == INFRASTRUCTURE
+    drained = lane.kubectl("get", "sv", "-n", NS, "--field-selector",
+                           "status.state=Dead,status.cause=Drained", "-o", "name").stdout.split()  # fmt: skip
+    assert sorted(n.rsplit("/", 1)[1] for n in drained) == sorted(
+        n for n, cause in INFRASTRUCTURE.items() if cause == "Drained"
+    )
+    bad = lane.kubectl("get", "sv", "-n", NS, "--field-selector", "status.flaps=0", check=False)
+    assert bad.returncode != 0 and "field label not supported" in bad.stderr, bad.stderr
+
+    async def listed() -> dict[str, str]:
+        async with Client.from_kubeconfig(str(lane.cp.kubeconfig)) as c:
+            verdicts, _ = await c.verdicts(NS, field_selector="status.origin=Infrastructure")
+        return {v.pod: str(v.cause) for v in verdicts}
+
+    assert asyncio.run(listed()) == INFRASTRUCTURE  # the typed client, by the same field
     wide = lane.kubectl("get", "sv", "-n", NS, "drained-0", "-o", "wide").stdout
     assert "ORIGIN" in wide and "Infrastructure" in wide, wide
     sandboxes = lane.e.dw("sandboxes")["status"]

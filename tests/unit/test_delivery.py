@@ -344,7 +344,7 @@ async def test_a_death_is_owed_built_from_the_record_and_its_mark_written_back()
         event = msgspec.json.decode(out.data, type=VerdictDocument)
         assert (event.state, event.cause, event.evidence.exit_code) == (State.DEAD,
                                                                         "ContainerExited", 7)  # fmt: skip
-        assert event.labels["deathwatch.dev/origin"] == "Workload"
+        assert event.origin == "Workload" and "deathwatch.dev/origin" not in event.labels
         await asyncio.wait_for(writer.idle(), 5)
         mark = DeliveryMark(sink="billing", id=out.id, sequence=2, state=State.DEAD,
                             outcome=DeliveryOutcome.DELIVERED, at=clock.now)  # fmt: skip

@@ -277,12 +277,16 @@ class Client:
         return True
 
     async def verdicts(
-        self, namespace: str | None = None, label_selector: str | None = None
-    ) -> tuple[list[Verdict], str]:
+        self, namespace: str | None = None, label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> tuple[list[Verdict], str]:  # fmt: skip
         """Every verdict (in `namespace`, or all the caller may list), and the list's
         resourceVersion: one complete listing, in pages (listed again from the start if a
-        page's continue token expires); any other failure is the caller's."""
-        protocol = ListWatch(label_selector=label_selector, follow=False, fatal=lambda _: True)
+        page's continue token expires); any other failure is the caller's.
+        `field_selector`: the API server selects by `status.state`, `status.cause` and
+        `status.origin` (the CRD's selectableFields), e.g. "status.origin=Infrastructure"."""
+        protocol = ListWatch(label_selector=label_selector, field_selector=field_selector,
+                             follow=False, fatal=lambda _: True)  # fmt: skip
         transport = self._rest.transport(_path(namespace), WATCH_INACTIVITY)
         verdicts: list[Verdict] = []
         version = ""

@@ -30,7 +30,7 @@ def outgoing(core: Core, uid: str, sink: str, owed: Owed) -> Outgoing | None:
                                       record.shield_since, ref, record.transitions,
                                       record.marks)  # fmt: skip
     labels = (documents.verdict_object(record.namespace, record.name, rules, record.uid, ref,
-                                       documents.verdict_labels(track, core.shards.slot(record.uid))
+                                       documents.verdict_labels(core.shards.slot(record.uid))
                                        )["metadata"]["labels"]
               if rules is not None else {})  # fmt: skip
     name = rules.name if rules is not None else None

@@ -24,7 +24,6 @@ from deathwatch._engine.verdict import Cause, Evidence, Observer, Origin, State,
 from deathwatch._operator.resources import (
     API_VERSION,
     MANAGED_BY,
-    ORIGIN_LABEL,
     POD_UID_LABEL,
     SANDBOX_LABEL,
     SLOT_LABEL,
@@ -252,19 +251,17 @@ def verdict(
     the Events that announce what `decide` chose to."""
     status = verdict_status(track, node, deleted_at, shield, shield_since, sandbox, transitions,
                             marks)  # fmt: skip
-    labels = verdict_labels(track, slot)
+    labels = verdict_labels(slot)
     obj = verdict_object(track.namespace, track.name, rules, track.uid, sandbox, labels)
     return to_document(status), obj, labels, events(track, announce)
 
 
-def verdict_labels(track: Track, slot: int | None = None) -> dict[str, str]:
-    """The labels a verdict gains as it changes: `deathwatch.dev/origin` once it has ended
-    (a terminal verdict never changes again, so neither does the label); sharded, its slot
-    (a verdict from before sharding gains it with its shard's first write)."""
-    labels = {SLOT_LABEL: str(slot)} if slot is not None else {}
-    if track.state.terminal:
-        labels[ORIGIN_LABEL] = str(origin_of(track.cause))
-    return labels
+def verdict_labels(slot: int | None = None) -> dict[str, str]:
+    """The labels a verdict gains after it is made: sharded, its slot (a verdict from before
+    sharding gains it with its shard's first write). Its state, cause and origin are selected
+    by field (the CRD's selectableFields), never by a label: a label would cost each death a
+    write of its own (#43)."""
+    return {SLOT_LABEL: str(slot)} if slot is not None else {}
 
 
 def events(track: Track, announcements: Iterable[Announcement]) -> list[PodEvent]:

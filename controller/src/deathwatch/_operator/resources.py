@@ -35,9 +35,9 @@ SANDBOX_LABEL: Final = "deathwatch.dev/sandbox"
 # sharded: on each SandboxVerdict, its pod's slot (slots.py), so that a shard watches its
 # own verdicts only (`-l deathwatch.dev/slot in (...)`)
 SLOT_LABEL: Final = "deathwatch.dev/slot"
-# on a terminal SandboxVerdict: whose doing its end was (Workload, Infrastructure, Platform,
-# Unknown): `kubectl get sv -l deathwatch.dev/origin=Infrastructure`
-ORIGIN_LABEL: Final = "deathwatch.dev/origin"
+# selectable fields of a SandboxVerdict (the CRD's selectableFields): `kubectl get sv
+# --field-selector status.origin=Infrastructure`; no labels, so no write of their own
+SELECTABLE_FIELDS: Final = ("status.state", "status.cause", "status.origin")
 AGENT_SANDBOX: Final = "agent-sandbox"  # DeathWatch spec.sandboxes
 
 Time = Annotated[datetime, msgspec.Meta(tz=True)]

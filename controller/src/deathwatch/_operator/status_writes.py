@@ -11,8 +11,10 @@ made, and once per status a watch shows: nothing else hashes or dumps a status.
 What the API holds is kept as `Held(gist, version, labels)`: no status document per object
 (10,000 sandboxes must not cost 10,000 status dicts), just enough to tell "already written"
 and to send the next write with its precondition. The few labels the writer keeps up to date
-after an object is created (`WRITTEN_LABELS`: a verdict's origin, once it has ended) are
-compared the same way, by one hash of their values.
+after an object is created (`WRITTEN_LABELS`: a verdict's slot, which a verdict from before
+sharding gains) are compared the same way, by one hash of their values. A verdict's origin
+is no label: the CRD declares `status.origin`, `status.state` and `status.cause` selectable
+fields, so selecting by them costs no write of its own after each death (#43).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import msgspec
 
 TERM: Final = "term"  # the status field the writer stamps: which term wrote it (ADR 0011)
 # the labels the writer maintains on an object it created (documents.verdict_labels)
-WRITTEN_LABELS: Final = ("deathwatch.dev/origin", "deathwatch.dev/slot")
+WRITTEN_LABELS: Final = ("deathwatch.dev/slot",)
 # When each replica noticed something: masked by value, kept by presence.
 VOLATILE: Final = frozenset({"declaredAt", "podDeletedAt", "lastTransitionTime", "observedAt"})
 _encode = msgspec.json.Encoder(order="sorted").encode
