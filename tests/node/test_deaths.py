@@ -4,6 +4,7 @@ firewall refusing kubelet's own TCP probe while an exec probe passes."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -125,6 +126,37 @@ def test_up_down_up_leaves_nothing(control_plane: controlplane.ControlPlane) -> 
 def test_killed_sandbox_is_dead_with_its_exit_code(nenv: Env) -> None:
     """The kubelet's report judges every death with no exits observer on the node (stopped,
     not installed): the controller reads exits Leases, and none come."""
+    e = nenv
+    e.start_controller(extra=NODE_EXITS)
+    e.deathwatch()
+    stamps = Stamps(e)
+    stamps.start()
+    latencies = []
+    for i, code in enumerate((3, 42, 1)):
+        name = agent_pod(e, f"killed-{i}")
+        e.wait_state(name, "Alive", timeout=60)
+        (ctl(e, name) / "exit").write_text(str(code))
+        dead = e.wait_state(name, "Dead", timeout=30)["status"]
+        assert (dead["cause"], dead["exitCode"], dead["container"]) == (
+            "ContainerExited",
+            code,
+            "agent",
+        )
+        assert dead.get("observedBy", "kubelet") == "kubelet"
+        seen = functools.partial(lambda n: n in stamps.dead and n in stamps.terminated, name)
+        wait_for(seen, what="both watches")
+        latencies.append((stamps.dead[name] - stamps.terminated[name]) * 1e3)
+    stamps.stop = True
+    RESULTS["kubelet_status_write_to_dead_ms"] = [round(x, 1) for x in latencies]
+    assert max(latencies) < 1000
+
+
+def test_deaths_heard_on_the_node_are_dead_before_the_kubelet_reports_them(
+    nenv: Env, heard: Exits
+) -> None:
+    """ADR 0028 on containerd 1.6 (its task events): an exit, a SIGKILL from the host and an
+    OOM kill, each Dead with its cause and code, observedBy node; the kubelet's report that
+    follows agrees (no dispute) and changes nothing."""
     e = nenv
     e.start_controller(extra=NODE_EXITS)
     e.deathwatch()
