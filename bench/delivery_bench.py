@@ -13,9 +13,12 @@ writer, so its CPU is the leader's), on the same pods:
    own watch (the verdict's time) and, in arm 2, -> the receiver's 2xx (the delivery's
    time), both on the bench's clock. The controller's CPU seconds over the churn and its RSS
    after it, per arm: what delivery adds.
-3. *An outage* (arm 2 carries on): the receiver down for `--outage` seconds while deaths go on
+3. *A 429* (arm 2 carries on): five deaths, each answered once with `Retry-After: 2`: from
+   the death's write to the receiver's 2xx (the wait, kept to the second: #43).
+4. *An outage*: the receiver down for `--outage` seconds while deaths go on
    at the same rate; the controller's RSS every 10 s; then up: how long the backlog takes to
-   drain, and whether every death arrived.
+   drain, whether every death arrived, and how long into the outage the DeathWatch's
+   `Delivered` condition said False.
 """
 
 from __future__ import annotations

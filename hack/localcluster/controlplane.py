@@ -76,7 +76,9 @@ def _ephemeral_floor() -> int:
         return 32768
 
 
-_LISTEN_FLOOR = 20000  # below it sit well-known services; above the floor, the kernel's own
+# ports handed out lie between this and the kernel's ephemeral range: below it sit the
+# well-known and registered services of a machine, above it every outgoing connection
+_LISTEN_FLOOR = 20000
 _handed_out: set[int] = set()
 _next_port = [0]
 

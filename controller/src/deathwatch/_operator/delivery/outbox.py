@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from deathwatch._engine.verdict import State
-from deathwatch._operator.delivery.config import DeliveryConfig, Sink
+from deathwatch._operator.delivery.config import LATE_AFTER, DeliveryConfig, Sink
 from deathwatch._operator.delivery.events import Answer, backoff, event_id
 from deathwatch._operator.resources import DeathWatchKey, DeliveryMark
 
@@ -96,20 +96,21 @@ class SinkOutbox:
         self._unqueue(uid)
         self.tickets.pop(uid, None)
 
+    def _in_again(self, uid: str) -> int | None:
+        """Where `uid` waits in `again` (None: it does not)."""
+        ticket = self.tickets.get(uid)
+        if ticket is None:
+            return None
+        i = bisect.bisect_left(self.again, (ticket, uid))
+        return i if i < len(self.again) and self.again[i] == (ticket, uid) else None
+
     def _unqueue(self, uid: str) -> None:
         self.ready.pop(uid, None)
-        ticket = self.tickets.get(uid)
-        if ticket is not None:
-            i = bisect.bisect_left(self.again, (ticket, uid))
-            if i < len(self.again) and self.again[i] == (ticket, uid):
-                del self.again[i]
+        if (i := self._in_again(uid)) is not None:
+            del self.again[i]
 
     def _queued(self, uid: str) -> bool:
-        if uid in self.ready:
-            return True
-        ticket = self.tickets.get(uid)
-        i = bisect.bisect_left(self.again, (ticket, uid)) if ticket is not None else -1
-        return 0 <= i < len(self.again) and self.again[i] == (ticket, uid)
+        return uid in self.ready or self._in_again(uid) is not None
 
     def queued(self) -> list[str]:
         """What waits to be sent, in the order it goes."""
@@ -213,7 +214,7 @@ class Backlog:
     owed: int
     oldest: datetime | None
     last_error: str | None
-    late_after: float = 5.0  # seconds owed before the Delivered condition says so (its own)
+    late_after: float = LATE_AFTER  # seconds owed before the Delivered condition says so
 
 
 class Deliveries:

@@ -11,7 +11,7 @@ Each attempt has the sink's deadline (at most 30 s), follows no redirect, and re
 the verdict (the writer, fenced); the outbox keeps order and the sink's backoff.
 
 An event can reach its receiver a few milliseconds before its verdict's write does (the two
-go out side by side; CI measured 7-12 ms): the event carries the whole verdict as it was
+go out side by side; 7-12 ms was measured on a real API server): the event carries the whole verdict as it was
 judged, so a receiver needs no read; one that reads the SandboxVerdict on receipt may find
 the state before (docs/delivery.md).
 """
