@@ -11,9 +11,9 @@ Each attempt has the sink's deadline (at most 30 s), follows no redirect, and re
 the verdict (the writer, fenced); the outbox keeps order and the sink's backoff.
 
 An event can reach its receiver a few milliseconds before its verdict's write does (the two
-go out side by side; 7-12 ms was measured on a real API server): the event carries the whole verdict as it was
-judged, so a receiver needs no read; one that reads the SandboxVerdict on receipt may find
-the state before (docs/delivery.md).
+go out side by side; 7-12 ms, measured on a real API server): the event carries the whole
+verdict as it was judged, so a receiver needs no read; one that reads the SandboxVerdict on
+receipt may find the state before (docs/delivery.md).
 """
 
 from __future__ import annotations
