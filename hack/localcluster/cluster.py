@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,6 +89,29 @@ class Cluster:
             text = (got.stdout + got.stderr).rstrip().splitlines()
             out.append(f"--- {title}\n" + "\n".join(text[-60:]))
         return "\n".join(out)
+
+    @contextlib.contextmanager
+    def logs_followed(self, namespace: str, selector: str) -> Iterator[Callable[[], str]]:
+        """Follow the logs of the pods `selector` picks from now on, for pods about to be
+        deleted (their logs go with them, before `diagnose` could read them): yields what
+        was printed so far."""
+        with tempfile.TemporaryFile() as out:
+            follower = subprocess.Popen(
+                [str(self.cp.kubectl), f"--kubeconfig={self.cp.kubeconfig}", "logs", "-f",
+                 "-n", namespace, "-l", selector, "--all-containers", "--prefix",
+                 "--timestamps", "--tail=20"],
+                stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+
+            def printed() -> str:
+                out.seek(0)
+                return out.read().decode(errors="replace")
+
+            try:
+                yield printed
+            finally:
+                follower.terminate()
+                follower.wait(10)
 
 
 @contextlib.contextmanager

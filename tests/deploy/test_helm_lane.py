@@ -91,17 +91,27 @@ class Prober:
     def __init__(self, ip: str) -> None:
         self.ip, self.stop = ip, threading.Event()
         self.outcomes = {"connected": 0, "refused": 0, "other": 0}
+        self.connected_at: list[float] = []  # seconds into the block: when the hole was open
         self.thread = threading.Thread(target=self._probe, daemon=True)
 
     def _probe(self) -> None:
+        started = time.monotonic()
         while not self.stop.is_set():
             outcome, _ = connect_once(self.ip, AGENT_PORT, 0.5)
             self.outcomes[outcome if outcome in self.outcomes else "other"] += 1
+            if outcome == "connected":
+                self.connected_at.append(round(time.monotonic() - started, 3))
             time.sleep(0.002)
 
-    def __enter__(self) -> dict[str, int]:
+    def __enter__(self) -> Prober:
         self.thread.start()
-        return self.outcomes
+        return self
+
+    def __getitem__(self, outcome: str) -> int:
+        return self.outcomes[outcome]
+
+    def __repr__(self) -> str:  # what an assertion on it prints
+        return f"{self.outcomes}, connected at {self.connected_at[:20]} s"
 
     def __exit__(self, *_: object) -> None:
         time.sleep(1)  # and a moment past the new agents' readiness
@@ -156,7 +166,17 @@ class Lane:
         started = time.monotonic()
         self.helm("upgrade", "deathwatch", str(CHART), "-n", SYSTEM, "--reuse-values",
                   *(a for v in values for a in ("--set", v)), "--wait", "--timeout=5m")  # fmt: skip
+        self.rolled()
         return time.monotonic() - started
+
+    def rolled(self) -> None:
+        """Wait for the release's DaemonSet and Deployment to finish rolling. `helm --wait`
+        alone does not: it counts a DaemonSet ready at `desired - maxUnavailable` ready pods,
+        0 on this one-node lane, so it returns as soon as the new agent is scheduled (an
+        uninstall right after then races the agent's start: docs/install.md)."""
+        for kind in ("daemonset/deathwatch-firewall", "deployment/deathwatch-controller"):
+            if self.c.kubectl("get", kind, "-n", SYSTEM, check=False).returncode == 0:
+                self.c.kubectl("rollout", "status", kind, "-n", SYSTEM, "--timeout=5m", timeout=330)
 
     def ctl(self, ns: str, name: str) -> Path:
         return self.c.node.ctl(f"{ns}-{name}")
@@ -490,6 +510,7 @@ def lane() -> Iterator[Lane]:
             lane.helm("install", "deathwatch", str(CHART), "-n", SYSTEM, "-f",
                       str(values(tmp, c.cp.apiserver_port)), "--wait", "--timeout=5m")  # fmt: skip
             RESULTS["helm_install_wait_seconds"] = round(time.monotonic() - started, 1)
+            lane.rolled()
             for ns in (NS, PLUGIN_NS):  # the sandboxes mount their control directory
                 c.kubectl("create", "namespace", ns)  # from the host: not baseline's
                 c.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=privileged")
@@ -953,7 +974,7 @@ def test_helm_upgrade_with_new_values_rolls_the_agents_and_lets_nothing_through(
     old = lane.agents()
     with Prober(ip) as outcomes:
         took = lane.upgrade("firewall.allowedSources={192.0.2.10/32}", "firewall.resyncSeconds=5")
-    RESULTS["helm_upgrade"] = {"seconds": round(took, 1), **outcomes}
+    RESULTS["helm_upgrade"] = {"seconds": round(took, 1), **outcomes.outcomes}
     assert lane.agents() != old  # the config changed: the DaemonSet rolled
     assert outcomes["connected"] == 0, outcomes
     assert outcomes["refused"] > 100, outcomes
@@ -1082,16 +1103,27 @@ def test_helm_uninstall_with_remove_table_on_uninstall_opens_the_node_and_cleanu
     name = lane.sandbox("uninstall")
     wait_for(lambda: lane.state(name) == "Alive", timeout=60, what="uninstall Alive")
     ip = lane.core.read_namespaced_pod(name, NS, _request_timeout=10).status.pod_ip
+    # the rule covers it before the roll starts (a Ready agent has applied its table)
+    wait_for(lambda: connect_once(ip, AGENT_PORT, 1)[0] == "refused", timeout=30,
+             what="the host refused before the roll")  # fmt: skip
     old = lane.agents()
-    with Prober(ip) as outcomes:
+    with (
+        lane.c.logs_followed(SYSTEM, "app.kubernetes.io/component=firewall") as printed,
+        Prober(ip) as outcomes,
+    ):
         lane.upgrade("firewall.removeTableOnUninstall=true")
-    assert lane.agents() != old and outcomes["connected"] == 0, outcomes
+    assert lane.agents() != old, old
+    assert outcomes["connected"] == 0, f"{outcomes}\n--- the agents' logs\n{printed()[-6000:]}"
     assert SystemNft().list_table() is not None
     started = time.monotonic()
-    lane.helm("uninstall", "deathwatch", "-n", SYSTEM, "--wait", "--timeout=3m")
-    # the agent pod stops after its DaemonSet is gone (the garbage collector deletes it)
-    wait_for(lambda: SystemNft().list_table() is None, timeout=90, interval=0.2,
-             what="the table removed by the stopping agent")  # fmt: skip
+    with lane.c.logs_followed(SYSTEM, "app.kubernetes.io/component=firewall") as printed:
+        lane.helm("uninstall", "deathwatch", "-n", SYSTEM, "--wait", "--timeout=3m")
+        # the agent pod stops after its DaemonSet is gone (the garbage collector deletes it)
+        try:
+            wait_for(lambda: SystemNft().list_table() is None, timeout=90, interval=0.2,
+                     what="the table removed by the stopping agent")  # fmt: skip
+        except WaitTimeout as exc:
+            raise WaitTimeout(f"{exc}\n--- the agents' logs\n{printed()[-6000:]}") from None
     RESULTS["uninstall_removed_table_after_seconds"] = round(time.monotonic() - started, 1)
     assert connect_once(ip, AGENT_PORT, 2)[0] == "connected"
     # the release's namespace outlives it, with its label: the off switch runs there
