@@ -5,6 +5,7 @@ node. The learning itself, in process: tests/unit/test_firewall_hosts.py."""
 
 from __future__ import annotations
 
+import socket
 import threading
 from ipaddress import ip_address
 from pathlib import Path
@@ -14,7 +15,7 @@ from kubernetes import client
 
 from deathwatch.firewall.config import parse_config
 from deathwatch.firewall.hosts import Hosts, NodeAddresses, host_addresses
-from deathwatch.firewall.kubeapi import ApiError, KubeApi
+from deathwatch.firewall.kubeapi import ApiError, KubeApi, Unreachable
 from hack.localcluster import controlplane
 from hack.localcluster.controller_process import service_account_token
 from tests.kube import wait_for
@@ -67,3 +68,37 @@ def test_a_node_joining_reaches_the_agents_set_within_seconds(
         assert refused.value.status == 403
     finally:
         stop.set()
+
+
+def test_the_agents_calls_keep_one_connection_per_thread_and_make_it_again_when_cut(
+    control_plane: controlplane.ControlPlane, firewall_token: Path
+) -> None:
+    """An exits write is one round trip on a kept connection (ADR 0028), each thread its own;
+    a connection cut under it (an API server restarting, an idle timeout) is made again."""
+    kube = KubeApi(control_plane.server, firewall_token, control_plane.certs / "ca.crt")
+    kube.call("GET", "/api/v1/nodes")
+    first = kube._kept.connection
+    kube.get("/api/v1/nodes", {"limit": 1})
+    assert kube._kept.connection is first and first.sock is not None
+    theirs: list[object] = []
+
+    def from_another_thread() -> None:
+        kube.call("GET", "/api/v1/nodes")
+        theirs.append(kube._kept.connection)
+
+    other = threading.Thread(target=from_another_thread)
+    other.start()
+    other.join(30)
+    assert theirs and theirs[0] is not first
+    first.sock.shutdown(socket.SHUT_RDWR)
+    assert kube.call("GET", "/api/v1/nodes")["kind"] == "NodeList"
+    again = kube._kept.connection
+    assert again is not first and again.sock is not None
+    with pytest.raises(ApiError) as refused:  # a refusal keeps the connection
+        kube.call("PATCH", "/api/v1/nodes/none", {"metadata": {"labels": {"x": "y"}}})
+    assert refused.value.status == 403 and kube._kept.connection is again
+    # nothing listens: Unreachable, named, never a hang
+    gone = KubeApi(f"https://127.0.0.1:{controlplane.free_port()}", firewall_token, None, timeout=2)
+    with pytest.raises(Unreachable) as unreachable:
+        gone.call("GET", "/api/v1/nodes")
+    assert "GET /api/v1/nodes" in str(unreachable.value)

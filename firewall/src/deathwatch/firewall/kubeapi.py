@@ -4,7 +4,9 @@ The agent lists and watches the sandbox pods of its own node and the Node object
 one Lease saying that the node is shielded. A handful of verbs on three resources do not
 justify the kubernetes client (and its dependencies) in a privileged hostNetwork image
 (docs/adr/0012). Every call has a deadline (`TIMEOUT`, the field notes' 30 s cap); the token
-is read again for each call, because projected ServiceAccount tokens rotate. Failures raise
+is read again for each call, because projected ServiceAccount tokens rotate. A call keeps its
+thread's connection open for the next (an exits write is then one round trip, not a TCP and
+TLS handshake and a CA load first: ADR 0028); a watch has a connection of its own. Failures raise
 the errors every part of deathwatch shares (deathwatch._kube.errors): `ApiError` for the
 API's refusal, `Unreachable` when no answer came; `collection(path)` is one collection's side
 of the list/watch protocol (deathwatch._kube.listwatch), run in the agent's own thread.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import json
 import os
 import ssl
@@ -22,7 +25,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -57,6 +60,8 @@ class KubeApi:
     token_file: Path
     ca_file: Path | None
     timeout: float = TIMEOUT
+    # each thread's kept connection (http.client's are not to be shared between threads)
+    _kept: threading.local = field(default_factory=threading.local, repr=False, compare=False)
 
     @staticmethod
     def in_cluster() -> KubeApi:
@@ -75,25 +80,76 @@ class KubeApi:
     def _context(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
 
-    def _request(
-        self, method: str, path: str, body: Mapping[str, Any] | None, timeout: float
-    ) -> Any:
+    def _headers(self) -> dict[str, str]:
         try:
             token = self.token_file.read_text().strip()
         except OSError as exc:
             raise Unreachable(f"cannot read the token {self.token_file}: {exc.strerror}") from None
         if not self.server.startswith("https://"):
             raise NotInCluster(f"{self.server}: only https is spoken to the API")
-        request = urllib.request.Request(  # noqa: S310 - https only (checked above)
+        return {
+            "Authorization": f"Bearer {token}",
+            "Accept": "application/json",
+            "Content-Type": "application/json",
+            "User-Agent": "deathwatch-firewall",
+        }
+
+    def _connection(self, timeout: float) -> tuple[http.client.HTTPSConnection, bool]:
+        """This thread's kept connection (made if there is none), and whether it is new."""
+        kept: http.client.HTTPSConnection | None = getattr(self._kept, "connection", None)
+        if kept is not None:
+            kept.timeout = timeout
+            if kept.sock is not None:
+                kept.sock.settimeout(timeout)
+            return kept, False
+        url = urllib.parse.urlsplit(self.server)
+        made = http.client.HTTPSConnection(url.hostname or "", url.port or 443, timeout=timeout,
+                                           context=self._context())  # fmt: skip
+        self._kept.connection = made
+        return made, True
+
+    def _drop(self, connection: http.client.HTTPSConnection) -> None:
+        connection.close()
+        self._kept.connection = None
+
+    def _exchange(
+        self, method: str, path: str, body: Mapping[str, Any] | None, timeout: float
+    ) -> bytes:
+        """One call on this thread's kept connection: the answer's body, or ApiError for a
+        refusal. A kept connection the server closed while idle is made again once (the
+        request never reached it; a write that did and is sent again meets a 409, which
+        every writer here reads as another writer's)."""
+        headers = self._headers()
+        data = json.dumps(body).encode() if body is not None else None
+        while True:
+            connection, new = self._connection(timeout)
+            try:
+                connection.request(method, path, body=data, headers=headers)
+                response = connection.getresponse()
+                answer = response.read()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
+                self._drop(connection)
+                if new:
+                    raise Unreachable(f"{method} {path}: {exc}") from None
+                continue
+            except (OSError, http.client.HTTPException) as exc:  # ssl.SSLError is an OSError
+                self._drop(connection)
+                raise Unreachable(f"{method} {path}: {exc}",
+                                  timeout=isinstance(exc, TimeoutError)) from None  # fmt: skip
+            if response.will_close:
+                self._drop(connection)
+            if response.status >= 300:
+                raise ApiError(response.status, response.reason or "", answer[:4096])
+            return answer
+
+    def _request(
+        self, method: str, path: str, body: Mapping[str, Any] | None, timeout: float
+    ) -> Any:
+        request = urllib.request.Request(  # noqa: S310 - https only (_headers checks)
             self.server + path,
             method=method,
             data=json.dumps(body).encode() if body is not None else None,
-            headers={
-                "Authorization": f"Bearer {token}",
-                "Accept": "application/json",
-                "Content-Type": "application/json",
-                "User-Agent": "deathwatch-firewall",
-            },
+            headers=self._headers(),
         )
         try:
             return urllib.request.urlopen(request, timeout=timeout, context=self._context())  # noqa: S310
@@ -105,19 +161,14 @@ class KubeApi:
                 reason, TimeoutError)) from None  # fmt: skip
 
     def call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
-        with self._request(method, path, body, self.timeout) as response:
-            try:
-                return json.loads(response.read())
-            except (ValueError, OSError) as exc:
-                raise Unreachable(f"{method} {path}: unreadable answer: {exc}") from None
+        answer = self._exchange(method, path, body, self.timeout)
+        try:
+            return json.loads(answer)
+        except ValueError as exc:
+            raise Unreachable(f"{method} {path}: unreadable answer: {exc}") from None
 
     def get(self, path: str, params: Mapping[str, str | int]) -> bytes:
-        with self._request("GET", path + query(**params), None, self.timeout) as response:
-            try:
-                data: bytes = response.read()
-            except OSError as exc:
-                raise Unreachable(f"GET {path}: {exc}") from None
-            return data
+        return self._exchange("GET", path + query(**params), None, self.timeout)
 
     @contextlib.contextmanager
     def lines(
