@@ -402,8 +402,36 @@ class Bench:
             "kill_to_verdict_by_kind_ms": {
                 h: summary(v) | {"n": len(v)} for h, v in by_kind.items() if v
             },
+            "oom_gap_ms": self.oom_gaps(),
+            "exits_container_ms": self.exits_container(),
             "kills_ms": rows,
         }
+
+    def exits_container(self) -> dict[str, Any]:
+        """The exits container's own share of runtime -> heard (its log): from the exit to
+        its batch taken for a write (the runtime's event, the OOM wait, the container's
+        labels read), and the Lease write itself."""
+        taken: list[float] = []
+        written: list[float] = []
+        log = self.work / "exits.log"
+        for line in log.read_text().splitlines() if log.exists() else ():
+            if '"exits published"' in line:
+                said = json.loads(line)
+                taken.append(said["taken_ms"])
+                written.append(said["write_ms"])
+        return {"exit_to_taken": summary(taken) | {"n": len(taken)},
+                "write": summary(written) | {"n": len(written)}}  # fmt: skip
+
+    def oom_gaps(self) -> dict[str, list[float]]:
+        """containerd's task events: how far each OOM event came from its exit, by order
+        (the exits container's log), what `--oom-wait` is chosen from."""
+        gaps: dict[str, list[float]] = {}
+        log = self.work / "exits.log"
+        for line in log.read_text().splitlines() if log.exists() else ():
+            if "an OOM kill and its exit" in line:
+                said = json.loads(line)
+                gaps.setdefault(said["order"], []).append(said["gap_ms"])
+        return {order: sorted(g) for order, g in gaps.items()}
 
 
 def _configuration(cp: controlplane.ControlPlane) -> client.Configuration:

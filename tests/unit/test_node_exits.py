@@ -273,8 +273,8 @@ def test_the_order_each_oom_came_in_is_told_and_a_late_one_named(runtime: Runtim
     runtime.labels = {c: pod_labels() for c in ("before", "after", "late", "after-late")}
     stream = connect(runtime.socket, oom_wait=0.2)
     assert isinstance(stream, ContainerdStream)
-    told: list[str] = []
-    stream.on_oom = told.append
+    heard: list[tuple[str, float]] = []
+    stream.on_oom = lambda order, gap: heard.append((order, gap))
     runtime.send(envelope("TaskOOM", containerd_pb2.TaskOOM(container_id="before")))
     runtime.send(task_exit("before", 137))
     runtime.send(task_exit("after", 137))
@@ -293,7 +293,9 @@ def test_the_order_each_oom_came_in_is_told_and_a_late_one_named(runtime: Runtim
     finally:
         stream.close()
         reader.join(5)
-    assert told == ["before_exit", "after_exit", "late"]
+    assert [order for order, _ in heard] == ["before_exit", "after_exit", "late"]
+    # each from its exit: the late one after the whole wait
+    assert all(gap >= 0 for _, gap in heard) and heard[2][1] >= 0.2, heard
 
 
 @pytest.mark.parametrize("runtime", [("containerd", "v2.4.2")], indirect=True)

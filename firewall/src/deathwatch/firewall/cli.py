@@ -137,7 +137,7 @@ def _exits_parser(sub: Any) -> None:
         "containerd, the sooner; CRI elsewhere), cri (containerd >= 2, CRI-O), containerd",
     )  # fmt: skip
     a.add_argument(
-        "--oom-wait", type=_seconds, default=0.05, metavar="SECONDS",
+        "--oom-wait", type=_seconds, default=0.02, metavar="SECONDS",
         help="containerd's events: how long a SIGKILL's exit (137) waits for the OOM event "
         "that may follow it (0: never)",
     )  # fmt: skip

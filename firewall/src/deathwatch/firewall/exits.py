@@ -45,6 +45,7 @@ log = structlog.get_logger("deathwatch.firewall.exits")
 BACKOFF: Final = (0.5, 1.0, 2.0, 5.0, 10.0)
 LABELS: Final = {"app.kubernetes.io/name": "deathwatch", "app.kubernetes.io/component": COMPONENT}
 WRITE_BUCKETS: Final = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+OOM_GAP_BUCKETS: Final = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 
 
 class ExitsMetrics:
@@ -83,8 +84,16 @@ class ExitsMetrics:
             "the exit was published as no OOM: the kubelet's report will dispute its cause)",
             ["order"], registry=r,
         )  # fmt: skip
+        self.oom_gap = Histogram(
+            "deathwatch_node_exits_oom_gap_seconds",
+            "containerd's task events: how far an OOM event came from its container's exit, "
+            "by order (before_exit, after_exit, late): after_exit's and late's say how long "
+            "--oom-wait must be",
+            ["order"], buckets=OOM_GAP_BUCKETS, registry=r,
+        )  # fmt: skip
         for order in ("before_exit", "after_exit", "late"):
             self.oom_order.labels(order)
+            self.oom_gap.labels(order)
         self.reconnects = Counter(
             "deathwatch_node_exits_runtime_failures",
             "The runtime's event stream failed or ended (read again after a backoff)",
@@ -172,7 +181,7 @@ class Observer:
     """Reads the runtime's exits and publishes them, for ever (until `stop`)."""
 
     def __init__(self, socket: str, publisher: Publisher, metrics: ExitsMetrics,
-                 heartbeat: Heartbeat, stop: threading.Event, oom_wait: float = 0.05,
+                 heartbeat: Heartbeat, stop: threading.Event, oom_wait: float = 0.02,
                  connector: Callable[[str, float], Stream] = connect) -> None:  # fmt: skip
         self.socket, self.publisher, self.metrics = socket, publisher, metrics
         self.heartbeat, self.stop, self.oom_wait = heartbeat, stop, oom_wait
@@ -231,6 +240,7 @@ class Observer:
 
     def _write(self, batch: list[Exit]) -> bool:
         started = time.perf_counter()
+        taken = datetime.now(UTC)  # the batch taken: how long after its first exit
         source = self._source
         try:
             self.publisher.publish(batch, source)
@@ -241,15 +251,19 @@ class Observer:
             log.error("cannot write this node's exits Lease; the kubelet's reports judge these "
                       "deaths", error=describe(exc)[:300], exits=len(batch))  # fmt: skip
             return False
-        self.metrics.write_seconds.observe(time.perf_counter() - started)
+        took = time.perf_counter() - started
+        self.metrics.write_seconds.observe(took)
         self.metrics.writes.labels("ok").inc()
         self._pending, self.written = [], True
         if self._source == source:
             self._source = None  # said; a newer connection's source is said next time
         if batch:
+            oldest = min(e.exited_at for e in batch)
             log.info("exits published", exits=[f"{e.namespace}/{e.pod} {e.container} "
                                                 f"{e.exit_code}{' oom' if e.oom else ''}"
-                                                for e in batch])  # fmt: skip
+                                                for e in batch],
+                     taken_ms=round((taken - oldest).total_seconds() * 1000, 1),
+                     write_ms=round(took * 1000, 1))  # fmt: skip
         return True
 
     def _read(self) -> None:
@@ -264,7 +278,7 @@ class Observer:
                 continue
             self.stream = stream
             if isinstance(stream, ContainerdStream):
-                stream.on_oom = lambda order: self.metrics.oom_order.labels(order).inc()
+                stream.on_oom = self._oom_heard
             self.connected, failures = True, 0
             self.metrics.connected.set(1)
             self._source = stream.runtime.source
@@ -289,6 +303,13 @@ class Observer:
                 stream.close()
                 self.connected = False
                 self.metrics.connected.set(0)
+
+    def _oom_heard(self, order: str, gap: float) -> None:
+        self.metrics.oom_order.labels(order).inc()
+        self.metrics.oom_gap.labels(order).observe(gap)
+        said = log.warning if order == "late" else log.info
+        said("an OOM kill and its exit", order=order, gap_ms=round(gap * 1000, 2),
+             oom_wait_ms=round(self.oom_wait * 1000))  # fmt: skip
 
     def _failed(self, error: str, failures: int) -> None:
         if self.stop.is_set():

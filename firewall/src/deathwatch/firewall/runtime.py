@@ -226,6 +226,7 @@ def cri_exit(event: Any, runtime: str) -> Exit | None:
 @dataclass(slots=True)
 class _Held:
     exit: Exit
+    heard: float  # monotonic
     until: float  # monotonic: published as it is then, if no OOM came
 
 
@@ -245,12 +246,14 @@ class ContainerdStream:
         self._closed = False
         self._oom: dict[str, float] = {}  # container id -> when its OOM was heard (monotonic)
         self._held: dict[str, _Held] = {}
-        # 137s published as no OOM, for an OOM heard after them (late: the cause was wrong)
+        # 137s published as no OOM (when each was heard), for an OOM heard after them (late:
+        # the cause was wrong)
         self._unoomed: dict[str, float] = {}
-        # the order an OOM came in, told as it is heard (the exits container counts it, so
-        # that oom_wait is chosen from what the runtime does): before_exit, after_exit (its
-        # exit held for it), late (after the exit was published as no OOM)
-        self.on_oom: Callable[[str], None] = lambda order: None
+        # the order an OOM came in and its distance from its exit in seconds, told as it is
+        # heard (the exits container counts it, so that oom_wait is chosen from what the
+        # runtime does): before_exit, after_exit (its exit held for it), late (after the
+        # exit was published as no OOM)
+        self.on_oom: Callable[[str, float], None] = lambda order, gap: None
 
     def exits(self) -> Iterator[Exit]:
         call = self.channel.channel.unary_stream(
@@ -291,16 +294,18 @@ class ContainerdStream:
 
     def _heard(self, envelope: Any) -> Iterator[Exit]:
         kind = envelope.event.type_url.rsplit("/", 1)[-1]
+        now = self.clock()
         if kind == _TASK_OOM:
             oom = containerd_pb2.TaskOOM.FromString(envelope.event.value)
             held = self._held.pop(oom.container_id, None)
+            unoomed = self._unoomed.pop(oom.container_id, None)
             if held is not None:
-                self.on_oom("after_exit")
+                self.on_oom("after_exit", now - held.heard)
                 yield _with_oom(held.exit)
-            elif self._unoomed.pop(oom.container_id, None) is not None:
-                self.on_oom("late")
+            elif unoomed is not None:
+                self.on_oom("late", now - unoomed)
             else:
-                self._oom[oom.container_id] = self.clock()
+                self._oom[oom.container_id] = now
             return
         if kind != _TASK_EXIT:
             return
@@ -310,11 +315,12 @@ class ContainerdStream:
         found = self._named(exit)
         if found is None:
             return
-        if self._oom.pop(exit.container_id, None) is not None:
-            self.on_oom("before_exit")
+        oomed = self._oom.pop(exit.container_id, None)
+        if oomed is not None:
+            self.on_oom("before_exit", now - oomed)
             yield _with_oom(found)
         elif found.exit_code == SIGKILL_EXIT and self.oom_wait > 0:
-            self._held[exit.container_id] = _Held(found, self.clock() + self.oom_wait)
+            self._held[exit.container_id] = _Held(found, now, now + self.oom_wait)
         else:
             yield found
         self._forget_old()
@@ -324,7 +330,7 @@ class ContainerdStream:
         for cid, held in list(self._held.items()):
             if held.until <= now:
                 del self._held[cid]
-                self._unoomed[cid] = now
+                self._unoomed[cid] = held.heard
                 yield held.exit
 
     def _forget_old(self) -> None:
