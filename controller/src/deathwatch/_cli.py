@@ -8,6 +8,7 @@ agent image carries nothing of this one.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
@@ -21,12 +22,22 @@ def _version() -> str:
         return "unknown"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from deathwatch._operator import command as controller_command
-    from deathwatch._preflight import command as preflight_command
-    from deathwatch._replay import command as replay_command
-    from deathwatch._verdicts import command as verdicts_command
+# each command's module. Only the one asked for is imported: a replay's start is part of what
+# its user waits for, and the other commands' imports (asyncio, the API client's) were 40 ms
+# of it; with no command named (`--help`), every one.
+COMMANDS: dict[str, str] = {
+    "replay": "deathwatch._replay.command",
+    "controller": "deathwatch._operator.command",
+    "wait": "deathwatch._verdicts.command",
+    "explain": "deathwatch._verdicts.command",
+    "preflight": "deathwatch._preflight.command",
+}
 
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or of the one `argv` names first."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    named = COMMANDS.get(args[0]) if args else None
     # installed twice: `deathwatch`, and `kubectl-deathwatch` for `kubectl deathwatch ...`
     plugin = Path(sys.argv[0]).name.startswith("kubectl-")
     parser = argparse.ArgumentParser(
@@ -35,15 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    replay_command.add_parser(sub)
-    controller_command.add_parser(sub)
-    verdicts_command.add_parsers(sub)
-    preflight_command.add_parser(sub)
+    for name in [named] if named else dict.fromkeys(COMMANDS.values()):
+        module = importlib.import_module(name)
+        (getattr(module, "add_parsers", None) or module.add_parser)(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
         code: int = args.run(args)
