@@ -255,3 +255,45 @@ async def test_each_shard_judges_its_slots_labels_its_verdicts_and_shard_0_sums_
         (0, 3, "pod-0"), (1, 2, "pod-1")]  # fmt: skip
     assert (status["tracked"], status["alive"], status["leader"]) == (5, 5, "0=pod-0 1=pod-1")
     assert [op for op, k in api.calls if k[0] == DW_PLURAL] == ["apply_status", "apply_status"]
+
+
+async def test_a_shards_counts_are_written_at_most_every_part_every_and_its_leader_at_once() -> (
+    None
+):
+    """#43: three shards under churn wrote the DeathWatch's status three times a second. A
+    shard other than 0 writes its counts at most every PART_EVERY (shard 0's totals are
+    then right within that and a second); a new leader or new slots at once."""
+    api, clock = FakeApi(), Clock()
+    api.objects[(DW_PLURAL, NS, "sandboxes")] = deathwatch_body()
+    c1, w1 = shard_controller(api, 1, 2, clock)
+    uids = iter(enumerate(uids_in(assign(1, 2), 6)))
+
+    def writes() -> int:
+        return sum(1 for op, k in api.calls if op == "apply_status" and k[0] == DW_PLURAL)
+
+    async def publish(leader: str = "pod-1") -> int:
+        publishing.publish(c1, publishing.Liveness(leader=lambda: leader))
+        await asyncio.wait_for(w1.idle(), 5)
+        return writes()
+
+    async with workers(w1):
+        owners.on_deathwatch(c1, None, deathwatch_body())
+        clock.now = at(2)
+
+        def one_more() -> None:
+            i, uid = next(uids)
+            pods.on_pod(c1, EventType.MODIFIED, read_pod(pod(uid=uid, name=f"sbx-{i}")))
+
+        one_more()
+        assert await publish() == 1
+        for second in range(1, 5):  # a sandbox more every second: not written before 5 s
+            clock.now = at(2 + second)
+            one_more()
+            assert await publish() == 1, second
+        clock.now = at(2 + 5)
+        assert await publish() == 2
+        part = api.status(DW_PLURAL, NS, "sandboxes")["shards"][0]  # type: ignore[index]
+        assert (part["shard"], part["tracked"]) == (1, 5)
+        clock.now = at(2 + 6)
+        assert await publish("pod-1b") == 3  # another leader: said at once
+        assert await publish("pod-1b") == 3  # and nothing new: nothing written

@@ -69,6 +69,8 @@ class ShardFilter:
     owned: Callable[[], frozenset[int]] = lambda: frozenset(range(64))
     # the other shards' parts of each DeathWatch's status, as they wrote them (shard 0 sums)
     parts: dict[tuple[str, str], dict[int, ShardPart]] = field(default_factory=dict)
+    # this shard's own part of each, as it last wanted it written, and when (publishing.py)
+    said: dict[tuple[str, str], tuple[datetime, ShardPart]] = field(default_factory=dict)
 
     @property
     def assigned(self) -> frozenset[int] | None:

@@ -1,15 +1,17 @@
 """Each DeathWatch's status, wanted once a second (the writer sends only what changed), and
 the gauges; the counts are kept as sandboxes change (summary.py), so this costs the same
 with 30 or 30,000 of them. Sharded, each shard writes its part and shard 0 the totals too
-(ADR 0025). Also what a crash could have left unannounced (`unannounced_deaths`). Free
-functions on the Core; no I/O.
+(ADR 0025): shard 0 once a second, as one unsharded process; every other shard's counts at
+most every PART_EVERY (what it says of itself, its leader and its slots, at once), so three
+shards cost 1.4 status writes a second under churn, not 3 (#43). Also what a crash could
+have left unannounced (`unannounced_deaths`). Free functions on the Core; no I/O.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 import structlog
@@ -18,7 +20,13 @@ from deathwatch._engine.verdict import State
 from deathwatch._operator import documents
 from deathwatch._operator.core import Core
 from deathwatch._operator.documents import PodEvent
-from deathwatch._operator.resources import DW_PLURAL, ConditionStatus, DeathWatchKey, to_document
+from deathwatch._operator.resources import (
+    DW_PLURAL,
+    ConditionStatus,
+    DeathWatchKey,
+    ShardPart,
+    to_document,
+)
 from deathwatch._operator.slots import describe as slots_text
 from deathwatch._operator.writer import LOW, Desired
 
@@ -26,6 +34,9 @@ log = structlog.get_logger("deathwatch.controller")
 # Dead verdicts younger than this get their Event re-posted at start and takeover (under the
 # API server's default 1 h Event TTL, so an Event that was posted still exists and is a 409)
 EVENT_RECONCILE_WINDOW: Final = timedelta(minutes=50)
+# a shard other than 0: how often its counts may be written; the totals shard 0 sums from
+# them are then right within this and a second
+PART_EVERY: Final = timedelta(seconds=5)
 
 
 @dataclass(frozen=True)
@@ -60,8 +71,15 @@ def publish(core: Core, liveness: Liveness) -> None:
             generation = rules.generation if rules else None
             status = documents.deathwatch_status(core.summaries[key], coverage, conditions,
                                                  generation, leader)  # fmt: skip
-            document = (shard_status(core, key, status, generation, leader) if sharded
-                        else to_document(status))  # fmt: skip
+            if sharded and core.shards.spec.index != 0:
+                part = shard_part(core, key, leader)
+                if not part_due(core, key, part, now):
+                    continue
+                document = {"shards": [to_document(part)]}
+            elif sharded:
+                document = shard_status(core, key, status, generation, leader)
+            else:
+                document = to_document(status)
         except Exception:
             core.metrics.handler_errors.labels("publish").inc()
             log.exception("deathwatch status not computed", namespace=key[0], deathwatch=key[1])
@@ -88,15 +106,29 @@ def publish(core: Core, liveness: Liveness) -> None:
         metrics.delivery_unanswered.labels(name).set(box.unanswered)
 
 
+def shard_part(core: Core, key: DeathWatchKey, leader: str | None) -> ShardPart:
+    """This shard's part of the DeathWatch's status."""
+    return documents.shard_part(core.summaries[key], core.shards.spec.index,
+                                slots_text(core.shards.owned()), leader)  # fmt: skip
+
+
+def part_due(core: Core, key: DeathWatchKey, part: ShardPart, now: datetime) -> bool:
+    """Whether a shard other than 0 wants its part written now: its first, what it says of
+    the shard (its leader, its slots) at once, its counts at most every PART_EVERY. Noted
+    when it is."""
+    said = core.shards.said.get(key)
+    due = (said is None or (said[1].leader, said[1].slots) != (part.leader, part.slots)
+           or (said[1] != part and now - said[0] >= PART_EVERY))  # fmt: skip
+    if due:
+        core.shards.said[key] = (now, part)
+    return due
+
+
 def shard_status(core: Core, key: DeathWatchKey, whole: Any, generation: int | None,
                  leader: str | None) -> dict[str, Any]:  # fmt: skip
-    """Sharded: this shard's part of the DeathWatch's status; shard 0's carries the totals of
-    every part too (and the conditions, computed from what it sees: ADR 0025)."""
-    index = core.shards.spec.index
-    mine = documents.shard_part(core.summaries[key], index, slots_text(core.shards.owned()),
-                                leader)  # fmt: skip
-    if index != 0:
-        return {"shards": [to_document(mine)]}
+    """Sharded, shard 0: its part of the DeathWatch's status, and the totals of every part
+    (and the conditions, computed from what it sees: ADR 0025)."""
+    mine = shard_part(core, key, leader)
     parts = [*core.shards.parts.get(key, {}).values(), mine]
     return to_document(documents.sharded_status(parts, whole.firewall, whole.conditions,
                                                 generation))  # fmt: skip
