@@ -5,8 +5,14 @@ every wait has a deadline."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import socket
 import ssl
+import struct
 import tempfile
+import threading
+import time
+import tracemalloc
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -226,3 +232,105 @@ async def until(probe: Callable[[], bool], within: float = 5) -> None:
     async with asyncio.timeout(within):
         while not probe():  # noqa: ASYNC110 - state the server changes, polled with a deadline
             await asyncio.sleep(0.005)
+
+
+# --- what a connection leaves behind -----------------------------------------------------------
+
+_CLIENT_TLS = ssl.create_default_context()
+_CLIENT_TLS.check_hostname, _CLIENT_TLS.verify_mode = False, ssl.CERT_NONE
+# a connection's own objects: none may outlive it in a reference cycle (asyncio's socket
+# transport keeps one of its own, a bound method on itself: small, and not ours to break)
+OURS_AND_ITS = {"Task", "coroutine", "frame", "Future", "StreamReader", "StreamWriter",
+                "_SmallTLS", "SSLObject", "MemoryBIO", "_Conn"}  # fmt: skip
+
+
+def _blocking_client(port: int, tls: bool, script: str) -> None:
+    """A client on a plain thread (no event loop, so nothing of its own in the census)."""
+    sock = socket.create_connection(("127.0.0.1", port), 5)
+    try:
+        if tls and script != "no handshake":
+            sock = _CLIENT_TLS.wrap_socket(sock)
+        sock.settimeout(5)
+        if script == "goes away mid-head":
+            sock.sendall(b"GET / HTTP/1.1\r\nX-Slow: ")
+            time.sleep(0.05)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        elif script in ("cut at the head deadline", "evicted"):
+            sock.sendall(b"GET / HTTP/1.1\r\nX-Slow: ")
+            sock.recv(1024)
+        elif script == "no handshake":
+            sock.recv(1024)
+        elif script == "cut when idle":
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            sock.recv(1024)
+            sock.recv(1024)
+        elif script == "refused":
+            sock.sendall(b"POST / HTTP/1.1\r\n\r\n")
+            sock.recv(1024)
+    except (OSError, ssl.SSLError):
+        pass  # the server cut it: what the script is about
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+@pytest.mark.parametrize("script", ["goes away mid-head", "cut at the head deadline",
+                                    "no handshake", "cut when idle", "refused", "evicted"])  # fmt: skip
+async def test_a_connection_leaves_nothing_in_a_reference_cycle(tls: bool, script: str) -> None:
+    """Each way a connection ends frees what it held at once: an exception's traceback
+    holding the frame that holds the future or the stream that holds the exception kept a
+    slowloris's every connection (its TLS objects) until a full collection."""
+    limits = Limits(connections=2, head_timeout=0.3, idle_timeout=0.3, evict_after=0.0)
+    context = Serving(None, ["127.0.0.1"]).context if tls else None
+    async with serving(limits=limits, tls=context) as (server, port):
+        await get(port, tls=tls)  # asyncio's first-use objects made before the census
+        gc.collect()
+        clients = 3 if script == "evicted" else 1
+        threads = []
+        for _ in range(clients):
+            threads.append(threading.Thread(target=_blocking_client,
+                                            args=(port, tls, script), daemon=True))  # fmt: skip
+            threads[-1].start()
+            if script == "evicted":  # each held before the next comes: the third evicts
+                wanted = min(len(threads), 2)
+                await until(lambda wanted=wanted: server.open_connections >= wanted)  # type: ignore[misc]
+        await until(lambda: not any(t.is_alive() for t in threads) and not server.open_connections)
+        if script == "evicted":
+            assert server.counts["evicted"] >= 1
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            gc.collect()
+            left = sorted({type(o).__name__ for o in gc.garbage} & OURS_AND_ITS)
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+        assert left == [], f"{script}: left in a cycle: {left}"
+
+
+async def test_a_held_tls_connection_costs_a_few_kib_of_python_memory() -> None:
+    """asyncio's TLS protocol allocates 256 KiB per connection for its receive buffer: 1,024
+    held slots were past the firewall agent's memory limit. Ours reads 4 KiB at a time."""
+    held = 40
+    async with serving(limits=Limits(connections=held, head_timeout=30),
+                       tls=Serving(None, ["127.0.0.1"]).context) as (server, port):  # fmt: skip
+        await get(port, tls=True)
+        socks: list[socket.socket] = []
+
+        def hold() -> None:  # a plain thread's blocking clients: nothing of theirs traced
+            for _ in range(held):
+                sock = _CLIENT_TLS.wrap_socket(socket.create_connection(("127.0.0.1", port), 5))
+                sock.sendall(b"GET / HTTP/1.1\r\nX-Slow: ")
+                socks.append(sock)
+
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            holder = threading.Thread(target=hold, daemon=True)
+            holder.start()
+            await until(lambda: server.open_connections == held and not holder.is_alive())
+            per_connection = (tracemalloc.get_traced_memory()[0] - before) / held
+        finally:
+            tracemalloc.stop()
+            for sock in socks:
+                sock.close()
+    assert per_connection < 24 * 1024, f"{per_connection / 1024:.1f} KiB a held connection"
