@@ -67,19 +67,19 @@ def publish(core: Core, liveness: Liveness) -> None:
                 stale_after=liveness.stale_after, firewall=reading,
                 backlogs=backlogs.get(key, []) if backlogs is not None else None,
             )  # fmt: skip
-            rules = core.deathwatches.get(key)
-            generation = rules.generation if rules else None
-            status = documents.deathwatch_status(core.summaries[key], coverage, conditions,
-                                                 generation, leader)  # fmt: skip
             if sharded and core.shards.spec.index != 0:
+                # its part only: the whole status (shard 0's to write) is not computed here
                 part = shard_part(core, key, leader)
                 if not part_due(core, key, part, now):
                     continue
                 document = {"shards": [to_document(part)]}
-            elif sharded:
-                document = shard_status(core, key, status, generation, leader)
             else:
-                document = to_document(status)
+                rules = core.deathwatches.get(key)
+                generation = rules.generation if rules else None
+                status = documents.deathwatch_status(core.summaries[key], coverage, conditions,
+                                                     generation, leader)  # fmt: skip
+                document = (shard_status(core, key, status, generation, leader) if sharded
+                            else to_document(status))  # fmt: skip
         except Exception:
             core.metrics.handler_errors.labels("publish").inc()
             log.exception("deathwatch status not computed", namespace=key[0], deathwatch=key[1])
