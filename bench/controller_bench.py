@@ -33,20 +33,13 @@ from bench.stats import percentile
 from deathwatch._engine.timeutil import format_time
 from hack.localcluster import controlplane
 from hack.localcluster.controller_process import ControllerProcess, metrics_reader_token
+from hack.localcluster.procstat import rss_mib
 from hack.localcluster.sandbox_script import Fate, SandboxScript, pod_manifest, timeline
 
 ROOT = Path(__file__).resolve().parent.parent
 
 NS = "bench"
 TIMEOUT = (5, 30)
-
-
-def rss_mib(pid: int, field: str = "VmRSS") -> float:
-    """Resident memory now (VmRSS) or at its peak so far (VmHWM), MiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def statuses(script: SandboxScript) -> tuple[dict[str, Any], dict[str, Any]]:

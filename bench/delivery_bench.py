@@ -38,11 +38,12 @@ from typing import Any
 
 from kubernetes import client, config
 
-from bench.controller_bench import NS, TIMEOUT, Watcher, create_ready, rss_mib, statuses, wait_alive
+from bench.controller_bench import NS, TIMEOUT, Watcher, create_ready, statuses, wait_alive
 from bench.stats import percentile
 from deathwatch._engine.timeutil import format_time
 from hack.localcluster import controlplane
 from hack.localcluster.controller_process import ControllerProcess, metrics_reader_token
+from hack.localcluster.procstat import rss_mib
 from hack.localcluster.receiver import Fault, Receiver, sink_secret
 from hack.localcluster.sandbox_script import SandboxScript
 

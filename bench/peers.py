@@ -58,11 +58,11 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from bench.controller_bench import rss_mib
 from bench.stats import summary
 from deathwatch._engine.timeutil import format_time
 from hack.localcluster import agentsandbox, controlplane
 from hack.localcluster.controlplane import ControlPlane, free_port, kubeconfig
+from hack.localcluster.procstat import rss_mib
 from hack.localcluster.sandbox_script import Fate, SandboxScript, pod_manifest, timeline
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -33,11 +33,12 @@ from typing import Any
 
 from kubernetes import client, config
 
-from bench.controller_bench import NS, create_ready, rss_mib, wait_alive
+from bench.controller_bench import NS, create_ready, wait_alive
 from bench.delivery_bench import cpu_seconds, namespace_ready, wait_until
 from deathwatch._operator.slots import assign, selector
 from hack.localcluster import controlplane
 from hack.localcluster.controller_process import ControllerProcess, metrics_reader_token
+from hack.localcluster.procstat import rss_mib
 from hack.render_manifests import CHART, NAMESPACE, helm, without_helm_labels
 
 ROOT = Path(__file__).resolve().parent.parent

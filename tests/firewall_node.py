@@ -19,7 +19,7 @@ class FirewallNode:
     namespace (so it reaches the API on 127.0.0.1) with nft acting in the node's."""
 
     def __init__(self, name: str, tmp: Path, config: Path, api: str, token: Path, ca: Path,
-                 metrics_port: int = 0) -> None:  # fmt: skip
+                 metrics_port: int = 0, pythonpath: tuple[str, ...] = ()) -> None:  # fmt: skip
         self.name, self.netns = name, f"dw-{name}-{uuid.uuid4().hex[:6]}"
         self.log = tmp / f"agent-{name}.log"
         self.nft = tmp / f"nft-{name}"
@@ -32,13 +32,14 @@ class FirewallNode:
             "--nft", str(self.nft), "--metrics-port", str(metrics_port),
         ]  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
+        self.pythonpath = (*pythonpath, *sys.path)  # first: another revision's code (benches)
         subprocess.run(["ip", "netns", "add", self.netns], check=True, timeout=30)
 
     def start(self) -> None:
         with self.log.open("a") as out:
             self.proc = subprocess.Popen(
                 self.args, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(self.pythonpath)},
             )  # fmt: skip
 
     def stop(self) -> None:

@@ -5,6 +5,8 @@ issue's measurements were), until SIGTERM, then prints one JSON line of what it 
     python3 -m hack.localcluster.attacks slowloris --url https://127.0.0.1:8443 --connections 1100
     python3 -m hack.localcluster.attacks flood --url https://127.0.0.1:8443 --connections 64
     python3 -m hack.localcluster.attacks tokens --url https://127.0.0.1:8443 --connections 8
+    python3 -m hack.localcluster.attacks slowloris --url https://127.0.0.1:8443 \
+        --connections 1100 --sources 256   # as 256 pods would: one loopback address each
 
 - `slowloris`: `connections` connections, each with a request begun and never finished (a
   TLS handshake first on https), opened again whenever the server closes one;
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import functools
 import json
 import os
@@ -51,28 +52,42 @@ def _context() -> ssl.SSLContext:
     return context
 
 
-async def _open(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+def source(i: int, sources: int) -> str | None:
+    """The address the i-th connection comes from: with no sources, this host's own (no
+    binding); else 127.77.x.y, one per pod the attack stands for (loopback targets only:
+    Linux answers for all of 127.0.0.0/8 on lo), apart from the probes' and scrapes'
+    127.0.0.1 as a neighbour pod's address is apart from the node's."""
+    if sources < 1:
+        return None
+    k = i % sources
+    return f"127.77.{k // 250}.{k % 250 + 1}"
+
+
+async def _open(
+    url: str, local: str | None = None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     parts = urlsplit(url)
     tls = _context() if parts.scheme == "https" else None
-    return await asyncio.wait_for(asyncio.open_connection(parts.hostname, parts.port, ssl=tls), 10)
+    return await asyncio.wait_for(asyncio.open_connection(
+        parts.hostname, parts.port, ssl=tls, local_addr=(local, 0) if local else None), 10)  # fmt: skip
 
 
 async def _connect(
-    url: str, stats: Counter[str]
+    url: str, stats: Counter[str], local: str | None = None
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A connection, tried again (counted) for as long as the port refuses."""
     while True:
         try:
-            return await _open(url)
+            return await _open(url, local)
         except (OSError, TimeoutError, ssl.SSLError):
             stats["connect_failed"] += 1
             await asyncio.sleep(0.05)
 
 
-async def slowloris(url: str, connections: int, stats: Counter[str]) -> None:
-    async def one() -> None:
+async def slowloris(url: str, connections: int, stats: Counter[str], sources: int = 0) -> None:
+    async def one(local: str | None) -> None:
         while True:
-            reader, writer = await _connect(url, stats)
+            reader, writer = await _connect(url, stats, local)
             stats["opened"] += 1
             try:
                 writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ")
@@ -84,13 +99,15 @@ async def slowloris(url: str, connections: int, stats: Counter[str]) -> None:
             finally:
                 writer.transport.abort()
 
-    await asyncio.gather(*(one() for _ in range(connections)))
+    await asyncio.gather(*(one(source(i, sources)) for i in range(connections)))
 
 
-async def _ask(url: str, paths: list[str], stats: Counter[str], token: bool) -> None:
+async def _ask(
+    url: str, paths: list[str], stats: Counter[str], token: bool, local: str | None = None
+) -> None:
     parts = urlsplit(url)
     while True:
-        reader, writer = await _connect(url, stats)
+        reader, writer = await _connect(url, stats, local)
         try:
             while True:
                 for path in paths:
@@ -111,14 +128,14 @@ async def _ask(url: str, paths: list[str], stats: Counter[str], token: bool) -> 
             writer.transport.abort()
 
 
-async def _run(kind: str, url: str, connections: int, stats: Counter[str]) -> None:
+async def _run(kind: str, url: str, connections: int, stats: Counter[str], sources: int) -> None:
     if kind == "slowloris":
-        await slowloris(url, connections, stats)
-    elif kind == "flood":
-        paths = ["/metrics", "/readyz", "/healthz"]
-        await asyncio.gather(*(_ask(url, paths, stats, False) for _ in range(connections)))
-    else:
-        await asyncio.gather(*(_ask(url, ["/metrics"], stats, True) for _ in range(connections)))
+        await slowloris(url, connections, stats, sources)
+        return
+    paths, token = (["/metrics", "/readyz", "/healthz"], False) if kind == "flood" else (
+        ["/metrics"], True)  # fmt: skip
+    await asyncio.gather(*(_ask(url, paths, stats, token, source(i, sources))
+                           for i in range(connections)))  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,7 +143,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("kind", choices=["slowloris", "flood", "tokens"])
     parser.add_argument("--url", required=True)
     parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument(
+        "--sources",
+        type=int,
+        default=1,
+        help="addresses the connections come from (loopback targets only)",
+    )
     args = parser.parse_args(argv)
+    if args.sources and urlsplit(args.url).hostname not in ("127.0.0.1", "localhost"):
+        parser.error(f"--sources {args.sources}: only against 127.0.0.1, got {args.url}")
     import resource
 
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -135,19 +160,22 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
 
     async def run() -> None:
-        task = asyncio.ensure_future(_run(args.kind, args.url, args.connections, stats))
+        task = asyncio.ensure_future(
+            _run(args.kind, args.url, args.connections, stats, args.sources)
+        )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         loop.add_signal_handler(signal.SIGINT, stop.set)
         await stop.wait()
         task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
+        print(json.dumps({"kind": args.kind, "seconds": round(time.monotonic() - started, 1),
+                          **dict(stats)}), flush=True)  # fmt: skip
+        # said first, then gone: on 3.11 wait_for can swallow a cancel that meets its
+        # result (a connect made as it was cancelled), and that coroutine attacks on
+        os._exit(0)
 
     asyncio.run(run())
-    print(json.dumps({"kind": args.kind, "seconds": round(time.monotonic() - started, 1),
-                      **dict(stats)}), flush=True)  # fmt: skip
     return 0
 
 
@@ -158,13 +186,15 @@ class Attack:
     kind: str
     url: str
     connections: int
+    sources: int = 0  # addresses it comes from (127.77.x.y, loopback only); 0: this host's
     proc: subprocess.Popen[str] | None = None
     said: dict[str, object] = field(default_factory=dict)
 
     def start(self) -> Attack:
         self.proc = subprocess.Popen(
             ["nice", "-n", "10", sys.executable, "-m", "hack.localcluster.attacks", self.kind,
-             "--url", self.url, "--connections", str(self.connections)],
+             "--url", self.url, "--connections", str(self.connections),
+             "--sources", str(self.sources)],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         return self

@@ -186,6 +186,100 @@ async def test_when_every_connection_is_being_answered_a_new_one_gets_503_at_onc
             assert await answer(reader) == (200, b"late\n")
 
 
+async def test_one_address_holds_its_share_and_the_probes_address_always_gets_in() -> None:
+    """A neighbour at 127.0.0.2 opening connection after connection, each an unfinished
+    request: it holds at most `per_peer` (evicting its own), and a probe from another
+    address is answered every time, the port far from full."""
+    limits = Limits(connections=16, per_peer=4, head_timeout=30, evict_after=0)
+    async with serving(limits=limits) as (server, port):
+        held: list[asyncio.StreamWriter] = []
+        for _ in range(40):
+            _, writer = await asyncio.wait_for(asyncio.open_connection(
+                "127.0.0.1", port, local_addr=("127.0.0.2", 0)), 5)  # fmt: skip
+            writer.write(b"GET / HTTP/1.1\r\nX-Slow: ")
+            held.append(writer)
+            assert (await get(port))[0] == 200
+        await until(lambda: server.open_connections <= 4)
+        assert server.counts["evicted"] >= 36
+        for writer in held:
+            writer.close()
+
+
+async def test_a_refused_newcomer_on_a_plain_port_is_held_still_then_told() -> None:
+    """Every connection being answered: a newcomer is refused, held still (unread) for the
+    head deadline rather than closed at once, then told 503, its request read first (a close
+    with unread data would be a reset that loses the answer)."""
+    release = asyncio.Event()
+
+    async def slow(request: Request) -> Response:
+        await release.wait()
+        return Response.text(200, "late")
+
+    limits = Limits(connections=1, answer_timeout=5, head_timeout=0.5, held_still=4)
+    async with serving(slow, limits) as (server, port):
+        reader, writer = await connect(port)
+        writer.write(b"GET /a HTTP/1.1\r\n\r\n")
+        await until(lambda: server.open_connections == 1)
+        newcomer = asyncio.ensure_future(get(port))
+        await until(lambda: server.held_still_now == 1)
+        assert not newcomer.done()
+        assert await asyncio.wait_for(newcomer, 5) == (503, b"busy\n")
+        assert server.held_still_now == 0 and server.counts["busy"] == 1
+        release.set()
+        assert await answer(reader) == (200, b"late\n")
+        writer.close()
+
+
+async def test_a_full_port_makes_room_from_the_address_holding_most_whatever_its_age() -> None:
+    """Every slot held by one address, each connection young: a probe from another address
+    is still answered (the fattest address's longest waiter evicted), where the port's
+    own rule (a waiter of `evict_after`) would have refused it."""
+    limits = Limits(connections=8, per_peer=8, head_timeout=30, evict_after=30)
+    async with serving(limits=limits) as (server, port):
+        held: list[asyncio.StreamWriter] = []
+        for _ in range(8):
+            _, writer = await asyncio.wait_for(asyncio.open_connection(
+                "127.0.0.1", port, local_addr=("127.0.0.2", 0)), 5)  # fmt: skip
+            writer.write(b"GET / HTTP/1.1\r\nX-Slow: ")
+            held.append(writer)
+        await until(lambda: server.open_connections == 8)
+        assert (await get(port))[0] == 200
+        assert server.counts["evicted"] == 1 and server.counts["busy"] == 0
+        for writer in held:
+            writer.close()
+
+
+async def test_after_a_peak_of_connections_the_heap_is_given_back() -> None:
+    limits = Limits(connections=100, per_peer=100, head_timeout=30)
+    async with serving(limits=limits) as (server, port):
+        held = [(await connect(port))[1] for _ in range(70)]
+        await until(lambda: server.open_connections == 70)
+        assert server.heap_returns == 0
+        for writer in held:
+            writer.close()
+        await until(lambda: server.heap_returns == 1)  # glibc: malloc_trim
+
+
+async def test_one_address_past_its_burst_is_paced_and_another_is_not() -> None:
+    """A client asking again and again on one connection: its burst answered at once, the
+    rest each after its address's turn (slowed, not refused); another address meanwhile is
+    not paced at all."""
+    limits = Limits(per_peer_rate=10.0, per_peer_burst=3)
+    async with serving(limits=limits) as (server, port):
+        reader, writer = await connect(port)
+        for i in range(8):
+            writer.write(f"GET /{i} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            assert await answer(reader) == (200, f"hello /{i}\n".encode())
+        assert server.counts["paced"] == 5
+        other_reader, other = await asyncio.wait_for(asyncio.open_connection(
+            "127.0.0.1", port, local_addr=("127.0.0.3", 0)), 5)  # fmt: skip
+        other.write(b"GET /other HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert await answer(other_reader) == (200, b"hello /other\n")
+        assert server.counts["paced"] == 5
+        writer.close()
+        other.close()
+
+
 async def test_a_handler_that_takes_too_long_is_a_503() -> None:
     async def stuck(request: Request) -> Response:
         await asyncio.Event().wait()
@@ -226,6 +320,10 @@ def test_limits_name_a_bad_value() -> None:
         Limits(connections=0)
     with pytest.raises(ValueError, match="head_timeout: expected a positive number, got -1"):
         Limits(head_timeout=-1)
+    with pytest.raises(ValueError, match="per_peer: expected at least 1, got 0"):
+        Limits(per_peer=0)
+    with pytest.raises(ValueError, match=r"per_peer_rate, per_peer_burst: .* got 0, 40"):
+        Limits(per_peer_rate=0)
 
 
 async def until(probe: Callable[[], bool], within: float = 5) -> None:
@@ -311,7 +409,7 @@ async def test_a_held_tls_connection_costs_a_few_kib_of_python_memory() -> None:
     """asyncio's TLS protocol allocates 256 KiB per connection for its receive buffer: 1,024
     held slots were past the firewall agent's memory limit. Ours reads 4 KiB at a time."""
     held = 40
-    async with serving(limits=Limits(connections=held, head_timeout=30),
+    async with serving(limits=Limits(connections=held, head_timeout=30, per_peer=held),
                        tls=Serving(None, ["127.0.0.1"]).context) as (server, port):  # fmt: skip
         await get(port, tls=True)
         socks: list[socket.socket] = []

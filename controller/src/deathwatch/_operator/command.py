@@ -57,8 +57,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=1024,
         metavar="N",
         help="connections the metrics port holds at once, at most half the open-files limit "
-        "(raised to its hard limit at start); past it, one that has waited 2 s unanswered is "
-        "closed for the newcomer, else the newcomer is (default 1024)",
+        "(raised to its hard limit at start), 64 from one address; past it, the address "
+        "holding the most makes room, else one that has waited 2 s unanswered is closed for "
+        "the newcomer, else the newcomer is (default 1024)",
     )
     p.add_argument(
         "--firewall-daemonset",

@@ -311,7 +311,9 @@ def _agent(args: argparse.Namespace) -> int:
     heartbeat = Heartbeat(stalled_after=300.0)
     # a neighbour holding connections must not take the descriptors the API's calls need
     soft, _ = raise_open_files()
-    limits = Limits(connections=connection_cap(1024, soft), evict_after=2.0)
+    # 512: a TLS connection is ~30 KiB held, ~65 KiB while a fleet churns it: 1,024 slots
+    # took the agent to 114 MiB of its 128 Mi (bench/ports_bench.py)
+    limits = Limits(connections=connection_cap(512, soft), evict_after=2.0)
     port = None
     if args.metrics_port:
         host = args.metrics_host or ("0.0.0.0" if link else "127.0.0.1")  # noqa: S104

@@ -1,0 +1,45 @@
+"""A process's resources as /proc says them, for benches and tests: resident memory (now, at
+its peak so far, or sampled over a block), open descriptors."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+
+def rss_mib(pid: int, field: str = "VmRSS") -> float:
+    """Resident memory now (VmRSS) or at its peak so far (VmHWM), MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def open_fds(pid: int) -> int:
+    return len(list(Path(f"/proc/{pid}/fd").iterdir()))
+
+
+class PeakRss:
+    """A process's resident memory sampled every 0.1 s while in the block: its peak there
+    (VmHWM is the peak since the process began)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak = pid, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="peak-rss", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.peak = max(self.peak, rss_mib(self.pid))
+            except OSError:
+                return  # it has gone: its peak so far stands
+            self._stop.wait(0.1)
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
