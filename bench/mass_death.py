@@ -19,26 +19,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
-from kubernetes import client, config
-
-from bench.controller_bench import NS, TIMEOUT, Watcher, create_ready, statuses, wait_alive
-from bench.ports_bench import OPEN_FILES, code_at, cpu_seconds
+from bench.controller_bench import NS, TIMEOUT, create_ready, statuses, wait_alive
+from bench.controller_cluster import code_at, controller_cluster
 from bench.stats import summary
-from hack.localcluster import controlplane
-from hack.localcluster.controller_process import (
-    ControllerProcess,
-    metrics_reader_token,
-    service_account_kubeconfig,
-)
-
-ROOT = Path(__file__).resolve().parent.parent
+from hack.localcluster.controller_process import ControllerProcess
+from hack.localcluster.procstat import cpu_seconds
 
 
 def writes(ctrl: ControllerProcess) -> float:
@@ -60,63 +50,13 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="deathwatch-mass-death-"))
     pythonpath = code_at(args.code, work / "code") if args.code else ()
-    code_env = {"PYTHONPATH": os.pathsep.join(pythonpath)} if pythonpath else {}
-    cp = controlplane.ControlPlane(work / "cp")
-    ctrl: ControllerProcess | None = None
-    watchers: list[Watcher] = []
-    try:
-        cp.start()
-        cp.kubectl_run("apply", "--server-side", "-f", str(ROOT / "manifests" / "base" / "crds"))
-        cp.kubectl_run("wait", "--for=condition=Established", "crd/deathwatches.deathwatch.dev",
-                       "crd/sandboxverdicts.deathwatch.dev")  # fmt: skip
-        cp.kubectl_run("create", "namespace", "deathwatch-system")
-        for role in ("controller.yaml", "metrics-reader.yaml"):
-            cp.kubectl_run("apply", "-f", str(ROOT / "manifests" / "base" / "rbac" / role))
-        cp.kubectl_run("create", "namespace", NS)
-        cp.kubectl_run("create", "rolebinding", "deathwatch-controller", "-n", NS,
-                       "--clusterrole=deathwatch-controller",
-                       "--serviceaccount=deathwatch-system:deathwatch-controller")  # fmt: skip
-        configuration = client.Configuration()
-        config.load_kube_config(config_file=str(cp.kubeconfig), client_configuration=configuration)
-        configuration.connection_pool_maxsize = args.writers + 4
-        api = client.ApiClient(configuration)
-        core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-        while True:
-            try:
-                core.read_namespaced_service_account("default", NS, _request_timeout=TIMEOUT)
-                break
-            except client.ApiException:
-                time.sleep(0.1)
-        kubeconfig = service_account_kubeconfig(
-            cp, api, "deathwatch-system", "deathwatch-controller", work / "controller.kubeconfig"
-        )
-        ctrl = ControllerProcess(kubeconfig, [NS], work / "controller.log", env=code_env,
-                                 reader_token=metrics_reader_token(api),
-                                 open_files=OPEN_FILES).start()  # fmt: skip
-        assert ctrl.proc is not None
-        pid = ctrl.proc.pid
-        cp.kubectl_run("apply", "-f", "-", input=(
-            f"apiVersion: deathwatch.dev/v1alpha1\nkind: DeathWatch\nmetadata: {{name: bench, "
-            f"namespace: {NS}}}\nspec: {{podSelector: {{matchLabels: {{app: sandbox}}}}}}\n"))  # fmt: skip
+    with controller_cluster(work, pythonpath, pool=args.writers + 4) as cluster:
+        ctrl, core, pid = cluster.ctrl, cluster.core, cluster.pid
         names = [f"p-{i:05d}" for i in range(args.pods)]
         scripts = create_ready(core, names)
-        wait_alive(custom, args.pods, 600)
-
-        def pod_dead(obj: Any) -> str | None:
-            statuses_ = obj.status.container_statuses or []
-            return obj.metadata.name if any(s.state.terminated for s in statuses_) else None
-
-        def verdict_dead(obj: Any) -> str | None:
-            dead = (obj.get("status") or {}).get("state") == "Dead"
-            return obj["metadata"]["name"] if dead else None
-
-        pods = Watcher(core.list_namespaced_pod, NS, key=pod_dead)
-        verdicts = Watcher(custom.list_namespaced_custom_object, "deathwatch.dev", "v1alpha1", NS,
-                           "sandboxverdicts", key=verdict_dead)  # fmt: skip
-        watchers = [pods, verdicts]
-        for w in watchers:
-            w.start()
-        time.sleep(3)  # both watches established, the controller at rest
+        wait_alive(cluster.custom, args.pods, 600)
+        pods, verdicts = cluster.watch_deaths()
+        time.sleep(1)  # the controller at rest
         dying = names[: args.die]
         written0, cpu0 = writes(ctrl), cpu_seconds(pid)
 
@@ -161,12 +101,6 @@ def main() -> int:
         }
         print(json.dumps(results, indent=1 if args.json else None))
         return 0
-    finally:
-        for w in watchers:
-            w.stop = True
-        if ctrl is not None:
-            ctrl.stop()
-        cp.stop()
 
 
 if __name__ == "__main__":

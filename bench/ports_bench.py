@@ -31,28 +31,24 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client, config
+from kubernetes import client
 
-from bench.controller_bench import NS, TIMEOUT, Watcher, create_ready, statuses, wait_alive
+from bench.controller_bench import NS, TIMEOUT, create_ready, statuses, wait_alive
+from bench.controller_cluster import code_at, controller_cluster
 from bench.stats import summary
 from hack.localcluster import controlplane
 from hack.localcluster.attacks import Attack, Poller
 from hack.localcluster.controller_process import (
-    ControllerProcess,
-    metrics_reader_token,
-    service_account_kubeconfig,
     service_account_token,
 )
 from hack.localcluster.controlplane import free_port
 from hack.localcluster.netnode import netns_available
-from hack.localcluster.procstat import PeakRss, open_fds, rss_mib
+from hack.localcluster.procstat import PeakRss, cpu_seconds, open_fds, rss_mib
 from tests.firewall_node import FirewallNode
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,12 +57,6 @@ PHASES = (("quiet", "", 0, 1), ("flood", "flood", 64, 1), ("slowloris", "slowlor
           ("slowloris from 256 pods", "slowloris", 1100, 256), ("tokens", "tokens", 8, 1))  # fmt: skip
 AGENT_PHASES = PHASES[:4]
 AGENT_LIMIT_MIB = 128  # the chart's firewall.resources.limits.memory
-OPEN_FILES = (1024, 8192)
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def spread(kind: str, urls: list[str], connections: int, sources: int) -> list[Attack]:
@@ -89,15 +79,6 @@ def settled_rss(pid: int, quiet_fds: int, within: float = 30) -> float:
         time.sleep(0.2)
     time.sleep(1)
     return round(rss_mib(pid), 1)
-
-
-def code_at(rev: str, into: Path) -> tuple[str, ...]:
-    """Another revision's source, for PYTHONPATH: its kube, controller and firewall packages."""
-    into.mkdir(parents=True)
-    archive = subprocess.run(["git", "archive", rev, "kube/src", "controller/src", "firewall/src"],
-                             cwd=ROOT, capture_output=True, check=True, timeout=60).stdout  # fmt: skip
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True, timeout=60)
-    return tuple(str(into / part / "src") for part in ("kube", "controller", "firewall"))
 
 
 def agent_phases(
@@ -179,70 +160,18 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="deathwatch-ports-bench-"))
     pythonpath = code_at(args.code, work / "code") if args.code else ()
-    code_env = {"PYTHONPATH": os.pathsep.join(pythonpath)} if pythonpath else {}
     if not args.no_agent and netns_available():
         ap.error(f"the agent's phases: {netns_available()} (or --no-agent)")
-    cp = controlplane.ControlPlane(work / "cp")
-    ctrl: ControllerProcess | None = None
-    watchers: list[Watcher] = []
-    try:
-        cp.start()
-        cp.kubectl_run("apply", "--server-side", "-f", str(ROOT / "manifests" / "base" / "crds"))
-        cp.kubectl_run("wait", "--for=condition=Established", "crd/deathwatches.deathwatch.dev",
-                       "crd/sandboxverdicts.deathwatch.dev")  # fmt: skip
-        cp.kubectl_run("create", "namespace", "deathwatch-system")
-        for role in ("controller.yaml", "metrics-reader.yaml"):
-            cp.kubectl_run("apply", "-f", str(ROOT / "manifests" / "base" / "rbac" / role))
-        cp.kubectl_run("create", "namespace", NS)
-        cp.kubectl_run("create", "rolebinding", "deathwatch-controller", "-n", NS,
-                       "--clusterrole=deathwatch-controller",
-                       "--serviceaccount=deathwatch-system:deathwatch-controller")  # fmt: skip
-        configuration = client.Configuration()
-        config.load_kube_config(config_file=str(cp.kubeconfig), client_configuration=configuration)
-        configuration.connection_pool_maxsize = 16
-        api = client.ApiClient(configuration)
-        core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-        while True:
-            try:
-                core.read_namespaced_service_account("default", NS, _request_timeout=TIMEOUT)
-                break
-            except client.ApiException:
-                time.sleep(0.1)
-        kubeconfig = service_account_kubeconfig(
-            cp, api, "deathwatch-system", "deathwatch-controller", work / "controller.kubeconfig"
-        )
-        reader = metrics_reader_token(api)
-        ctrl = ControllerProcess(kubeconfig, [NS], work / "controller.log", env=code_env,
-                                 reader_token=reader, open_files=OPEN_FILES).start()  # fmt: skip
-        assert ctrl.proc is not None
-        pid = ctrl.proc.pid
-        cp.kubectl_run("apply", "-f", "-", input=(
-            f"apiVersion: deathwatch.dev/v1alpha1\nkind: DeathWatch\nmetadata: {{name: bench, "
-            f"namespace: {NS}}}\nspec: {{podSelector: {{matchLabels: {{app: sandbox}}}}}}\n"))  # fmt: skip
+    with controller_cluster(work, pythonpath) as cluster:
+        cp, api, ctrl, pid = cluster.cp, cluster.api, cluster.ctrl, cluster.pid
+        core, custom = cluster.core, cluster.custom
         names = [f"p-{i:05d}" for i in range(args.pods)]
         scripts = create_ready(core, names)
         wait_alive(custom, args.pods, 300)
         # the reader scrapes once before any attack, as Prometheus would have: a known reader
         ctrl.metric("deathwatch_http_authorizations_total")
 
-        def pod_dead(obj: Any) -> str | None:
-            statuses_ = obj.status.container_statuses or []
-            return obj.metadata.name if any(s.state.terminated for s in statuses_) else None
-
-        def verdict_dead(obj: Any) -> str | None:
-            return (
-                obj["metadata"]["name"]
-                if (obj.get("status") or {}).get("state") == "Dead"
-                else None
-            )
-
-        pods = Watcher(core.list_namespaced_pod, NS, key=pod_dead)
-        verdicts = Watcher(custom.list_namespaced_custom_object, "deathwatch.dev", "v1alpha1", NS,
-                           "sandboxverdicts", key=verdict_dead)  # fmt: skip
-        watchers = [pods, verdicts]
-        for w in watchers:
-            w.start()
-        time.sleep(2)  # both watches established before the first death
+        pods, verdicts = cluster.watch_deaths()
         results: dict[str, Any] = {"code": args.code or "this tree"}
         quiet_fds = open_fds(pid)
         for i, (phase, kind, connections, sources) in enumerate(PHASES):
@@ -315,12 +244,6 @@ def main() -> int:
             for kind, r in results.items():
                 print(kind, json.dumps(r))
         return 0
-    finally:
-        for w in watchers:
-            w.stop = True
-        if ctrl is not None:
-            ctrl.stop()
-        cp.stop()
 
 
 if __name__ == "__main__":

@@ -1,10 +1,19 @@
 """A process's resources as /proc says them, for benches and tests: resident memory (now, at
-its peak so far, or sampled over a block), open descriptors."""
+its peak so far, or sampled over a block), CPU seconds, open descriptors."""
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds the process has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def rss_mib(pid: int, field: str = "VmRSS") -> float:

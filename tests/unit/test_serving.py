@@ -186,6 +186,15 @@ async def test_when_every_connection_is_being_answered_a_new_one_gets_503_at_onc
             assert await answer(reader) == (200, b"late\n")
 
 
+async def unfinished_from(address: str, port: int) -> asyncio.StreamWriter:
+    """A connection from `address` (a neighbour's) with a request begun, never finished."""
+    _, writer = await asyncio.wait_for(
+        asyncio.open_connection("127.0.0.1", port, local_addr=(address, 0)), 5
+    )
+    writer.write(b"GET / HTTP/1.1\r\nX-Slow: ")
+    return writer
+
+
 async def test_one_address_holds_its_share_and_the_probes_address_always_gets_in() -> None:
     """A neighbour at 127.0.0.2 opening connection after connection, each an unfinished
     request: it holds at most `per_peer` (evicting its own), and a probe from another
@@ -194,10 +203,7 @@ async def test_one_address_holds_its_share_and_the_probes_address_always_gets_in
     async with serving(limits=limits) as (server, port):
         held: list[asyncio.StreamWriter] = []
         for _ in range(40):
-            _, writer = await asyncio.wait_for(asyncio.open_connection(
-                "127.0.0.1", port, local_addr=("127.0.0.2", 0)), 5)  # fmt: skip
-            writer.write(b"GET / HTTP/1.1\r\nX-Slow: ")
-            held.append(writer)
+            held.append(await unfinished_from("127.0.0.2", port))
             assert (await get(port))[0] == 200
         await until(lambda: server.open_connections <= 4)
         assert server.counts["evicted"] >= 36
@@ -238,10 +244,7 @@ async def test_a_full_port_makes_room_from_the_address_holding_most_whatever_its
     async with serving(limits=limits) as (server, port):
         held: list[asyncio.StreamWriter] = []
         for _ in range(8):
-            _, writer = await asyncio.wait_for(asyncio.open_connection(
-                "127.0.0.1", port, local_addr=("127.0.0.2", 0)), 5)  # fmt: skip
-            writer.write(b"GET / HTTP/1.1\r\nX-Slow: ")
-            held.append(writer)
+            held.append(await unfinished_from("127.0.0.2", port))
         await until(lambda: server.open_connections == 8)
         assert (await get(port))[0] == 200
         assert server.counts["evicted"] == 1 and server.counts["busy"] == 0

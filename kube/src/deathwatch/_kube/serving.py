@@ -5,7 +5,7 @@ What a client may hold, and what happens beyond it (`Limits`):
 
 - **connections from one address**: at most `per_peer` at once. A new one beyond that
   evicts that address's own longest waiter (if it has waited `evict_after`), else it is
-  closed at once: a neighbour pod holding connections competes with itself, never with the
+  refused (as below): a neighbour pod holding connections competes with itself, never with the
   kubelet's probe or Prometheus, which come from addresses of their own (nginx's
   `limit_conn` per address). A neighbour must bring an address per `per_peer` connections
   to fill the port;
