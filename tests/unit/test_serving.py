@@ -9,6 +9,8 @@ import gc
 import socket
 import ssl
 import struct
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -301,6 +303,30 @@ async def test_tls_with_a_self_signed_certificate() -> None:
         reader, writer = await connect(port)
         writer.write(b"\x16\x03\x01")  # the start of a ClientHello, and nothing more
         assert await closed(reader) == b""
+
+
+def test_a_self_signed_certificate_leaves_cryptography_out_of_the_process() -> None:
+    """It is made by a child interpreter: the 7.5 MiB of the cryptography package are not
+    resident for the life of every replica and agent (bench/idle_memory.py)."""
+    program = ("import sys\nfrom deathwatch._kube.tls import Serving\n"
+               "Serving(None, ['127.0.0.1', 'localhost'])\n"
+               "print(sorted(m for m in sys.modules if m.split('.')[0] == 'cryptography'))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=60, check=True)  # fmt: skip
+    assert done.stdout.strip() == "[]"
+
+
+def test_a_failing_certificate_maker_is_a_certificate_error_with_its_last_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    with pytest.raises(CertificateError, match=r"^cannot make the self-signed serving "
+                       r"certificate \(exit 1\): no output$"):  # fmt: skip
+        Serving(None, ["127.0.0.1"])
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+    with pytest.raises(CertificateError, match=r"^cannot make the self-signed serving "
+                       r"certificate: .*No such file"):  # fmt: skip
+        Serving(None, ["127.0.0.1"])
 
 
 def test_no_writable_temporary_directory_is_a_certificate_error_naming_it(
