@@ -73,25 +73,27 @@ class Watcher(threading.Thread):
 
 
 def create_ready(
-    core: client.CoreV1Api, names: list[str], fate: Fate = Fate.EXITS
+    core: client.CoreV1Api, names: list[str], fate: Fate = Fate.EXITS, namespace: str = NS
 ) -> dict[str, SandboxScript]:
     scripts = {}
     start = datetime.now(UTC).replace(microsecond=0)
     for name in names:
-        s = SandboxScript(name=name, namespace=NS, fate=fate, start=start)
-        core.create_namespaced_pod(NS, pod_manifest(s), _request_timeout=TIMEOUT)
+        s = SandboxScript(name=name, namespace=namespace, fate=fate, start=start)
+        core.create_namespaced_pod(namespace, pod_manifest(s), _request_timeout=TIMEOUT)
         core.patch_namespaced_pod_status(
-            name, NS, {"status": statuses(s)[0]}, _request_timeout=TIMEOUT
+            name, namespace, {"status": statuses(s)[0]}, _request_timeout=TIMEOUT
         )
         scripts[name] = s
     return scripts
 
 
-def wait_alive(custom: client.CustomObjectsApi, count: int, timeout: float) -> None:
+def wait_alive(
+    custom: client.CustomObjectsApi, count: int, timeout: float, namespace: str = NS
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         items = custom.list_namespaced_custom_object(
-            "deathwatch.dev", "v1alpha1", NS, "sandboxverdicts", _request_timeout=(5, 120)
+            "deathwatch.dev", "v1alpha1", namespace, "sandboxverdicts", _request_timeout=(5, 120)
         )["items"]
         alive = sum(1 for i in items if i.get("status", {}).get("state") == "Alive")
         if alive >= count:

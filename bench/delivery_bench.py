@@ -107,10 +107,10 @@ def dead_watcher(custom: client.CustomObjectsApi) -> Watcher:
     )  # fmt: skip
 
 
-def namespace_ready(core: client.CoreV1Api) -> bool:
-    """The bench namespace's default ServiceAccount exists: pods can be created."""
+def namespace_ready(core: client.CoreV1Api, namespace: str = NS) -> bool:
+    """The namespace's default ServiceAccount exists: pods can be created."""
     try:
-        core.read_namespaced_service_account("default", NS, _request_timeout=TIMEOUT)
+        core.read_namespaced_service_account("default", namespace, _request_timeout=TIMEOUT)
     except client.ApiException:
         return False
     return True

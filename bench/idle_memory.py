@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where an idle controller's memory goes (issue #43: 83 MiB a replica with no sandboxes).
 
-    python3 -m bench.idle_memory [--running] [--json]
+    python3 -m bench.idle_memory [--running [--code REV]] [--json]
 
 The import ladder: in a fresh interpreter, what `deathwatch controller` loads, one group at a
 time (the standard library it uses, each dependency, then deathwatch's own modules), and the
@@ -76,16 +76,18 @@ def ladder(runs: int = 3) -> list[dict[str, Any]]:
     return rows
 
 
-def running() -> dict[str, Any]:
+def running(code: str | None) -> dict[str, Any]:
     from kubernetes import client, config
 
     from bench.controller_bench import NS
+    from bench.controller_cluster import code_at
     from bench.delivery_bench import namespace_ready, wait_until
     from hack.localcluster import controlplane
     from hack.localcluster.controller_process import ControllerProcess, metrics_reader_token
     from hack.localcluster.procstat import rss_mib
 
     work = Path(tempfile.mkdtemp(prefix="deathwatch-idle-memory-"))
+    env = {"PYTHONPATH": os.pathsep.join(code_at(code, work / "code"))} if code else {}
     cp = controlplane.ControlPlane(work / "cp")
     try:
         cp.start()
@@ -102,7 +104,7 @@ def running() -> dict[str, Any]:
         cp.kubectl_run("apply", "-f", "-", input=(
             f"apiVersion: deathwatch.dev/v1alpha1\nkind: DeathWatch\nmetadata: {{name: idle, "
             f"namespace: {NS}}}\nspec: {{podSelector: {{matchLabels: {{app: sandbox}}}}}}\n"))  # fmt: skip
-        p = ControllerProcess(cp.kubeconfig, [NS], work / "controller.log",
+        p = ControllerProcess(cp.kubeconfig, [NS], work / "controller.log", env=env,
                               reader_token=metrics_reader_token(api)).start()  # fmt: skip
         try:
             assert p.proc is not None
@@ -127,11 +129,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--running", action="store_true", help="also an idle controller's RSS")
+    ap.add_argument("--code", metavar="REV", help="--running: REV's controller instead")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     result: dict[str, Any] = {"ladder": ladder()}
     if args.running:
-        result["running"] = running()
+        result["running"] = running(args.code)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0

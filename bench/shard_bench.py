@@ -3,6 +3,16 @@
 what each process costs with 1 shard and with 3, on the same N sandbox pods.
 
     python3 -m bench.shard_bench [--pods N] [--shards 3]      (prints JSON)
+    python3 -m bench.shard_bench --pairs [--pods 300] [--deaths 150] [--code REV]
+
+`--pairs` (issue #43's measure): the CPU each shard's replica pair spends on the same deaths,
+against one unsharded pair's. Each arm, in a namespace of its own: N sandboxes Ready and
+judged Alive, then the arm's processes (one pair, or a pair per shard, all `--leader-elect`)
+measured over IDLE_S of quiet (each one's floor) and over the deaths (D of the N written
+dead at RATE a second, until every verdict is Dead and the shards' status parts are written:
+TAIL_S more). Each process's CPU above its floor over that window, summed per pair, and each
+shard pair's share of the unsharded pair's. `--code REV` runs both arms again with REV's
+controller in the same run: the before.
 
 N pods are made Ready; a warm-up controller writes their verdicts (so that both arms start
 the same way: a restart, verdicts restored, pods listed). Then, one process per shard (the
@@ -33,7 +43,8 @@ from typing import Any
 
 from kubernetes import client, config
 
-from bench.controller_bench import NS, create_ready, wait_alive
+from bench.controller_bench import NS, TIMEOUT, Watcher, create_ready, statuses, wait_alive
+from bench.controller_cluster import code_at, verdict_dead
 from bench.delivery_bench import cpu_seconds, namespace_ready, wait_until
 from deathwatch._operator.slots import assign, selector
 from hack.localcluster import controlplane
@@ -92,12 +103,148 @@ def arm(work: Path, cp: controlplane.ControlPlane, api: client.ApiClient, shards
     return out
 
 
+IDLE_S = 30.0  # each process's floor, measured over this much quiet
+TAIL_S = 8.0  # after the last verdict: the shards' status parts (every 5 s) and totals
+RATE = 10.0  # deaths a second
+
+
+def writes_by_operation(p: ControllerProcess) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in (p.get("/metrics") or "").splitlines():
+        if line.startswith("deathwatch_api_writes_total{"):
+            labels, value = line.rsplit(" ", 1)
+            operation = labels.split('operation="', 1)[1].split('"', 1)[0]
+            out[operation] = out.get(operation, 0.0) + float(value)
+    return out
+
+
+def pair_arm(work: Path, cp: controlplane.ControlPlane, api: client.ApiClient, label: str,
+             shards: int, pods: int, deaths: int, env: dict[str, str]) -> dict[str, Any]:  # fmt: skip
+    """One arm of --pairs: a pair per shard (one pair when `shards` is 1) in namespace
+    `pairs-LABEL`, its floor and its deaths."""
+    ns = f"pairs-{label}"
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    cp.kubectl_run("create", "namespace", ns)
+    wait_until(lambda: namespace_ready(core, ns), 60)
+    cp.kubectl_run("apply", "-f", "-", input=(
+        f"apiVersion: deathwatch.dev/v1alpha1\nkind: DeathWatch\nmetadata: {{name: bench, "
+        f"namespace: {ns}}}\nspec: {{podSelector: {{matchLabels: {{app: sandbox}}}}}}\n"))  # fmt: skip
+    names = [f"p-{i:04d}" for i in range(pods)]
+    scripts = create_ready(core, names, namespace=ns)
+    epoch, reader = int(time.time()), metrics_reader_token(api)
+    procs: list[tuple[int, ControllerProcess]] = []
+    try:
+        for i in range(shards):
+            for r in "ab":
+                extra = ["--leader-elect", f"--identity={label}-s{i}-{r}"]
+                if shards > 1:
+                    extra += ["--shards", str(shards), "--shard", str(i),
+                              "--shard-epoch", str(epoch)]  # fmt: skip
+                p = ControllerProcess(cp.kubeconfig, [ns], work / f"{label}-s{i}{r}.log",
+                                      extra=extra, env=env, reader_token=reader).start()  # fmt: skip
+                procs.append((i, p))
+        wait_alive(custom, pods, 600, namespace=ns)
+        pids = [p.proc.pid for _, p in procs if p.proc is not None]
+        time.sleep(5)  # the start's own work (restores, first status writes) done
+        c0, t0 = [cpu_seconds(pid) for pid in pids], time.monotonic()
+        time.sleep(IDLE_S)
+        c1, t1 = [cpu_seconds(pid) for pid in pids], time.monotonic()
+        floors = [(b - a) / (t1 - t0) for a, b in zip(c0, c1, strict=True)]
+        dead = Watcher(custom.list_namespaced_custom_object, "deathwatch.dev", "v1alpha1", ns,
+                       "sandboxverdicts", key=verdict_dead)  # fmt: skip
+        dead.start()
+        time.sleep(2)  # its watch established
+        w0 = [sum(writes_by_operation(p).values()) for _, p in procs]
+        c2, t2 = [cpu_seconds(pid) for pid in pids], time.monotonic()
+        for k, name in enumerate(names[:deaths]):
+            due = t2 + k / RATE
+            if due > time.monotonic():
+                time.sleep(due - time.monotonic())
+            core.patch_namespaced_pod_status(name, ns, {"status": statuses(scripts[name])[1]},
+                                             _request_timeout=TIMEOUT)  # fmt: skip
+        if not wait_until(lambda: len(dead.seen) >= deaths, 300):
+            raise TimeoutError(f"{label}: {len(dead.seen)} of {deaths} verdicts Dead")
+        judged = max(dead.seen.values()) - t2
+        time.sleep(TAIL_S)
+        c3, t3 = [cpu_seconds(pid) for pid in pids], time.monotonic()
+        dead.stop = True
+        rows: list[dict[str, Any]] = []
+        for (shard, p), a, b, floor, w in zip(procs, c2, c3, floors, w0, strict=True):
+            ops = writes_by_operation(p)
+            leader = ((p.get("/readyz") or {}).get("details") or {}).get("leader") or {}
+            rows.append({"shard": shard, "leading": leader.get("is_leader"), "floor_cpu_pct":
+                         round(100 * floor, 2), "cpu_s": round(b - a, 3),
+                         "above_floor_s": round(b - a - floor * (t3 - t2), 3),
+                         "writes": round(sum(ops.values()) - w)})  # fmt: skip
+        per_pair = [round(sum(float(r["above_floor_s"]) for r in rows if r["shard"] == i), 3)
+                    for i in range(shards)]  # fmt: skip
+        return {"shards": shards, "window_s": round(t3 - t2, 1),
+                "last_verdict_s": round(judged, 2), "processes": rows,
+                "pair_above_floor_s": per_pair}  # fmt: skip
+    finally:
+        for _, p in procs:
+            p.stop()
+
+
+def pairs(args: argparse.Namespace) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="deathwatch-shard-pairs-"))
+    codes: list[tuple[str, dict[str, str]]] = [("now", {})]
+    if args.code:
+        before = code_at(args.code, work / "code")
+        codes.append(("before", {"PYTHONPATH": os.pathsep.join(before)}))
+    cp = controlplane.ControlPlane(
+        work / "cp", apiserver_binary=controlplane.shards_apiserver(),
+        apiserver_flags=["--feature-gates=ShardedListAndWatch=true"],
+    )  # fmt: skip
+    result: dict[str, Any] = {"pods": args.pods, "deaths": args.deaths, "code": args.code}
+    try:
+        cp.start()
+        setup(cp, args.shards)
+        configuration = client.Configuration()
+        config.load_kube_config(config_file=str(cp.kubeconfig), client_configuration=configuration)
+        api = client.ApiClient(configuration)
+        for name, env in codes:
+            one = pair_arm(work, cp, api, f"{name}-1", 1, args.pods, args.deaths, env)
+            many = pair_arm(work, cp, api, f"{name}-{args.shards}", args.shards, args.pods,
+                            args.deaths, env)  # fmt: skip
+            unsharded = one["pair_above_floor_s"][0]
+            result[name] = {"one_pair": one, f"{args.shards}_pairs": many,
+                            "share_of_one_pair": [round(x / unsharded, 2)
+                                                  for x in many["pair_above_floor_s"]]}  # fmt: skip
+    finally:
+        cp.destroy()
+    return result
+
+
+def setup(cp: controlplane.ControlPlane, shards: int) -> None:
+    """The CRDs, the controller's RBAC as the chart renders it for `shards`, a metrics reader."""
+    cp.kubectl_run("apply", "--server-side", "-f", str(ROOT / "manifests" / "base" / "crds"))
+    cp.kubectl_run("wait", "--for=condition=Established", "crd/deathwatches.deathwatch.dev",
+                   "crd/sandboxverdicts.deathwatch.dev")  # fmt: skip
+    for ns in (NS, "deathwatch-system"):
+        cp.kubectl_run("create", "namespace", ns, check=False)
+    cp.kubectl_run("apply", "-f", str(ROOT / "manifests/base/rbac/metrics-reader.yaml"))
+    rbac = helm("template", "deathwatch", str(CHART), "-n", NAMESPACE, "--set",
+                f"controller.shards={shards}", "--show-only", "templates/rbac/controller.yaml")  # fmt: skip
+    cp.kubectl_run("apply", "-f", "-", input=without_helm_labels(rbac))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    ap.add_argument("--pods", type=int, default=30000)
+    ap.add_argument("--pods", type=int, default=None, help="30,000; with --pairs 300")
     ap.add_argument("--shards", type=int, default=3)
+    ap.add_argument("--pairs", action="store_true", help="each shard pair's CPU on deaths")
+    ap.add_argument("--deaths", type=int, default=150, help="--pairs: deaths per arm")
+    ap.add_argument("--code", metavar="REV", help="--pairs: the before, from REV's controller")
     args = ap.parse_args()
+    if args.pairs:
+        args.pods = args.pods or 300
+        if not 0 < args.deaths <= args.pods:
+            ap.error(f"--deaths: between 1 and --pods ({args.pods}), got {args.deaths}")
+        print(json.dumps(pairs(args), indent=2))
+        return 0
+    args.pods = args.pods or 30000
     work = Path(tempfile.mkdtemp(prefix="deathwatch-shard-bench-"))
     cp = controlplane.ControlPlane(
         work / "cp", apiserver_binary=controlplane.shards_apiserver(),
@@ -106,15 +253,7 @@ def main() -> int:
     result: dict[str, Any] = {"pods": args.pods}
     try:
         cp.start()
-        cp.kubectl_run("apply", "--server-side", "-f", str(ROOT / "manifests" / "base" / "crds"))
-        cp.kubectl_run("wait", "--for=condition=Established", "crd/deathwatches.deathwatch.dev",
-                       "crd/sandboxverdicts.deathwatch.dev")  # fmt: skip
-        for ns in (NS, "deathwatch-system"):
-            cp.kubectl_run("create", "namespace", ns, check=False)
-        cp.kubectl_run("apply", "-f", str(ROOT / "manifests/base/rbac/metrics-reader.yaml"))
-        rbac = helm("template", "deathwatch", str(CHART), "-n", NAMESPACE, "--set",
-                    f"controller.shards={args.shards}", "--show-only", "templates/rbac/controller.yaml")  # fmt: skip
-        cp.kubectl_run("apply", "-f", "-", input=without_helm_labels(rbac))
+        setup(cp, args.shards)
         configuration = client.Configuration()
         config.load_kube_config(config_file=str(cp.kubeconfig), client_configuration=configuration)
         api = client.ApiClient(configuration)
