@@ -37,13 +37,15 @@ from deathwatch._operator import (
 )
 from deathwatch._operator.agent_sandboxes import AgentSandboxes
 from deathwatch._operator.core import Core, Firewall
-from deathwatch._operator.deathwatches import DeathWatches
+from deathwatch._operator.deathwatches import Change, DeathWatches
 from deathwatch._operator.metrics import Metrics
 from deathwatch._operator.records import Records
-from deathwatch._operator.reflector import EventType
+from deathwatch._operator.reflector import EventType, Undecodable
 from deathwatch._operator.resources import DW_PLURAL, SV_PLURAL, to_document
+from deathwatch._operator.sinks import DeathWatchSink
 from deathwatch._operator.summary import Summaries
 from deathwatch._operator.verdict_watch import Verdict
+from deathwatch._operator.watched import DeathWatchObject, decode_deathwatch
 from deathwatch._operator.writer import Writer
 from deathwatch._policies import AUTO, PolicySettings, default_registry
 from tests.builders import T0, at, exec_probe, pod, running, terminated, waiting
@@ -70,6 +72,11 @@ def deathwatch_body(generation: int = 1, **spec: Any) -> dict[str, Any]:
         },
         "spec": {"podSelector": {"matchLabels": {"app": "sandbox"}}, "agentPorts": [49983], **spec},
     }
+
+
+def as_deathwatch(body: dict[str, Any]) -> DeathWatchObject:
+    """A DeathWatch as the controller's reflector hands it over: decoded from its bytes."""
+    return decode_deathwatch(msgspec.json.encode(body))
 
 
 @dataclass
@@ -100,7 +107,9 @@ class Harness:
     writer: Writer
 
     def deathwatch(self, **spec: Any) -> None:
-        owners.on_deathwatch(self.controller, None, deathwatch_body(**spec))
+        owners.on_deathwatch(
+            self.controller, EventType.LISTED, as_deathwatch(deathwatch_body(**spec))
+        )
 
     def pod(
         self, body: dict[str, Any], seconds: float, event: EventType = EventType.MODIFIED
@@ -285,7 +294,9 @@ async def test_an_exec_probe_window_closes_on_the_clock_not_on_the_next_event() 
 async def test_an_invalid_deathwatch_says_which_field_on_its_status() -> None:
     async with harness() as h:
         owners.on_deathwatch(
-            h.controller, None, deathwatch_body(podSelector={"matchLabels": {"a b": "x"}})
+            h.controller,
+            EventType.LISTED,
+            as_deathwatch(deathwatch_body(podSelector={"matchLabels": {"a b": "x"}})),
         )
         await h.settle()
     status = h.api.status(DW_PLURAL, NS, "sandboxes")
@@ -346,7 +357,7 @@ async def test_a_late_joiner_takes_the_verdict_of_a_deletion_it_did_not_see(
     writer = Writer(api, metrics, schedule=FakeTimers(), clock=clock, leading=False)
     late = core(writer, clock, metrics)
     async with workers(writer):
-        owners.on_deathwatch(late, None, deathwatch_body())
+        owners.on_deathwatch(late, EventType.LISTED, as_deathwatch(deathwatch_body()))
         assert [verdict_watch.restore(late, as_verdict(o)) for o in alive] == [True]
         pods.listing(late, None)
         pods.listed(late, None)  # the pod is not in the listing
@@ -388,6 +399,76 @@ async def test_a_restored_record_is_judged_with_its_deathwatchs_settings(
         assert record.memory.settings == PolicySettings(3.0, frozenset({1234}))
 
 
+# --- DeathWatches on their own reflector (#43) -------------------------------------------------
+
+
+async def test_a_status_write_of_a_deathwatch_reads_its_status_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Most DeathWatch events are the controller's own status writes, received by every
+    process: one that is not a new revision of the spec is never decoded whole."""
+    async with harness() as h:
+        h.deathwatch()
+        rules = h.controller.deathwatches.get((NS, "sandboxes"))
+
+        def whole(self: DeathWatchObject) -> dict[str, Any]:
+            raise AssertionError("a status write decoded whole")
+
+        monkeypatch.setattr(DeathWatchObject, "body", whole)
+        written = {**deathwatch_body(), "status": {"tracked": 3, "conditions": []}}
+        change = owners.on_deathwatch(h.controller, EventType.MODIFIED, as_deathwatch(written))
+        assert change is None
+        assert h.controller.deathwatches.get((NS, "sandboxes")) is rules
+        edited = as_deathwatch(deathwatch_body(generation=2, agentPorts=[1234]))
+        with pytest.raises(AssertionError, match="decoded whole"):  # an edit is read whole
+            owners.on_deathwatch(h.controller, EventType.MODIFIED, edited)
+
+
+async def test_a_relisting_without_a_deathwatch_forgets_it_and_its_sandboxes() -> None:
+    """Deleted while the watch was down: the next complete listing does not show it."""
+    async with harness() as h:
+        sink = DeathWatchSink(h.controller, Metrics())
+        sink.listing(NS)
+        sink.event(EventType.LISTED, as_deathwatch(deathwatch_body()), 0.0, "1")
+        sink.listed(NS)
+        h.pod(pod(), 2)
+        assert len(h.controller.records) == 1
+        sink.listing("elsewhere")  # another scope's listing leaves this one alone
+        sink.listed("elsewhere")
+        assert h.controller.deathwatches.get((NS, "sandboxes")) is not None
+        sink.listing(NS)
+        sink.listed(NS)
+    assert h.controller.deathwatches.get((NS, "sandboxes")) is None
+    assert len(h.controller.records) == 0
+
+
+async def test_a_deathwatch_adopts_its_pods_only_after_the_first_listing() -> None:
+    """The first listing comes before the pods' own (they need no adoption); after it, a new
+    selection is adopted, a status write or a deletion is not."""
+    async with harness() as h:
+        sink = DeathWatchSink(h.controller, Metrics())
+        adopted: list[Change] = []
+        sink.listing(NS)
+        sink.event(EventType.LISTED, as_deathwatch(deathwatch_body()), 0.0, "1")
+        sink.listed(NS)
+        sink.adopt = adopted.append
+        sink.event(EventType.MODIFIED, as_deathwatch(
+            {**deathwatch_body(), "status": {"tracked": 0}}), 0.0, "2")  # fmt: skip
+        assert adopted == []
+        reselected = deathwatch_body(generation=2, podSelector={"matchLabels": {"tier": "b"}})
+        sink.event(EventType.MODIFIED, as_deathwatch(reselected), 0.0, "3")
+        assert [c.rules.generation if c.rules else None for c in adopted] == [2]
+        gone = as_deathwatch(reselected)
+        sink.event(EventType.DELETED, gone, 0.0, "4")
+        assert len(adopted) == 1 and h.controller.deathwatches.get(gone.key) is None
+
+
+def test_a_deathwatch_that_cannot_be_read_is_named() -> None:
+    with pytest.raises(Undecodable, match="sandboxes/w"):
+        decode_deathwatch(b'{"metadata": {"namespace": "sandboxes", "name": "w", '
+                          b'"generation": "two"}}')  # fmt: skip
+
+
 # --- the adoption race (issue #23) -------------------------------------------------------------
 
 
@@ -398,14 +479,14 @@ async def test_a_new_deathwatch_adopts_its_idle_pods_whatever_comes_between_the_
     compared by identity, and adopted nothing (300 of 300 sandboxes with no verdict)."""
     async with harness() as h:
         c = h.controller
-        change = owners.on_deathwatch(c, None, deathwatch_body())
+        change = owners.on_deathwatch(c, EventType.LISTED, as_deathwatch(deathwatch_body()))
         assert change is not None and change.rules is not None
         rules = change.rules
         idle = [read_pod(pod(uid=f"u{i}", name=f"idle-{i}")) for i in range(600)]
         assert pods.adopt(c, rules.key, rules.revision, idle[:500]) == 500  # the first page
         h.pod(pod(uid="other", name="web", labels={"app": "web"}), 3)  # the namespace churns
         assert (
-            owners.on_deathwatch(c, "MODIFIED", deathwatch_body()) is None
+            owners.on_deathwatch(c, EventType.MODIFIED, as_deathwatch(deathwatch_body())) is None
         )  # read again: same one
         h.pod(pod(uid="u7", name="idle-7", ready=False, ready_at=4), 4)  # one dies meanwhile
         assert pods.adopt(c, rules.key, rules.revision, idle[500:]) == 100  # the second page
@@ -418,11 +499,11 @@ async def test_a_new_deathwatch_adopts_its_idle_pods_whatever_comes_between_the_
 async def test_an_adoption_for_a_superseded_version_adopts_nothing_and_the_newer_one_does() -> None:
     async with harness() as h:
         c = h.controller
-        first = owners.on_deathwatch(c, None, deathwatch_body())
+        first = owners.on_deathwatch(c, EventType.LISTED, as_deathwatch(deathwatch_body()))
         assert first is not None and first.rules is not None
         listed = [read_pod(pod(uid="u1", name="sbx-1", labels={"tier": "b"}))]
-        newer = owners.on_deathwatch(c, "MODIFIED", deathwatch_body(
-            generation=2, podSelector={"matchLabels": {"tier": "b"}}))  # fmt: skip
+        newer = owners.on_deathwatch(c, EventType.MODIFIED, as_deathwatch(deathwatch_body(
+            generation=2, podSelector={"matchLabels": {"tier": "b"}})))  # fmt: skip
         assert newer is not None and newer.rules is not None
         assert pods.adopt(c, first.key, first.rules.revision, listed) == 0  # for generation 1
         assert pods.adopt(c, newer.key, newer.rules.revision, listed) == 1
@@ -431,7 +512,7 @@ async def test_an_adoption_for_a_superseded_version_adopts_nothing_and_the_newer
 async def test_a_pod_deleted_while_it_was_being_listed_is_not_adopted() -> None:
     async with harness() as h:
         c = h.controller
-        change = owners.on_deathwatch(c, None, deathwatch_body())
+        change = owners.on_deathwatch(c, EventType.LISTED, as_deathwatch(deathwatch_body()))
         assert change is not None and change.rules is not None
         listed = read_pod(pod())
         h.pod(pod(deletion_at=3), 4, event=EventType.DELETED)  # its DELETED came before the page
@@ -445,7 +526,7 @@ async def test_an_older_event_behind_a_newer_listing_is_not_judged() -> None:
     under load). Each pod's newest state judged is kept; an older one comes to nothing."""
     async with harness() as h:
         c = h.controller
-        change = owners.on_deathwatch(c, None, deathwatch_body())
+        change = owners.on_deathwatch(c, EventType.LISTED, as_deathwatch(deathwatch_body()))
         assert change is not None and change.rules is not None
         listed = read_pod(pod())
         assert pods.adopt(c, change.key, change.rules.revision, [listed], {"uid-1": "12"}) == 1
@@ -495,7 +576,7 @@ async def test_a_standby_owes_digests_and_a_takeover_says_only_what_differs() ->
     writer = Writer(api, metrics, schedule=FakeTimers(), clock=clock, leading=False)
     c = core(writer, clock, metrics)
     async with workers(writer):
-        owners.on_deathwatch(c, None, deathwatch_body())
+        owners.on_deathwatch(c, EventType.LISTED, as_deathwatch(deathwatch_body()))
         for i in range(3):
             clock.now = at(2)
             pods.on_pod(c, EventType.MODIFIED, read_pod(pod(uid=f"u{i}", name=f"sbx-{i}")))

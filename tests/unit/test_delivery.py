@@ -297,7 +297,7 @@ from deathwatch._operator.writer import Writer  # noqa: E402
 from deathwatch._policies import default_registry  # noqa: E402
 from tests.builders import at, pod, terminated  # noqa: E402
 from tests.fakeapi import FakeApi, FakeTimers  # noqa: E402
-from tests.unit.test_core import NS, Clock, deathwatch_body  # noqa: E402
+from tests.unit.test_core import NS, Clock, as_deathwatch, deathwatch_body  # noqa: E402
 from tests.writer_driver import workers  # noqa: E402
 
 
@@ -316,7 +316,7 @@ def controller(writer: Writer, clock: Clock, metrics: Metrics, max_age: float = 
 
 
 def died(c: Core, clock: Clock) -> None:
-    owners.on_deathwatch(c, None, deathwatch_body())
+    owners.on_deathwatch(c, EventType.LISTED, as_deathwatch(deathwatch_body()))
     clock.now = at(2)
     pods.on_pod(c, EventType.MODIFIED, read_pod(pod(ready=True, ready_at=2, node="n1")))
     clock.now = at(50)
@@ -331,7 +331,7 @@ async def test_a_death_is_owed_built_from_the_record_and_its_mark_written_back()
     writer = Writer(api, metrics, schedule=FakeTimers(), clock=clock)
     async with workers(writer):
         c = controller(writer, clock, metrics)
-        owners.on_deathwatch(c, None, deathwatch_body())
+        owners.on_deathwatch(c, EventType.LISTED, as_deathwatch(deathwatch_body()))
         clock.now = at(2)
         pods.on_pod(c, EventType.MODIFIED, read_pod(pod(ready=True, ready_at=2, node="n1")))
         box = c.deliveries.sinks["billing"]

@@ -190,7 +190,7 @@ from deathwatch._operator.writer import Writer  # noqa: E402
 from deathwatch._policies import default_registry  # noqa: E402
 from tests.builders import at, pod  # noqa: E402
 from tests.fakeapi import FakeApi, FakeTimers  # noqa: E402
-from tests.unit.test_core import NS, Clock, deathwatch_body  # noqa: E402
+from tests.unit.test_core import NS, Clock, as_deathwatch, deathwatch_body  # noqa: E402
 from tests.writer_driver import workers  # noqa: E402
 
 
@@ -228,7 +228,7 @@ async def test_each_shard_judges_its_slots_labels_its_verdicts_and_shard_0_sums_
     mine0, mine1 = uids_in(assign(0, 2), 3), uids_in(assign(1, 2), 2)
     async with workers(w0), workers(w1):
         for c in (c0, c1):
-            owners.on_deathwatch(c, None, deathwatch_body())
+            owners.on_deathwatch(c, EventType.LISTED, as_deathwatch(deathwatch_body()))
         clock.now = at(2)
         for i, uid in enumerate(mine0 + mine1):
             for c in (c0, c1):  # every shard's watch, as if the server filtered nothing
@@ -245,7 +245,9 @@ async def test_each_shard_judges_its_slots_labels_its_verdicts_and_shard_0_sums_
         publishing.publish(c1, publishing.Liveness(leader=lambda: "pod-1"))
         await asyncio.wait_for(w1.idle(), 5)
         owners.on_deathwatch(
-            c0, None, {**deathwatch_body(), "status": api.status(DW_PLURAL, NS, "sandboxes")}
+            c0,
+            EventType.LISTED,
+            as_deathwatch({**deathwatch_body(), "status": api.status(DW_PLURAL, NS, "sandboxes")}),
         )
         publishing.publish(c0, publishing.Liveness(leader=lambda: "pod-0"))
         await asyncio.wait_for(w0.idle(), 5)
@@ -277,7 +279,7 @@ async def test_a_shards_counts_are_written_at_most_every_part_every_and_its_lead
         return writes()
 
     async with workers(w1):
-        owners.on_deathwatch(c1, None, deathwatch_body())
+        owners.on_deathwatch(c1, EventType.LISTED, as_deathwatch(deathwatch_body()))
         clock.now = at(2)
 
         def one_more() -> None:

@@ -1,8 +1,7 @@
-"""One-off listings: every DeathWatch at start-up (before the pods, so each pod of the first
-listing finds its DeathWatch), and the pods of a new or changed DeathWatch's namespace,
-page by page (nothing else would bring the pods it now selects: they have no event to come).
-Both on the list/watch protocol (deathwatch._kube.listwatch), one listing each, retried with
-backoff a bounded number of times, every failure counted and logged."""
+"""One-off listings: the pods of a new or changed DeathWatch's namespace, page by page
+(nothing else would bring the pods it now selects: they have no event to come). On the
+list/watch protocol (deathwatch._kube.listwatch), one listing each, retried with backoff a
+bounded number of times, every failure counted and logged."""
 
 from __future__ import annotations
 
@@ -14,14 +13,11 @@ import structlog
 from deathwatch._engine.podview import MalformedPod, PodView, decode_pod
 from deathwatch._kube.errors import describe, label
 from deathwatch._kube.listwatch import Item, ListWatch, Noted, outputs
-from deathwatch._operator import owners, pods
+from deathwatch._operator import pods
 from deathwatch._operator.core import Core
 from deathwatch._operator.deathwatches import Change
-from deathwatch._operator.kube import objects
 from deathwatch._operator.metrics import Metrics
-from deathwatch._operator.resources import DW_PLURAL
 from deathwatch._operator.rest import Rest
-from deathwatch._operator.sinks import contained
 
 log = structlog.get_logger("deathwatch.adoption")
 BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)  # seconds between tries to list a namespace
@@ -35,30 +31,11 @@ def _once(label_selector: str | None = None, shard_selector: str | None = None) 
 
 class Adoption:
     def __init__(self, rest: Rest, controller: Core, metrics: Metrics,
-                 scopes: tuple[str | None, ...], label_selector: str | None,
+                 label_selector: str | None,
                  shard_selector: str | None = None) -> None:  # fmt: skip
         self.rest, self.controller, self.metrics = rest, controller, metrics
-        self.scopes = scopes
         self.label_selector = label_selector
         self.shard_selector = shard_selector
-
-    async def deathwatches(self) -> None:
-        """Every DeathWatch of the served scopes, to the controller. A listing that keeps
-        failing is given up: kopf's own listing of them follows, and each then lists its
-        pods."""
-        for scope in self.scopes:
-            transport = self.rest.transport(objects(DW_PLURAL, scope), INACTIVITY)
-            try:
-                async for out in outputs(_once(), transport):
-                    if isinstance(out, Item):
-                        body = msgspec.json.decode(out.raw)
-                        with contained(self.metrics, "deathwatch_event", body):
-                            owners.on_deathwatch(self.controller, None, body)
-                    elif isinstance(out, Noted) and out.error is not None:
-                        self._failed("list_deathwatches", out, scope=scope or "all")
-            except Exception as exc:
-                log.error("deathwatches not listed; kopf's listing will bring them",
-                          scope=scope or "all", error=describe(exc)[:300])  # fmt: skip
 
     async def adopt(self, change: Change) -> None:
         """List the pods of a new or changed DeathWatch's namespace, page by page, and hand

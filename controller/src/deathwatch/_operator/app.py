@@ -4,10 +4,12 @@ order; kopf's handlers. Nothing else: the work is in the parts (docs/architectur
 Start-up, in order, so that no pod is judged before the engine's memory and the DeathWatches
 are in place: the SandboxVerdicts are listed (the engine's memory restored from them), the
 DeathWatches are listed, agent-sandbox's Sandboxes (at most SANDBOXES_WAIT), then the pods;
-only then do kopf's DeathWatch watch, the writers and the loops start. kopf keeps the
-DeathWatches (few objects, edited by people: its handler with retries is worth more there)
-and the process's life (login, start-up, clean-up); pods, verdicts and Sandboxes come
-through our own reflectors (reflector.py, ADR 0014).
+only then do the writers and the loops start. kopf keeps the process's life (login, start-up,
+clean-up); pods, verdicts, DeathWatches and Sandboxes come through our own reflectors
+(reflector.py, ADR 0014). DeathWatches were kopf's until #43: most of their events are the
+controller's own status writes, which every process receives, and kopf's handler cost each a
+whole decode and a handler call; ours reads their metadata and, when only the status moved,
+just what this process needs of it (watched.py).
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from deathwatch._operator import (
     delivery_bridge,
     gcpauses,
     node_exits,
-    owners,
     publishing,
     readiness,
     reads,
@@ -43,7 +44,7 @@ from deathwatch._operator.adoption import Adoption
 from deathwatch._operator.agent_sandboxes import AgentSandboxes, SandboxObject
 from deathwatch._operator.core import Core, Firewall, ShardFilter
 from deathwatch._operator.coverage import Coverage
-from deathwatch._operator.deathwatches import DeathWatches
+from deathwatch._operator.deathwatches import Change, DeathWatches
 from deathwatch._operator.delivery.config import DeliveryConfig
 from deathwatch._operator.delivery.outbox import Deliveries
 from deathwatch._operator.delivery.sender import Sender
@@ -55,9 +56,9 @@ from deathwatch._operator.node_exits import ExitsLease
 from deathwatch._operator.readiness import Readiness, Streams
 from deathwatch._operator.records import Records
 from deathwatch._operator.reflector import OPEN_DEADLINE, Collection, Reflector
-from deathwatch._operator.resources import DW_PLURAL, GROUP, SLOT_LABEL, VERSION
+from deathwatch._operator.resources import SLOT_LABEL
 from deathwatch._operator.rest import Rest
-from deathwatch._operator.sinks import AgentSandboxSink, PodSink, VerdictSink, contained
+from deathwatch._operator.sinks import AgentSandboxSink, DeathWatchSink, PodSink, VerdictSink
 from deathwatch._operator.slot_claims import Spec
 from deathwatch._operator.slot_leases import Ownership
 from deathwatch._operator.slots import selector as shard_selector
@@ -65,7 +66,7 @@ from deathwatch._operator.slots import slot_of
 from deathwatch._operator.summary import Summaries
 from deathwatch._operator.supervisor import Supervisor
 from deathwatch._operator.verdict_watch import Verdict
-from deathwatch._operator.watched import pods, sandboxes, verdicts
+from deathwatch._operator.watched import DeathWatchObject, deathwatches, pods, sandboxes, verdicts
 from deathwatch._operator.writer import Writer
 from deathwatch._policies import default_registry
 
@@ -116,6 +117,7 @@ class Watched:
     config: what the watches client is sized from (issue #40)."""
 
     verdicts: tuple[Collection[Verdict], ...]
+    deathwatches: tuple[Collection[DeathWatchObject], ...]
     sandboxes: tuple[Collection[SandboxObject], ...]
     pods: tuple[Collection[PodView], ...]
     pods_by_slot: str | None  # sharded: KEP-5866's selector of this shard's pods
@@ -135,6 +137,7 @@ class Watched:
         return cls(
             verdicts=tuple(verdicts(scope, selector)
                            for scope in cfg.scopes for selector in verdict_selectors),
+            deathwatches=tuple(deathwatches(scope) for scope in cfg.scopes),
             sandboxes=tuple(sandboxes(scope) for scope in sandbox_scopes),
             pods=tuple(pods(scope, cfg.pod_label_selector, pods_by_slot) for scope in cfg.scopes),
             pods_by_slot=pods_by_slot,
@@ -144,7 +147,8 @@ class Watched:
 
     @property
     def reflectors(self) -> int:
-        return len(self.verdicts) + len(self.sandboxes) + len(self.pods) + len(self.node_exits)
+        return (len(self.verdicts) + len(self.deathwatches) + len(self.sandboxes)
+                + len(self.pods) + len(self.node_exits))  # fmt: skip
 
     @property
     def list_connections(self) -> int:
@@ -170,6 +174,7 @@ class App:
         self.elector: Elector | None = None
         self.rests: list[Rest] = []
         self.sender: Sender | None = None
+        self.adopting: set[asyncio.Task[None]] = set()  # DeathWatches' pods being listed
 
     # --- construction: every part once, handed to the next -----------------------------
 
@@ -254,8 +259,8 @@ class App:
                                  sendable=(lambda uid: ownership.owns(slot_of(uid)))
                                  if shard.sharded else None)  # fmt: skip
         plan = self.watched
-        self.adoption = Adoption(self.watches, self.core, metrics, cfg.scopes,
-                                 cfg.pod_label_selector, plan.pods_by_slot)  # fmt: skip
+        self.adoption = Adoption(self.watches, self.core, metrics, cfg.pod_label_selector,
+                                 plan.pods_by_slot)  # fmt: skip
         c, w, s = self.core, self.writer, self.streams
 
         def reflector(collection: Collection[Any], sink: Any) -> Reflector[Any]:
@@ -263,6 +268,8 @@ class App:
                              open_deadline=cfg.watch_open_deadline)  # fmt: skip
 
         s.verdicts.extend(reflector(x, VerdictSink(c, w, metrics)) for x in plan.verdicts)
+        self.deathwatch_sink = DeathWatchSink(c, metrics)
+        s.deathwatches.extend(reflector(x, self.deathwatch_sink) for x in plan.deathwatches)
         s.agent_sandboxes.extend(reflector(x, AgentSandboxSink(c, metrics)) for x in plan.sandboxes)
         s.pods.extend(reflector(x, PodSink(c, metrics)) for x in plan.pods)
         if plan.node_exits:
@@ -274,9 +281,9 @@ class App:
     # --- start-up and shutdown -------------------------------------------------------------
 
     async def start(self, settings: kopf.OperatorSettings) -> None:
-        """kopf's start-up handler: returns once verdicts, DeathWatches and pods are listed;
-        kopf then watches the DeathWatches. A failing list is retried by its reflector
-        (counted, logged); /healthz answers meanwhile."""
+        """kopf's start-up handler: returns once verdicts, DeathWatches and pods are listed.
+        A failing list is retried by its reflector (counted, logged); /healthz answers
+        meanwhile."""
         configure_kopf(settings, self.config)
         if not self.built:
             self.build()
@@ -293,7 +300,10 @@ class App:
         for i, reflector in enumerate(s.verdicts):
             sup.start(f"watch-verdicts-{i}", reflector.run)
         await asyncio.gather(*(r.listed() for r in s.verdicts))
-        await self.adoption.deathwatches()
+        for i, reflector in enumerate(s.deathwatches):  # before the pods: each finds its own
+            sup.start(f"watch-deathwatches-{i}", reflector.run)
+        await asyncio.gather(*(r.listed() for r in s.deathwatches))
+        self.deathwatch_sink.adopt = self._adopt  # a selection new from now: its pods listed
         for i, reflector in enumerate(s.agent_sandboxes):
             sup.start(f"watch-sandboxes-{i}", reflector.run)
         try:
@@ -358,6 +368,20 @@ class App:
             await self.endpoints.stop()
         for client in self.rests:
             await client.close()
+
+    def _adopt(self, change: Change) -> None:
+        """A DeathWatch new or selecting differently: its namespace's pods listed (bounded
+        retries, every failure logged: adoption.py), beside the watches."""
+        task = asyncio.get_running_loop().create_task(self.adoption.adopt(change))
+        self.adopting.add(task)
+        task.add_done_callback(self._adopted)
+
+    def _adopted(self, task: asyncio.Task[None]) -> None:
+        self.adopting.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.metrics.handler_errors.labels("adopt").inc()
+            log.error("a deathwatch's pods not adopted; each pod's next event adopts it",
+                      exc_info=task.exception())  # fmt: skip
 
     def _leading(self, leading: bool) -> None:
         """The elector's verdict: write (what this replica owes first), or stand by."""
@@ -439,16 +463,9 @@ def _version() -> str:
 def configure_kopf(settings: kopf.OperatorSettings, config: Config) -> None:
     settings.posting.enabled = False  # our Events are posted by the writer, once each
     settings.peering.standalone = True  # no kopf peering: the Lease elects the writer (ADR 0011)
-    settings.scanning.disabled = True  # fixed resources: no CRD or namespace watching needed
+    settings.scanning.disabled = True  # kopf watches nothing: every watch is a reflector
     settings.networking.request_timeout = 30
     settings.networking.connect_timeout = 10
-    # A watch request ends server-side after server_timeout; the client gives up after
-    # client_timeout; no event and no bookmark for inactivity_timeout means a dead stream
-    # (a silently dropped connection): kopf reconnects, resuming from the last version.
-    settings.watching.server_timeout = 240
-    settings.watching.client_timeout = 270
-    settings.watching.connect_timeout = 10
-    settings.watching.inactivity_timeout = 70
 
 
 def register(registry: kopf.OperatorRegistry, app: App) -> None:
@@ -470,12 +487,3 @@ def register(registry: kopf.OperatorRegistry, app: App) -> None:
     @kopf.on.cleanup(id="cleanup", registry=registry)
     async def cleanup(**_: Any) -> None:
         await app.stop()
-
-    @kopf.on.event(GROUP, VERSION, DW_PLURAL, id="deathwatch_event", registry=registry)
-    async def deathwatch_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-        change = None
-        with contained(app.metrics, "deathwatch_event", body):
-            change = owners.on_deathwatch(app.core, event.get("type"), body)
-        if change is not None:
-            # the pods it selects that came before it: no pod event will tell of them
-            await app.adoption.adopt(change)

@@ -61,6 +61,11 @@ class DeathWatches:
                 return rules
         return None
 
+    def compiled(self, key: DeathWatchKey, revision: Revision) -> bool:
+        """Whether this revision of the DeathWatch at `key` was read already (valid or not):
+        an event of it that is not a new revision changes nothing here."""
+        return self._revisions.get(key) == revision
+
     def update(self, body: Mapping[str, Any]) -> Change | None:
         """A DeathWatch as listed or watched. None when its revision is the one already
         compiled (its own status write coming back)."""

@@ -1,13 +1,10 @@
-"""What owns the verdicts, on their own watches: DeathWatches (kopf's handler: compiled into
+"""What owns the verdicts, on their own watches: DeathWatches (compiled into
 `Rules`, a deleted one forgetting its sandboxes, a sharded one's other parts kept for shard 0's
 sums) and agent-sandbox Sandboxes (what their pods' verdicts name). Free functions on the
 Core; no I/O.
 """
 
 from __future__ import annotations
-
-from collections.abc import Mapping
-from typing import Any
 
 import msgspec
 
@@ -16,24 +13,28 @@ from deathwatch._operator.core import Core
 from deathwatch._operator.deathwatches import Change
 from deathwatch._operator.reflector import EventType
 from deathwatch._operator.resources import DW_PLURAL, DeathWatchKey, ShardPart
+from deathwatch._operator.watched import DeathWatchObject
 
 
-def on_deathwatch(core: Core, event_type: str | None, body: Mapping[str, Any]) -> Change | None:
+def on_deathwatch(core: Core, kind: EventType, dw: DeathWatchObject) -> Change | None:
     """A DeathWatch event. Returns the change when its pods must be listed and adopted (it is
     new or selects differently: no pod event will tell of the pods it now selects, and the
-    controller keeps no copy of pods that are not sandboxes)."""
-    meta = body.get("metadata") or {}
-    key = (meta.get("namespace") or "default", meta.get("name") or "")
-    if event_type == "DELETED" or meta.get("deletionTimestamp"):
+    controller keeps no copy of pods that are not sandboxes). Most events are status writes
+    (its own, another shard's): their spec is the revision compiled already, so only the
+    status is read, and only what this process needs of it."""
+    key = dw.key
+    if kind is EventType.DELETED or dw.deleting:
         drop_deathwatch(core, key)
         return None
-    status = body.get("status")
-    if core.shards.sharded:  # sharded: parts applied, not replaced (no term to compare)
-        keep_parts(core, key, status)
-    else:
+    if not core.shards.sharded:
+        status = msgspec.json.decode(dw.status)
         core.writer.observed(DW_PLURAL, *key, status if isinstance(status, dict) else {},
-                             str(meta.get("resourceVersion") or ""))  # fmt: skip
-    change = core.deathwatches.update(body)
+                             dw.version)  # fmt: skip
+    elif core.shards.spec.index == 0:  # parts applied, not replaced; only shard 0 sums them
+        keep_parts(core, key, dw.status)
+    if core.deathwatches.compiled(key, (dw.uid, dw.generation)):
+        return None  # a status write: the spec is the revision compiled already
+    change = core.deathwatches.update(dw.body())
     if change is None:
         return None
     if change.rules is not None:
@@ -45,15 +46,24 @@ def on_deathwatch(core: Core, event_type: str | None, body: Mapping[str, Any]) -
     return change if change.rules is not None and change.select else None
 
 
-def keep_parts(core: Core, key: DeathWatchKey, status: Any) -> None:
+class _Parts(msgspec.Struct):
+    shards: list[ShardPart] = msgspec.field(default_factory=list)
+
+
+_parts = msgspec.json.Decoder(_Parts | None).decode
+
+
+def keep_parts(core: Core, key: DeathWatchKey, status: msgspec.Raw) -> None:
     """The other shards' parts of a DeathWatch's status, as they wrote them (shard 0 sums
-    them)."""
+    them). A status it cannot read leaves the parts as they were."""
     try:
-        parts = msgspec.convert((status or {}).get("shards") or [], list[ShardPart])
-    except (msgspec.ValidationError, AttributeError):
+        parts = _parts(status)
+    except (msgspec.ValidationError, msgspec.DecodeError):
         return
     index = core.shards.spec.index
-    core.shards.parts[key] = {p.shard: p for p in parts if p.shard != index}
+    core.shards.parts[key] = {
+        p.shard: p for p in (parts.shards if parts else []) if p.shard != index
+    }
 
 
 def drop_deathwatch(core: Core, key: DeathWatchKey) -> None:

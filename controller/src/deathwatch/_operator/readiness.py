@@ -32,6 +32,7 @@ class Streams:
     stale_after: float
     pods: list[Reflector[Any]] = field(default_factory=list)
     verdicts: list[Reflector[Any]] = field(default_factory=list)
+    deathwatches: list[Reflector[Any]] = field(default_factory=list)
     agent_sandboxes: list[Reflector[Any]] = field(default_factory=list)
     node_exits: list[Reflector[Any]] = field(default_factory=list)  # the nodes' exits Leases
 
@@ -44,7 +45,8 @@ class Streams:
 
     @property
     def every(self) -> list[Reflector[Any]]:
-        return [*self.verdicts, *self.agent_sandboxes, *self.pods, *self.node_exits]
+        return [*self.verdicts, *self.deathwatches, *self.agent_sandboxes, *self.pods,
+                *self.node_exits]  # fmt: skip
 
     def not_open(self) -> dict[str, str]:
         """The collections not listed within their deadline, each with its last error."""
@@ -54,7 +56,8 @@ class Streams:
         """Each collection's oldest stream, in seconds since it last delivered anything."""
         ages: dict[str, float] = {}
         present = [r for r in self.agent_sandboxes if not r.absent]
-        for reflector in (*self.pods, *self.verdicts, *present, *self.node_exits):
+        for reflector in (*self.pods, *self.verdicts, *self.deathwatches, *present,
+                          *self.node_exits):  # fmt: skip
             name = reflector.collection.resource
             ages[name] = round(max(ages.get(name, 0.0), reflector.age()), 1)
         return ages

@@ -1,11 +1,12 @@
-"""Where each reflector's objects go: pods, SandboxVerdicts and agent-sandbox's Sandboxes to
-the controller, a bug in handling one of them contained (logged with its traceback, counted,
-and the next object handled afresh: never a stream torn down and listed again for one)."""
+"""Where each reflector's objects go: pods, SandboxVerdicts, DeathWatches and agent-sandbox's
+Sandboxes to the controller, a bug in handling one of them contained (logged with its
+traceback, counted, and the next object handled afresh: never a stream torn down and listed
+again for one)."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import structlog
@@ -14,10 +15,12 @@ from deathwatch._engine.podview import PodView
 from deathwatch._operator import gcpauses, owners, pods, verdict_watch
 from deathwatch._operator.agent_sandboxes import SandboxObject
 from deathwatch._operator.core import Core
+from deathwatch._operator.deathwatches import Change
 from deathwatch._operator.metrics import Metrics
 from deathwatch._operator.reflector import EventType, Undecodable
 from deathwatch._operator.resources import SV_PLURAL
 from deathwatch._operator.verdict_watch import Verdict
+from deathwatch._operator.watched import DeathWatchObject
 from deathwatch._operator.writer import Writer
 
 log = structlog.get_logger("deathwatch.sinks")
@@ -92,6 +95,42 @@ class VerdictSink:
         for plural, namespace, name in self.writer.known(SV_PLURAL, scope):
             if (namespace, name) not in self.seen:
                 self.writer.observed(plural, namespace, name, None, "")
+
+    def undecodable(self, error: Undecodable) -> None:
+        self.controller.undecodable(error)
+
+
+class DeathWatchSink:
+    """The DeathWatch reflector's: each DeathWatch to the controller; a new or changed
+    selection to `adopt` (its namespace's pods listed), once the first listing is complete
+    (the pods' own first listing follows it: nothing to adopt before); a relisting's
+    missing ones were deleted meanwhile."""
+
+    def __init__(self, controller: Core, metrics: Metrics) -> None:
+        self.controller, self.metrics = controller, metrics
+        self.adopt: Callable[[Change], None] | None = None  # set once pods may be adopted
+        self.seen: set[tuple[str, str]] = set()
+
+    def listing(self, scope: str | None) -> None:
+        self.seen = set()
+
+    def event(self, kind: EventType, dw: DeathWatchObject, received: float, version: str) -> None:
+        change = None
+        with contained(self.metrics, "deathwatch_event", dw):
+            if kind is EventType.LISTED:
+                self.seen.add(dw.key)
+            change = owners.on_deathwatch(self.controller, kind, dw)
+        if change is not None and self.adopt is not None:
+            self.adopt(change)
+
+    def listed(self, scope: str | None) -> None:
+        gone = [key for key in self.controller.deathwatches
+                if (scope is None or key[0] == scope) and key not in self.seen]  # fmt: skip
+        for key in gone:
+            log.info("deathwatch deleted while unwatched", namespace=key[0], deathwatch=key[1])
+            with contained(self.metrics, "deathwatch_listing", {}):
+                owners.drop_deathwatch(self.controller, key)
+        log.info("deathwatches listed", scope=scope or "all", count=len(self.seen))
 
     def undecodable(self, error: Undecodable) -> None:
         self.controller.undecodable(error)

@@ -4,10 +4,12 @@ each of their objects is decoded, once, from its bytes:
 - pods, straight into the engine's `PodView` (msgspec, only the fields a verdict needs);
 - SandboxVerdicts, into `Verdict` (name, version, owner, status): listed at start they rebuild
   the engine's memory, watched they keep a standby level with the leader;
-- agent-sandbox's Sandboxes, into `SandboxObject` (agent_sandboxes.py), when installed.
-
-DeathWatches, a handful of objects that change when people edit them, stay kopf's
-(app.py): its handler semantics are worth more there than a stream of our own.
+- agent-sandbox's Sandboxes, into `SandboxObject` (agent_sandboxes.py), when installed;
+- DeathWatches, into `DeathWatchObject`: their metadata read, their status kept as bytes and
+  the whole object decoded only when its spec is a new revision. Most of their events are
+  the controller's own status writes (each shard's part, shard 0's totals: about one a
+  second per shard), which every process receives: through kopf's handler each one cost a
+  whole decode and a handler call, about as much as a death (#43).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from deathwatch._operator import agent_sandboxes
 from deathwatch._operator.agent_sandboxes import SandboxObject
 from deathwatch._operator.kube import objects
 from deathwatch._operator.reflector import Collection, Undecodable
-from deathwatch._operator.resources import SV_PLURAL
+from deathwatch._operator.resources import DW_PLURAL, SV_PLURAL, DeathWatchKey
 from deathwatch._operator.verdict_watch import Verdict
 
 
@@ -43,11 +45,52 @@ class _Verdict(msgspec.Struct):
     status: dict[str, Any] | None = None
 
 
+_NULL = msgspec.Raw(b"null")
+
+
+class _DeathWatchMeta(msgspec.Struct, rename="camel"):
+    name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    generation: int | None = None
+    resource_version: str = ""
+    deletion_timestamp: str | None = None
+
+
+class _DeathWatch(msgspec.Struct):
+    metadata: _DeathWatchMeta = msgspec.field(default_factory=_DeathWatchMeta)
+    status: msgspec.Raw = msgspec.field(default_factory=lambda: _NULL)  # Raw | None: refused
+
+
+class DeathWatchObject(msgspec.Struct, frozen=True):
+    """A DeathWatch as its watch shows it: who and which revision it is, its status still in
+    bytes, and the whole object in bytes for when its spec must be compiled."""
+
+    namespace: str
+    name: str
+    uid: str
+    generation: int | None
+    version: str  # its resourceVersion
+    deleting: bool  # a deletionTimestamp is set
+    status: msgspec.Raw  # JSON: null when it has none yet
+    raw: msgspec.Raw
+
+    @property
+    def key(self) -> DeathWatchKey:
+        return (self.namespace or "default", self.name)
+
+    def body(self) -> dict[str, Any]:
+        """The whole object, decoded (its bytes were decoded once already)."""
+        body: dict[str, Any] = msgspec.json.decode(self.raw)
+        return body
+
+
 class _Named(msgspec.Struct):
     metadata: _Meta = msgspec.field(default_factory=_Meta)
 
 
 _verdict = msgspec.json.Decoder(_Verdict).decode
+_deathwatch = msgspec.json.Decoder(_DeathWatch).decode
 _named = msgspec.json.Decoder(_Named, strict=False).decode
 
 
@@ -88,6 +131,22 @@ def verdicts(namespace: str | None, label_selector: str | None = None) -> Collec
     before sharding, which carry no slot yet (`!deathwatch.dev/slot`), as a second collection."""
     return Collection(SV_PLURAL, objects(SV_PLURAL, namespace), _decode_verdict, namespace,
                       label_selector)  # fmt: skip
+
+
+def decode_deathwatch(raw: msgspec.Raw | bytes) -> DeathWatchObject:
+    """A DeathWatch from its JSON bytes. Raises Undecodable naming what it could read."""
+    raw = raw if isinstance(raw, msgspec.Raw) else msgspec.Raw(raw)
+    try:
+        dw = _deathwatch(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise Undecodable(_who(raw), str(exc)) from None
+    m = dw.metadata
+    return DeathWatchObject(m.namespace, m.name, m.uid, m.generation, m.resource_version,
+                            m.deletion_timestamp is not None, dw.status, raw)  # fmt: skip
+
+
+def deathwatches(namespace: str | None) -> Collection[DeathWatchObject]:
+    return Collection(DW_PLURAL, objects(DW_PLURAL, namespace), decode_deathwatch, namespace)
 
 
 def _decode_sandbox(raw: msgspec.Raw) -> SandboxObject:
