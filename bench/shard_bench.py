@@ -38,6 +38,8 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +48,7 @@ from kubernetes import client, config
 from bench.controller_bench import NS, TIMEOUT, Watcher, create_ready, statuses, wait_alive
 from bench.controller_cluster import code_at, verdict_dead
 from bench.delivery_bench import cpu_seconds, namespace_ready, wait_until
-from deathwatch._operator.slots import assign, selector
+from deathwatch._operator.slots import assign, selector, slot_of
 from hack.localcluster import controlplane
 from hack.localcluster.controller_process import ControllerProcess, metrics_reader_token
 from hack.localcluster.procstat import rss_mib
@@ -118,6 +120,29 @@ def writes_by_operation(p: ControllerProcess) -> dict[str, float]:
     return out
 
 
+def victims(core: client.CoreV1Api, ns: str, names: list[str], deaths: int,
+            shards: int) -> tuple[list[str], list[int]]:  # fmt: skip
+    """The pods to kill: `deaths` of them, as many in each shard's slots (taken in turn), so
+    that a third is each of three shards' fair share of the work. 300 pods' random uids fall
+    unevenly into 3 shards (62 of 150 deaths in one, in a run before this choice), and a pair
+    judging 41 % of the deaths costs 41 % whatever it does. Also how many fell to each."""
+    if shards == 1:
+        return names[:deaths], [deaths]
+    listed = core.list_namespaced_pod(ns, _request_timeout=TIMEOUT).items
+    uid = {p.metadata.name: p.metadata.uid for p in listed}
+    owner = [assign(i, shards) for i in range(shards)]
+    by_shard: list[list[str]] = [[] for _ in range(shards)]
+    for name in names:
+        slot = slot_of(uid[name])
+        by_shard[next(i for i in range(shards) if slot in owner[i])].append(name)
+    each = deaths // shards
+    if min(len(b) for b in by_shard) < each:
+        raise ValueError(f"{deaths} deaths over {shards} shards: a shard has only "
+                         f"{min(len(b) for b in by_shard)} pods; more --pods")  # fmt: skip
+    chosen = [b[k] for k in range(each) for b in by_shard]  # in turn: every shard all along
+    return chosen, [each] * shards
+
+
 def pair_arm(work: Path, cp: controlplane.ControlPlane, api: client.ApiClient, label: str,
              shards: int, pods: int, deaths: int, env: dict[str, str]) -> dict[str, Any]:  # fmt: skip
     """One arm of --pairs: a pair per shard (one pair when `shards` is 1) in namespace
@@ -144,6 +169,8 @@ def pair_arm(work: Path, cp: controlplane.ControlPlane, api: client.ApiClient, l
                                       extra=extra, env=env, reader_token=reader).start()  # fmt: skip
                 procs.append((i, p))
         wait_alive(custom, pods, 600, namespace=ns)
+        dying, per_shard = victims(core, ns, names, deaths, shards)
+        deaths = len(dying)
         pids = [p.proc.pid for _, p in procs if p.proc is not None]
         time.sleep(5)  # the start's own work (restores, first status writes) done
         c0, t0 = [cpu_seconds(pid) for pid in pids], time.monotonic()
@@ -156,7 +183,7 @@ def pair_arm(work: Path, cp: controlplane.ControlPlane, api: client.ApiClient, l
         time.sleep(2)  # its watch established
         w0 = [sum(writes_by_operation(p).values()) for _, p in procs]
         c2, t2 = [cpu_seconds(pid) for pid in pids], time.monotonic()
-        for k, name in enumerate(names[:deaths]):
+        for k, name in enumerate(dying):
             due = t2 + k / RATE
             if due > time.monotonic():
                 time.sleep(due - time.monotonic())
@@ -178,12 +205,31 @@ def pair_arm(work: Path, cp: controlplane.ControlPlane, api: client.ApiClient, l
                          "writes": round(sum(ops.values()) - w)})  # fmt: skip
         per_pair = [round(sum(float(r["above_floor_s"]) for r in rows if r["shard"] == i), 3)
                     for i in range(shards)]  # fmt: skip
-        return {"shards": shards, "window_s": round(t3 - t2, 1),
+        return {"shards": shards, "deaths": per_shard, "window_s": round(t3 - t2, 1),
                 "last_verdict_s": round(judged, 2), "processes": rows,
                 "pair_above_floor_s": per_pair}  # fmt: skip
     finally:
         for _, p in procs:
             p.stop()
+
+
+@contextmanager
+def sharded_cluster(work: Path, shards: int) -> Iterator[tuple[controlplane.ControlPlane,
+                                                            client.ApiClient]]:  # fmt: skip
+    """The KEP-5866 API server with the CRDs and the RBAC for `shards`, and a client of it;
+    destroyed on leaving."""
+    cp = controlplane.ControlPlane(
+        work / "cp", apiserver_binary=controlplane.shards_apiserver(),
+        apiserver_flags=["--feature-gates=ShardedListAndWatch=true"],
+    )  # fmt: skip
+    try:
+        cp.start()
+        setup(cp, shards)
+        configuration = client.Configuration()
+        config.load_kube_config(config_file=str(cp.kubeconfig), client_configuration=configuration)
+        yield cp, client.ApiClient(configuration)
+    finally:
+        cp.destroy()
 
 
 def pairs(args: argparse.Namespace) -> dict[str, Any]:
@@ -192,17 +238,8 @@ def pairs(args: argparse.Namespace) -> dict[str, Any]:
     if args.code:
         before = code_at(args.code, work / "code")
         codes.append(("before", {"PYTHONPATH": os.pathsep.join(before)}))
-    cp = controlplane.ControlPlane(
-        work / "cp", apiserver_binary=controlplane.shards_apiserver(),
-        apiserver_flags=["--feature-gates=ShardedListAndWatch=true"],
-    )  # fmt: skip
     result: dict[str, Any] = {"pods": args.pods, "deaths": args.deaths, "code": args.code}
-    try:
-        cp.start()
-        setup(cp, args.shards)
-        configuration = client.Configuration()
-        config.load_kube_config(config_file=str(cp.kubeconfig), client_configuration=configuration)
-        api = client.ApiClient(configuration)
+    with sharded_cluster(work, args.shards) as (cp, api):
         for name, env in codes:
             one = pair_arm(work, cp, api, f"{name}-1", 1, args.pods, args.deaths, env)
             many = pair_arm(work, cp, api, f"{name}-{args.shards}", args.shards, args.pods,
@@ -211,8 +248,6 @@ def pairs(args: argparse.Namespace) -> dict[str, Any]:
             result[name] = {"one_pair": one, f"{args.shards}_pairs": many,
                             "share_of_one_pair": [round(x / unsharded, 2)
                                                   for x in many["pair_above_floor_s"]]}  # fmt: skip
-    finally:
-        cp.destroy()
     return result
 
 
@@ -246,17 +281,8 @@ def main() -> int:
         return 0
     args.pods = args.pods or 30000
     work = Path(tempfile.mkdtemp(prefix="deathwatch-shard-bench-"))
-    cp = controlplane.ControlPlane(
-        work / "cp", apiserver_binary=controlplane.shards_apiserver(),
-        apiserver_flags=["--feature-gates=ShardedListAndWatch=true"],
-    )  # fmt: skip
     result: dict[str, Any] = {"pods": args.pods}
-    try:
-        cp.start()
-        setup(cp, args.shards)
-        configuration = client.Configuration()
-        config.load_kube_config(config_file=str(cp.kubeconfig), client_configuration=configuration)
-        api = client.ApiClient(configuration)
+    with sharded_cluster(work, args.shards) as (cp, api):
         core = client.CoreV1Api(api)
         wait_until(lambda: namespace_ready(core), 60)
         cp.kubectl_run("apply", "-f", "-", input=(
@@ -279,8 +305,6 @@ def main() -> int:
             "one_shard_rss_mib": round(idle + per_pod * 150_000),
             f"per_shard_of_{args.shards}_rss_mib": round(idle + per_pod * 150_000 / args.shards),
         }
-    finally:
-        cp.destroy()
     print(json.dumps(result, indent=2))
     return 0
 
