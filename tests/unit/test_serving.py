@@ -316,16 +316,16 @@ def test_a_self_signed_certificate_leaves_cryptography_out_of_the_process() -> N
     assert done.stdout.strip() == "[]"
 
 
+@pytest.mark.parametrize(
+    ("maker", "said"),
+    [("/bin/false", r" \(exit 1\): no output$"), ("/nonexistent/python", r": .*No such file")],
+)
 def test_a_failing_certificate_maker_is_a_certificate_error_with_its_last_line(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, maker: str, said: str
 ) -> None:
-    monkeypatch.setattr(sys, "executable", "/bin/false")
+    monkeypatch.setattr(sys, "executable", maker)
     with pytest.raises(CertificateError, match=r"^cannot make the self-signed serving "
-                       r"certificate \(exit 1\): no output$"):  # fmt: skip
-        Serving(None, ["127.0.0.1"])
-    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
-    with pytest.raises(CertificateError, match=r"^cannot make the self-signed serving "
-                       r"certificate: .*No such file"):  # fmt: skip
+                       r"certificate" + said):  # fmt: skip
         Serving(None, ["127.0.0.1"])
 
 
