@@ -433,8 +433,9 @@ async def test_a_relisting_without_a_deathwatch_forgets_it_and_its_sandboxes() -
         sink.listed(NS)
         h.pod(pod(), 2)
         assert len(h.controller.records) == 1
-        sink.listing("elsewhere")  # another scope's listing leaves this one alone
-        sink.listed("elsewhere")
+        other = DeathWatchSink(h.controller, Metrics())  # another namespace's reflector
+        other.listing("elsewhere")  # its listing, empty, leaves this one's DeathWatch alone
+        other.listed("elsewhere")
         assert h.controller.deathwatches.get((NS, "sandboxes")) is not None
         sink.listing(NS)
         sink.listed(NS)

@@ -268,8 +268,10 @@ class App:
                              open_deadline=cfg.watch_open_deadline)  # fmt: skip
 
         s.verdicts.extend(reflector(x, VerdictSink(c, w, metrics)) for x in plan.verdicts)
-        self.deathwatch_sink = DeathWatchSink(c, metrics)
-        s.deathwatches.extend(reflector(x, self.deathwatch_sink) for x in plan.deathwatches)
+        # a sink each: each scope's listing says which of its DeathWatches are gone
+        self.deathwatch_sinks = [DeathWatchSink(c, metrics) for _ in plan.deathwatches]
+        pairs = zip(plan.deathwatches, self.deathwatch_sinks, strict=True)
+        s.deathwatches.extend(reflector(x, sink) for x, sink in pairs)
         s.agent_sandboxes.extend(reflector(x, AgentSandboxSink(c, metrics)) for x in plan.sandboxes)
         s.pods.extend(reflector(x, PodSink(c, metrics)) for x in plan.pods)
         if plan.node_exits:
@@ -303,7 +305,8 @@ class App:
         for i, reflector in enumerate(s.deathwatches):  # before the pods: each finds its own
             sup.start(f"watch-deathwatches-{i}", reflector.run)
         await asyncio.gather(*(r.listed() for r in s.deathwatches))
-        self.deathwatch_sink.adopt = self._adopt  # a selection new from now: its pods listed
+        for sink in self.deathwatch_sinks:  # a selection new from now: its pods listed
+            sink.adopt = self._adopt
         for i, reflector in enumerate(s.agent_sandboxes):
             sup.start(f"watch-sandboxes-{i}", reflector.run)
         try:

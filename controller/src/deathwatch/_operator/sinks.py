@@ -101,10 +101,10 @@ class VerdictSink:
 
 
 class DeathWatchSink:
-    """The DeathWatch reflector's: each DeathWatch to the controller; a new or changed
-    selection to `adopt` (its namespace's pods listed), once the first listing is complete
-    (the pods' own first listing follows it: nothing to adopt before); a relisting's
-    missing ones were deleted meanwhile."""
+    """A DeathWatch reflector's (one each: a listing's `seen` is its own): each DeathWatch to
+    the controller; a new or changed selection to `adopt` (its namespace's pods listed),
+    once the first listing is complete (the pods' own first listing follows it: nothing to
+    adopt before); a relisting's missing ones were deleted meanwhile."""
 
     def __init__(self, controller: Core, metrics: Metrics) -> None:
         self.controller, self.metrics = controller, metrics
