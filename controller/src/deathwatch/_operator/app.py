@@ -174,7 +174,6 @@ class App:
         self.elector: Elector | None = None
         self.rests: list[Rest] = []
         self.sender: Sender | None = None
-        self.adopting: set[asyncio.Task[None]] = set()  # DeathWatches' pods being listed
 
     # --- construction: every part once, handed to the next -----------------------------
 
@@ -276,7 +275,7 @@ class App:
         s.pods.extend(reflector(x, PodSink(c, metrics)) for x in plan.pods)
         if plan.node_exits:
             # its own client: a pod read for an exit never queues behind a listing or a write
-            heard = node_exits.NodeExits(c, rest("node-exits", 4), metrics)
+            heard = node_exits.NodeExits(c, rest("node-exits", 4), metrics, self.supervisor)
             s.node_exits.extend(reflector(x, heard) for x in plan.node_exits)
         self.built = True
 
@@ -375,16 +374,8 @@ class App:
     def _adopt(self, change: Change) -> None:
         """A DeathWatch new or selecting differently: its namespace's pods listed (bounded
         retries, every failure logged: adoption.py), beside the watches."""
-        task = asyncio.get_running_loop().create_task(self.adoption.adopt(change))
-        self.adopting.add(task)
-        task.add_done_callback(self._adopted)
-
-    def _adopted(self, task: asyncio.Task[None]) -> None:
-        self.adopting.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            self.metrics.handler_errors.labels("adopt").inc()
-            log.error("a deathwatch's pods not adopted; each pod's next event adopts it",
-                      exc_info=task.exception())  # fmt: skip
+        failed = "a deathwatch's pods not adopted; each pod's next event adopts it"
+        self.supervisor.spawn("adopt", self.adoption.adopt(change), failed)
 
     def _leading(self, leading: bool) -> None:
         """The elector's verdict: write (what this replica owes first), or stand by."""

@@ -36,8 +36,10 @@ from deathwatch._operator.kube import LEASES
 from deathwatch._operator.metrics import Metrics
 from deathwatch._operator.reflector import Collection, EventType, Undecodable
 from deathwatch._operator.rest import Rest
+from deathwatch._operator.supervisor import Supervisor
 
 log = structlog.get_logger("deathwatch.node_exits")
+JUDGE: Final = "node_exit"  # the spawned judgements' name, and their handler_errors label
 IN_FLIGHT: Final = 256  # reads at once; past it, an exit is left to the kubelet's report
 READ_DEADLINE: Final = 5.0  # a read slower than this is no faster than the kubelet
 REMEMBERED: Final = wire.MAX_AGE + timedelta(minutes=1)
@@ -82,11 +84,11 @@ def leases(namespace: str) -> Collection[ExitsLease]:
 class NodeExits:
     """The exits Leases' sink: each exit once, to the controller, with its pod read."""
 
-    def __init__(self, core: Core, rest: Rest, metrics: Metrics,
+    def __init__(self, core: Core, rest: Rest, metrics: Metrics, supervisor: Supervisor,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:  # fmt: skip
         self.core, self.rest, self.metrics, self.clock = core, rest, metrics, clock
+        self.supervisor = supervisor
         self.taken: dict[str, datetime] = {}  # container instance -> its exit, once taken
-        self.tasks: set[asyncio.Task[None]] = set()
 
     def listing(self, scope: str | None) -> None:
         return None
@@ -117,19 +119,11 @@ class NodeExits:
         if self.core.records.get(exit.pod_uid) is None:
             self.metrics.node_exits.labels("not-watched").inc()
             return
-        if len(self.tasks) >= IN_FLIGHT:
+        if self.supervisor.in_flight(JUDGE) >= IN_FLIGHT:
             self.metrics.node_exits.labels("busy").inc()
             return
-        task = asyncio.get_running_loop().create_task(self._judge(node, exit, received))
-        self.tasks.add(task)
-        task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self.tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            self.metrics.handler_errors.labels("node_exit").inc()
-            log.error("a node's exit was not judged; the kubelet's report judges it",
-                      exc_info=task.exception())  # fmt: skip
+        failed = "a node's exit was not judged; the kubelet's report judges it"
+        self.supervisor.spawn(JUDGE, self._judge(node, exit, received), failed)
 
     async def _judge(self, node: str, exit: wire.Exit, received: float) -> None:
         path = f"/api/v1/namespaces/{exit.namespace}/pods/{exit.pod}"

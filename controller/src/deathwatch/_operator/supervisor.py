@@ -7,11 +7,17 @@ A task that crashes again and again is a controller that cannot do its job; afte
 FAILING_AFTER crashes in a row (none of its runs lasting HEALTHY_RUN) it is reported
 failing, and /healthz fails, so the kubelet restarts the process: a fresh process is the
 one remedy left for a bug that a retry does not cure. See docs/adr/0009.
+
+One-shot work started from a callback (a DeathWatch's pods adopted, a node's exit judged) is
+`spawn`ed: held until it ends (asyncio keeps only a weak reference to a task), counted while
+in flight, its failure a log line and `deathwatch_handler_errors_total{handler=name}`, and
+cancelled with the rest on `stop`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -45,6 +51,7 @@ class Supervisor:
     healthy_run: float = HEALTHY_RUN
     tasks: dict[str, TaskState] = field(default_factory=dict)
     _running: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    _spawned: dict[str, set[asyncio.Task[None]]] = field(default_factory=dict)
 
     def start(self, name: str, factory: TaskFactory) -> None:
         """Run `factory()` as task `name`, again after each crash (and after a return, which a
@@ -81,6 +88,28 @@ class Supervisor:
             )
             await asyncio.sleep(delay)
 
+    def spawn(self, name: str, work: Coroutine[Any, Any, None], failed: str) -> None:
+        """Run `work` once, as one of the tasks `name`; if it raises, `failed` is logged
+        with the traceback and counted as a handler error of `name`."""
+        task = asyncio.get_running_loop().create_task(work, name=name)
+        held = self._spawned.setdefault(name, set())
+        held.add(task)
+        task.add_done_callback(functools.partial(self._spawned_done, name, failed))
+
+    def _spawned_done(self, name: str, failed: str, task: asyncio.Task[None]) -> None:
+        self._spawned[name].discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.metrics.handler_errors.labels(name).inc()
+            log.error(failed, task=name, exc_info=task.exception())
+
+    def in_flight(self, name: str) -> int:
+        """How many tasks `name` are running."""
+        return len(self._spawned.get(name, ()))
+
+    async def finished(self, name: str) -> None:
+        """Return once every task `name` spawned so far has ended (each failure said)."""
+        await asyncio.gather(*self._spawned.get(name, ()), return_exceptions=True)
+
     def failing(self) -> dict[str, str]:
         """Tasks that kept crashing, with their last error: what /healthz reports."""
         return {
@@ -91,8 +120,11 @@ class Supervisor:
 
     async def stop(self) -> None:
         """Cancel every task and wait for each; an error on the way out is logged, not lost."""
-        for task in self._running.values():
+        spawned = [t for held in self._spawned.values() for t in held]
+        for task in [*self._running.values(), *spawned]:
             task.cancel()
+        if spawned:  # one-shot work: cancelled is its end, a failure was said by its callback
+            await asyncio.gather(*spawned, return_exceptions=True)
         for name, task in self._running.items():
             try:
                 await task

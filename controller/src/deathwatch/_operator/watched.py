@@ -80,7 +80,8 @@ class DeathWatchObject(msgspec.Struct, frozen=True):
         return (self.namespace or "default", self.name)
 
     def body(self) -> dict[str, Any]:
-        """The whole object, decoded (its bytes were decoded once already)."""
+        """The whole object, decoded from its bytes: only its metadata was decoded before,
+        so a spec revision not compiled yet is the one event that pays for this."""
         body: dict[str, Any] = msgspec.json.decode(self.raw)
         return body
 
