@@ -110,6 +110,7 @@ class Runtime:
         self.name, self.version = name, version
         self.events: list[Any] = []
         self.labels: dict[str, dict[str, str]] = {}
+        self.gets: list[str] = []  # the ids Containers.Get was asked for, in order
         self.cond = threading.Condition()
         self.subscriptions: list[Any] = []
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
@@ -150,6 +151,7 @@ class Runtime:
     def _get(self, request: Any, context: Any) -> Any:
         meta = dict(context.invocation_metadata())
         assert meta.get("containerd-namespace") == "k8s.io"
+        self.gets.append(request.id)
         labels = self.labels.get(request.id)
         if labels is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"container {request.id} not found")
@@ -195,7 +197,9 @@ def runtime(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Runtime]
 
 def envelope(kind: str, message: Any) -> Any:
     event = any_pb2.Any(type_url=f"containerd.events.{kind}", value=message.SerializeToString())
-    topic = {"TaskExit": "/tasks/exit", "TaskOOM": "/tasks/oom"}[kind]
+    topic = {"TaskExit": "/tasks/exit", "TaskOOM": "/tasks/oom",
+             "ContainerCreate": "/containers/create",
+             "ContainerDelete": "/containers/delete"}[kind]  # fmt: skip
     return containerd_pb2.Envelope(namespace="k8s.io", topic=topic, event=event)
 
 
@@ -247,7 +251,41 @@ def test_containerd_s_events_name_the_pod_skip_execs_and_pause_containers(runtim
                         pod="sbx-1", container="sidecar", exit_code=0,
                         exited_at=NOW + timedelta(seconds=1))]  # fmt: skip
     assert runtime.subscriptions == [['topic=="/tasks/exit",namespace=="k8s.io"',
-                                      'topic=="/tasks/oom",namespace=="k8s.io"']]  # fmt: skip
+                                      'topic=="/tasks/oom",namespace=="k8s.io"',
+                                      'topic=="/containers/create",namespace=="k8s.io"',
+                                      'topic=="/containers/delete",namespace=="k8s.io"']]  # fmt: skip
+
+
+def test_a_container_made_while_the_stream_is_read_is_named_then_not_at_its_exit(
+    runtime: Runtime,
+) -> None:
+    """Its labels are read when containerd says it was made: its exit asks nothing more (the
+    Get at an exit is slowest, containerd handling the same exit), and a deletion forgets it."""
+    runtime.labels = {"made": pod_labels(), "pause": pod_labels("", "sandbox"),
+                      "older": pod_labels("sidecar"), "gone": pod_labels()}  # fmt: skip
+    stream = connect(runtime.socket, oom_wait=0.05)
+    got: list[Exit] = []
+    reader = threading.Thread(target=lambda: got.extend(stream.exits()), daemon=True)
+    reader.start()
+    for cid in ("made", "pause", "gone"):
+        runtime.send(envelope("ContainerCreate", containerd_pb2.ContainerCreate(id=cid)))
+    runtime.send(envelope("ContainerDelete", containerd_pb2.ContainerDelete(id="gone")))
+    deadline = time.monotonic() + 10
+    while sorted(runtime.gets) != ["gone", "made", "pause"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(runtime.gets) == ["gone", "made", "pause"]
+    del runtime.labels["gone"]  # deleted: an exit now finds nothing (as containerd would say)
+    runtime.send(task_exit("made", 3))
+    runtime.send(task_exit("pause", 0))
+    runtime.send(task_exit("gone", 1))
+    runtime.send(task_exit("older", 2))  # made before the stream: read at its exit
+    while len(got) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stream.close()
+    reader.join(5)
+    assert [(e.container_id, e.container, e.exit_code) for e in got] == [
+        ("containerd://made", "agent", 3), ("containerd://older", "sidecar", 2)]  # fmt: skip
+    assert sorted(runtime.gets) == ["gone", "gone", "made", "older", "pause"]
 
 
 def test_a_sigkill_waits_briefly_for_its_oom_and_an_oom_first_is_remembered(

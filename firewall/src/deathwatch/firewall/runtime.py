@@ -15,8 +15,12 @@ the CRI stream wherever it is safe to read.
 - **containerd's own task events** (containerd.services.events.v1), broadcast by every
   containerd (1.6, 1.7, 2.x): `/tasks/exit` of a container's init process (an exec's exit,
   such as an exec probe's, names its exec id and is skipped) and `/tasks/oom`; the pod is
-  named by the labels the CRI plugin puts on its containers (one `Containers.Get`). A
-  SIGKILL's exit (137) waits up to `oom_wait` for the OOM event that may follow it.
+  named by the labels the CRI plugin puts on its containers, read by one `Containers.Get`
+  when `/containers/create` says the container was made (a thread of its own, so an exit
+  never waits behind it), and at the exit only for a container made before this stream
+  (the Get at the exit took 10-43 ms in 4 of 20 exits in bench/node_latency.py: containerd
+  is busiest then). A SIGKILL's exit (137) waits up to `oom_wait` for the OOM event that may
+  follow it.
 
 Read-only in what it asks: Version, the event subscription, Containers.Get. The socket itself
 grants more (ADR 0028 says what, and what a compromise of this container means). Blocking
@@ -49,8 +53,11 @@ CONTAINER_NAME = "io.kubernetes.container.name"
 KIND = "io.cri-containerd.kind"  # "sandbox": the pod's pause container, not one of its own
 SIGKILL_EXIT: Final = 137
 CALL_TIMEOUT: Final = 5.0  # a unary call to the runtime (Version, Containers.Get)
+NAMES_KEPT: Final = 4096  # containers' pod names held (deleted ones go at their deletion)
 _TASK_EXIT = "containerd.events.TaskExit"
 _TASK_OOM = "containerd.events.TaskOOM"
+_CREATED = "containerd.events.ContainerCreate"
+_DELETED = "containerd.events.ContainerDelete"
 
 
 class RuntimeUnreadable(Exception):
@@ -223,6 +230,69 @@ def cri_exit(event: Any, runtime: str) -> Exit | None:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Named:
+    """Whose container it is, from the labels the CRI plugin set on it."""
+
+    pod_uid: str
+    namespace: str
+    pod: str
+    container: str
+
+
+def _named_by(labels: Any) -> _Named | None:
+    """None: not a pod's own container (a pause container, one the CRI plugin did not make)."""
+    if labels.get(KIND) == "sandbox" or not labels.get(POD_UID):
+        return None
+    return _Named(labels[POD_UID], labels.get(POD_NAMESPACE, ""), labels.get(POD_NAME, ""),
+                  labels.get(CONTAINER_NAME, ""))  # fmt: skip
+
+
+class _Names:
+    """Containers' pod names, read as each container is made: a thread of its own calls
+    `Containers.Get` for each id `made` hands it; `of` answers at once."""
+
+    def __init__(self, get: Callable[[str], Any]) -> None:
+        self._get = get  # id -> the container's labels; raises RuntimeUnreadable
+        self._known: dict[str, _Named | None] = {}
+        self._deleted: set[str] = set()  # deleted before they were read: not kept when read
+        self._lock = threading.Lock()
+        self._ids: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True, name="containerd-names").start()
+
+    def made(self, cid: str) -> None:
+        self._ids.put(cid)
+
+    def deleted(self, cid: str) -> None:
+        with self._lock:
+            if self._known.pop(cid, self) is self:  # not read (yet, or made before the stream)
+                if len(self._deleted) >= NAMES_KEPT:
+                    self._deleted.clear()
+                self._deleted.add(cid)
+
+    def of(self, cid: str) -> tuple[bool, _Named | None]:
+        """Whether it was read, and its name (None: not a pod's container)."""
+        with self._lock:
+            return cid in self._known, self._known.get(cid)
+
+    def close(self) -> None:
+        self._ids.put(None)
+
+    def _read(self) -> None:
+        while (cid := self._ids.get()) is not None:
+            try:
+                named = _named_by(self._get(cid))
+            except RuntimeUnreadable:
+                continue  # gone already, or the runtime busy: its exit reads it then
+            with self._lock:
+                if cid in self._deleted:
+                    self._deleted.discard(cid)
+                    continue
+                self._known[cid] = named
+                while len(self._known) > NAMES_KEPT:  # deletions missed: the oldest go
+                    del self._known[next(iter(self._known))]
+
+
 @dataclass(slots=True)
 class _Held:
     exit: Exit
@@ -236,6 +306,8 @@ class ContainerdStream:
     FILTERS = (
         f'topic=="/tasks/exit",namespace=="{K8S_NAMESPACE}"',
         f'topic=="/tasks/oom",namespace=="{K8S_NAMESPACE}"',
+        f'topic=="/containers/create",namespace=="{K8S_NAMESPACE}"',
+        f'topic=="/containers/delete",namespace=="{K8S_NAMESPACE}"',
     )
 
     def __init__(self, channel: _Channel, runtime: Runtime, oom_wait: float,
@@ -254,6 +326,7 @@ class ContainerdStream:
         # runtime does): before_exit, after_exit (its exit held for it), late (after the
         # exit was published as no OOM)
         self.on_oom: Callable[[str, float], None] = lambda order, gap: None
+        self.names = _Names(self._labels)
 
     def exits(self) -> Iterator[Exit]:
         call = self.channel.channel.unary_stream(
@@ -295,6 +368,12 @@ class ContainerdStream:
     def _heard(self, envelope: Any) -> Iterator[Exit]:
         kind = envelope.event.type_url.rsplit("/", 1)[-1]
         now = self.clock()
+        if kind == _CREATED:
+            self.names.made(containerd_pb2.ContainerCreate.FromString(envelope.event.value).id)
+            return
+        if kind == _DELETED:
+            self.names.deleted(containerd_pb2.ContainerDelete.FromString(envelope.event.value).id)
+            return
         if kind == _TASK_OOM:
             oom = containerd_pb2.TaskOOM.FromString(envelope.event.value)
             held = self._held.pop(oom.container_id, None)
@@ -343,34 +422,40 @@ class ContainerdStream:
     def _named(self, exit: Any) -> Exit | None:
         """The exit named for its pod by its container's labels (None: not a pod's own
         container: a pause container, a container the CRI plugin did not make, one gone)."""
-        try:
-            got = self.channel.unary(
-                "/containerd.services.containers.v1.Containers/Get",
-                containerd_pb2.GetContainerRequest(id=exit.container_id),
-                containerd_pb2.GetContainerResponse,
-                metadata=(("containerd-namespace", K8S_NAMESPACE),),
-            )
-        except RuntimeUnreadable:
-            return None
-        labels = got.container.labels
-        if labels.get(KIND) == "sandbox" or not labels.get(POD_UID):
+        read, named = self.names.of(exit.container_id)
+        if not read:  # made before this stream (or its read failed): read it now
+            try:
+                named = _named_by(self._labels(exit.container_id))
+            except RuntimeUnreadable:
+                return None
+        if named is None:
             return None
         at = exit.exited_at
         return Exit(
             container_id=f"{self.runtime.name}://{exit.container_id}",
-            pod_uid=labels[POD_UID],
-            namespace=labels.get(POD_NAMESPACE, ""),
-            pod=labels.get(POD_NAME, ""),
-            container=labels.get(CONTAINER_NAME, ""),
+            pod_uid=named.pod_uid,
+            namespace=named.namespace,
+            pod=named.pod,
+            container=named.container,
             exit_code=exit.exit_status,
             exited_at=_time(at.seconds * 1_000_000_000 + at.nanos),
         )
+
+    def _labels(self, cid: str) -> Any:
+        got = self.channel.unary(
+            "/containerd.services.containers.v1.Containers/Get",
+            containerd_pb2.GetContainerRequest(id=cid),
+            containerd_pb2.GetContainerResponse,
+            metadata=(("containerd-namespace", K8S_NAMESPACE),),
+        )
+        return got.container.labels
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             if self._call is not None:
                 self._call.cancel()
+        self.names.close()
         self.channel.close()
 
 

@@ -48,6 +48,18 @@ class TaskOOM(_message.Message):
     container_id: str
     def __init__(self, container_id: _Optional[str] = ...) -> None: ...
 
+class ContainerCreate(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class ContainerDelete(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
 class Container(_message.Message):
     __slots__ = ("id", "labels")
     class LabelsEntry(_message.Message):
