@@ -11,6 +11,9 @@ rootfs, for `ctr -n k8s.io images import`.
               /ctl/fork holding N      -> it starts N sleeping processes (PID pressure)
               /ctl/oom                 -> it allocates past its memory limit (OOMKilled)
               /ctl/unready             -> its readiness command (/bin/ready) fails
+              /ctl/bell, a FIFO made before it starts: a byte written there after a file
+                                          above makes it act at once, not at its next
+                                          0.1 s look (a bench times the kill from there)
             with TARGET=ip:port in its environment it is a client instead: every 0.2 s it
             connects and writes connected/refused/failed to /ctl/result.
 """
@@ -58,6 +61,9 @@ if [ -n "$TARGET" ]; then
 fi
 nc -ll -p 49983 -e /bin/cat &
 nc -ll -p 8080 -e /bin/cat &
+# opened read-write: the open never blocks, and a host's write finds a reader at once
+bell=
+if [ -p /ctl/bell ] && exec 3<>/ctl/bell; then bell=1; fi
 while true; do
   if [ -f /ctl/exit ]; then exit "$(cat /ctl/exit)"; fi
   if [ -f /ctl/exit-once ]; then c=$(cat /ctl/exit-once); rm -f /ctl/exit-once; exit "$c"; fi
@@ -67,7 +73,7 @@ while true; do
   fi
   # exec: the main process itself must be the one the OOM killer ends
   if [ -f /ctl/oom ]; then exec dd if=/dev/zero of=/dev/null bs=512M count=1; fi
-  sleep 0.1
+  if [ -n "$bell" ]; then read -t 0.1 ring <&3; else sleep 0.1; fi
 done
 """
 READY_SH = "#!/bin/sh\ntest ! -f /ctl/unready\n"
