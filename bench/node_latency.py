@@ -2,7 +2,8 @@
 """The whole path of a sandbox's death on a real node, kill to verdict, decomposed (ADR 0028):
 
     python3 -m bench.node_latency [--kills 60] [--runtime containerd|containerd2]
-                                  [--evented-pleg] [--json FILE]
+                                  [--runtime-stream auto|cri|containerd] [--evented-pleg]
+                                  [--replace-at-kill] [--json FILE]
     python3 -m bench.node_latency --chart RESULT.json [RESULT.json ...] OUT.png
 
 One run: a control plane and a real node (kubelet, containerd: Debian's 1.6, or 2.x built
@@ -131,8 +132,9 @@ def follow(stop: threading.Event, lister: Callable[..., Any], on: Callable[[dict
 
 class Bench:
     def __init__(self, work: Path, runtime: str, evented_pleg: bool,
-                 replace_at_kill: bool = False) -> None:  # fmt: skip
+                 replace_at_kill: bool = False, stream: str = "auto") -> None:  # fmt: skip
         self.work, self.runtime, self.evented_pleg = work, runtime, evented_pleg
+        self.stream = stream  # the exits container's --runtime-stream
         self.replace_at_kill = replace_at_kill
         self.stop = threading.Event()
         self.seen = Seen()
@@ -205,7 +207,7 @@ class Bench:
                     "--runtime-socket", str(RUNTIME_SOCKET), "--node-name", NODE_NAME,
                     "--identity", "bench-exits", "--namespace", SYSTEM, "--kube-api", cp.server,
                     "--kube-token-file", str(token), "--kube-ca-file", str(cp.certs / "ca.crt"),
-                    "--metrics-port", "0"]  # fmt: skip
+                    "--metrics-port", "0", "--runtime-stream", self.stream]  # fmt: skip
         self.procs.append(_spawn(observer, work / "exits.log"))
         elect = ["--leader-elect", "--lease-namespace", SYSTEM]  # its Role names the Lease
         reader = metrics_reader_token(self.api)
@@ -423,6 +425,7 @@ class Bench:
                 wrong.append(f"{k.pod} ({k.how}): {verdict.get('cause')} {verdict.get('exitCode')}")
         return {
             "runtime": self.runtime + (" + EventedPLEG" if self.evented_pleg else ""),
+            "runtime_stream": self.stream,
             "kills": len(self.kills),
             "replacement": "at the kill" if self.replace_at_kill else "after the verdict",
             "by_kind": {how: sum(1 for k in self.kills if k.how == how) for how in KILLS},
@@ -525,6 +528,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kills", type=int, default=60)
     p.add_argument("--runtime", choices=("containerd", "containerd2"), default="containerd")
     p.add_argument("--evented-pleg", action="store_true")
+    p.add_argument(
+        "--runtime-stream",
+        choices=("auto", "cri", "containerd"),
+        default="auto",
+        help="the exits container's stream (auto: containerd's task events)",
+    )
     p.add_argument("--replace-at-kill", action="store_true",
                    help="make each killed sandbox's replacement at the kill (its pod's start "
                         "races the death), not once the kill's verdict is seen")  # fmt: skip
@@ -548,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     # left running would hold the machine's node lock and its mounts
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix="bench-node-"))
-    bench = Bench(work, args.runtime, args.evented_pleg, args.replace_at_kill)
+    bench = Bench(work, args.runtime, args.evented_pleg, args.replace_at_kill, args.runtime_stream)
     with bench.cluster():
         bench.run(args.kills)
         result = bench.result()
