@@ -32,6 +32,7 @@ from deathwatch.firewall.runtime import (
     ContainerdStream,
     RuntimeUnreadable,
     Stream,
+    _Names,
     choose_stream,
     connect,
     cri_exit,
@@ -270,22 +271,40 @@ def test_a_container_made_while_the_stream_is_read_is_named_then_not_at_its_exit
     for cid in ("made", "pause", "gone"):
         runtime.send(envelope("ContainerCreate", containerd_pb2.ContainerCreate(id=cid)))
     runtime.send(envelope("ContainerDelete", containerd_pb2.ContainerDelete(id="gone")))
-    deadline = time.monotonic() + 10
-    while sorted(runtime.gets) != ["gone", "made", "pause"] and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert sorted(runtime.gets) == ["gone", "made", "pause"]
+    wait_for(lambda: sorted(runtime.gets) == ["gone", "made", "pause"], timeout=10,
+             what="the three containers' labels read at their creation")  # fmt: skip
     del runtime.labels["gone"]  # deleted: an exit now finds nothing (as containerd would say)
     runtime.send(task_exit("made", 3))
     runtime.send(task_exit("pause", 0))
     runtime.send(task_exit("gone", 1))
     runtime.send(task_exit("older", 2))  # made before the stream: read at its exit
-    while len(got) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: len(got) >= 2, timeout=10, what="two exits named")
     stream.close()
     reader.join(5)
     assert [(e.container_id, e.container, e.exit_code) for e in got] == [
         ("containerd://made", "agent", 3), ("containerd://older", "sidecar", 2)]  # fmt: skip
     assert sorted(runtime.gets) == ["gone", "gone", "made", "older", "pause"]
+
+
+def test_the_names_thread_ends_quietly_once_its_channel_is_closed() -> None:
+    """A reconnection closes the old stream's channel while creations may still be queued:
+    grpc then raises ValueError, and the thread ends without a traceback."""
+    raised: list[Any] = []
+    previous = threading.excepthook
+    threading.excepthook = raised.append
+    try:
+
+        def closed(cid: str) -> Any:
+            raise ValueError("Cannot invoke RPC on closed channel!")
+
+        names = _Names(closed)
+        names.made("c1")
+        names.thread.join(5)
+        assert not names.thread.is_alive()
+        assert names.of("c1") == (False, None)
+    finally:
+        threading.excepthook = previous
+    assert raised == []
 
 
 def test_a_sigkill_waits_briefly_for_its_oom_and_an_oom_first_is_remembered(

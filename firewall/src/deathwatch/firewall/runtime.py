@@ -258,7 +258,8 @@ class _Names:
         self._deleted: set[str] = set()  # deleted before they were read: not kept when read
         self._lock = threading.Lock()
         self._ids: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True, name="containerd-names").start()
+        self.thread = threading.Thread(target=self._read, daemon=True, name="containerd-names")
+        self.thread.start()
 
     def made(self, cid: str) -> None:
         self._ids.put(cid)
@@ -284,6 +285,8 @@ class _Names:
                 named = _named_by(self._get(cid))
             except RuntimeUnreadable:
                 continue  # gone already, or the runtime busy: its exit reads it then
+            except ValueError:  # grpc: the stream closed its channel meanwhile
+                return
             with self._lock:
                 if cid in self._deleted:
                     self._deleted.discard(cid)
