@@ -3,7 +3,7 @@
 
     python3 -m bench.node_latency [--kills 60] [--runtime containerd|containerd2]
                                   [--runtime-stream auto|cri|containerd] [--evented-pleg]
-                                  [--replace-at-kill] [--json FILE]
+                                  [--replace-at-kill] [--installed] [--json FILE]
     python3 -m bench.node_latency --chart RESULT.json [RESULT.json ...] OUT.png
 
 One run: a control plane and a real node (kubelet, containerd: Debian's 1.6, or 2.x built
@@ -15,6 +15,14 @@ Sandboxes of the test agent) are killed from the host, 0.25-1.25 s apart, in tur
 SIGKILL of the container's process, `exit 3` and an OOM kill under a 24 MiB limit (the
 test agent's /ctl/bell rung, so it acts at once). Each killed sandbox's replacement is made
 once the kill's verdict and delivery are seen, not at the kill.
+
+With `--installed`, deathwatch runs as a cluster operator installs it instead: both images
+built from their Dockerfiles, `kubectl apply -k manifests/overlays/local-node` on a whole
+cluster (hack/localcluster/cluster.py), so the controller's two replicas and the exits
+container are pods under their manifests' CPU requests and limits, beside the firewall in
+force. Both replicas then hear the node's exits, and no sink is declared: the kubelet-path
+verdict and the sink's 2xx are not measured, and each container's CPU and throttling (its
+cgroup) over the kills are.
 
 Each kill is timed, on this machine's one clock, at:
 - runtime: the exit as containerd recorded it (the exits Lease's `at`);
@@ -52,7 +60,8 @@ from kubernetes import client, watch
 from bench import quantile_chart
 from bench.stats import summary
 from deathwatch._kube import exits as wire
-from hack.localcluster import agentpods, agentsandbox, controlplane
+from hack.localcluster import agentpods, agentsandbox, controlplane, procstat
+from hack.localcluster import cluster as localcluster
 from hack.localcluster.controller_process import (
     ControllerProcess,
     metrics_reader_token,
@@ -132,10 +141,15 @@ def follow(stop: threading.Event, lister: Callable[..., Any], on: Callable[[dict
 
 class Bench:
     def __init__(self, work: Path, runtime: str, evented_pleg: bool,
-                 replace_at_kill: bool = False, stream: str = "auto") -> None:  # fmt: skip
+                 replace_at_kill: bool = False, stream: str = "auto",
+                 installed: bool = False) -> None:  # fmt: skip
         self.work, self.runtime, self.evented_pleg = work, runtime, evented_pleg
         self.stream = stream  # the exits container's --runtime-stream
         self.replace_at_kill = replace_at_kill
+        self.installed = installed
+        self.installation: localcluster.Cluster | None = None  # --installed: the cluster
+        self.receiver: Receiver | None = None  # the sink (host processes only)
+        self.cpu: dict[str, dict[str, float]] = {}  # --installed: each container's, the kills
         self.stop = threading.Event()
         self.seen = Seen()
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -145,6 +159,10 @@ class Bench:
 
     @contextlib.contextmanager
     def cluster(self) -> Iterator[None]:
+        if self.installed:
+            with self._installed():
+                yield
+            return
         cp = controlplane.ControlPlane(self.work / "cp")
         self.cp = cp
         node: Node | None = None
@@ -158,9 +176,9 @@ class Bench:
             self._install()
             sandbox = agentsandbox.AgentSandboxController(cp, self.api, self.work).start()
             others.append(sandbox)
-            self.receiver = Receiver(whsec(KEY)).start()
-            others.append(self.receiver)
-            self._deathwatch()
+            receiver = self.receiver = Receiver(whsec(KEY)).start()
+            others.append(receiver)
+            self._deathwatch(receiver)
             yield
         finally:
             self.stop.set()
@@ -177,6 +195,64 @@ class Bench:
                 node.down()
             cp.destroy()
 
+    @contextlib.contextmanager
+    def _installed(self) -> Iterator[None]:
+        """deathwatch installed from manifests/overlays/local-node on a whole cluster."""
+        if self.stream != "auto":
+            raise SystemExit("node_latency: --runtime-stream is the manifests' with --installed")
+        others: list[Any] = []
+        with localcluster.running(self.work / "cluster", runtime=self.runtime,
+                                  evented_pleg=self.evented_pleg) as c:  # fmt: skip
+            self.installation, self.cp, self.node = c, c.cp, c.node
+            try:
+                client.Configuration.set_default(_configuration(c.cp))
+                self.api = client.ApiClient()
+                agentsandbox.install_crds(c.cp)  # before the controller: it watches them
+                agentsandbox.install_rbac(c.cp)
+                c.kubectl("apply", "--server-side", "-k", str(localcluster.OVERLAY))
+                localcluster.wait_rollouts(c)
+                c.kubectl("create", "namespace", NS)
+                # the sandboxes mount their control directory from the host: not baseline's
+                c.kubectl("label", "namespace", NS, "pod-security.kubernetes.io/enforce=privileged")
+                sandbox = agentsandbox.AgentSandboxController(c.cp, self.api, self.work).start()
+                others.append(sandbox)
+                self._watching()
+                _wait(self._exits_published, 60, "the node's exits Lease")
+                yield
+            finally:
+                self.stop.set()
+                for o in others:
+                    o.stop()
+
+    def _exits_published(self) -> bool:
+        leases = client.CoordinationV1Api(self.api).list_namespaced_lease(
+            SYSTEM, label_selector=wire.LABEL_SELECTOR, _request_timeout=10)  # fmt: skip
+        return bool(leases.items)
+
+    def _installed_cpu(self) -> dict[str, dict[str, float]]:
+        """Each deathwatch container's CPU so far, by pod/container (its cgroup)."""
+        got: dict[str, dict[str, float]] = {}
+        pods = client.CoreV1Api(self.api).list_namespaced_pod(SYSTEM, _request_timeout=10)
+        for pod in pods.items:
+            for status in pod.status.container_statuses or ():
+                if status.container_id and status.state.running:
+                    cid = status.container_id.split("://", 1)[1]
+                    got[f"{pod.metadata.name}/{status.name}"] = procstat.container_cpu(
+                        pod.metadata.uid, cid)  # fmt: skip
+        return got
+
+    def _installed_logs(self) -> None:
+        """The exits container's and the leader's logs, where the host processes' go."""
+        c = self.installation
+        assert c is not None
+        lease = client.CoordinationV1Api(self.api).read_namespaced_lease(
+            "deathwatch-controller", SYSTEM, _request_timeout=10)  # fmt: skip
+        logs = {"exits.log": ("ds/deathwatch-firewall", "-c", "exits"),
+                "leader.log": (str(lease.spec.holder_identity), "-c", "controller")}  # fmt: skip
+        for name, args in logs.items():
+            got = c.kubectl("logs", "-n", SYSTEM, *args, check=False, timeout=60)
+            (self.work / name).write_text(got.stdout)
+
     def _install(self) -> None:
         cp = self.cp
         cp.kubectl_run("apply", "--server-side", "-f", str(ROOT / "manifests/base/crds"))
@@ -192,7 +268,7 @@ class Bench:
         cp.kubectl_run("wait", "--for=condition=Established", "--timeout=60s",
                        "crd/deathwatches.deathwatch.dev", "crd/sandboxverdicts.deathwatch.dev")  # fmt: skip
 
-    def _deathwatch(self) -> None:
+    def _deathwatch(self, receiver: Receiver) -> None:
         cp, work = self.cp, self.work
         kc = service_account_kubeconfig(cp, self.api, SYSTEM, "deathwatch-controller",
                                         work / "controller.kubeconfig")  # fmt: skip
@@ -201,7 +277,7 @@ class Bench:
         secret = sink_secret(work / "sink", whsec(KEY))
         config = work / "sinks.yaml"
         config.write_text(json.dumps({"cluster": "bench", "sinks": [{
-            "name": "platform", "url": self.receiver.url, "secretDir": str(secret),
+            "name": "platform", "url": receiver.url, "secretDir": str(secret),
             "allowInsecure": True, "states": ["Dead"]}]}))  # fmt: skip
         observer = [sys.executable, "-m", "deathwatch.firewall.cli", "exits",
                     "--runtime-socket", str(RUNTIME_SOCKET), "--node-name", NODE_NAME,
@@ -219,13 +295,17 @@ class Bench:
         self.standby = ControllerProcess(kc, [NS], work / "standby.log", reader_token=reader,
                                          extra=[*elect, "--identity", "standby"]).start()  # fmt: skip
         self.controllers.append(self.standby)
+        self._watching()
+        _wait(lambda: "reading the runtime's exits" in (work / "exits.log").read_text(), 60,
+              "the exits observer")  # fmt: skip
+
+    def _watching(self) -> None:
+        """The bench's DeathWatch: every agent-sandbox Sandbox of its namespace."""
         client.CustomObjectsApi(self.api).create_namespaced_custom_object(
             "deathwatch.dev", "v1alpha1", NS, "deathwatches",
             {"apiVersion": "deathwatch.dev/v1alpha1", "kind": "DeathWatch",
              "metadata": {"name": "sandboxes"},
              "spec": {"sandboxes": "agent-sandbox", "podSelector": {}}}, _request_timeout=30)  # fmt: skip
-        _wait(lambda: "reading the runtime's exits" in (work / "exits.log").read_text(), 60,
-              "the exits observer")  # fmt: skip
 
     # --- the watches ----------------------------------------------------------------------
 
@@ -338,6 +418,7 @@ class Bench:
         made = len(pending)
         for k in pending:
             self.alive(k)
+        before = self._installed_cpu() if self.installation is not None else {}
         while pending:
             k = pending.pop(0)
             time.sleep(rng.uniform(0.25, 1.25))
@@ -354,6 +435,13 @@ class Bench:
                 self.alive(fresh)
                 pending.append(fresh)
         _wait(lambda: all(self._complete(k) for k in self.kills), 120, "every kill seen")
+        if self.installation is not None:
+            after = self._installed_cpu()
+            self.cpu = {name: {key: round(value - before[name][key], 4)
+                               for key, value in used.items()}
+                        for name, used in after.items() if name in before}  # fmt: skip
+            self._installed_logs()
+            return
         for k in self.kills:
             self._standby_verdict(k)
 
@@ -365,6 +453,8 @@ class Bench:
             time.sleep(0.005)
 
     def _delivered(self, k: Kill) -> bool:
+        if self.receiver is None:  # --installed: no sink
+            return True
         return any(r.data.get("podUID") == k.uid or r.subject.endswith(f"/{k.pod}")
                    for r in self.receiver.received)  # fmt: skip
 
@@ -403,7 +493,8 @@ class Bench:
             at = self.seen.after(f"sandbox/{k.sandbox}", "agent_sandbox", k.at)
             if at is not None:
                 got["agent_sandbox"] = at
-            sink = sorted(r.at + offset for r in self.receiver.received
+            received = self.receiver.received if self.receiver is not None else []
+            sink = sorted(r.at + offset for r in received
                           if r.data.get("podUID") == k.uid or r.subject.endswith(f"/{k.pod}"))  # fmt: skip
             if sink:
                 got["sink"] = sink[0]
@@ -426,6 +517,7 @@ class Bench:
         return {
             "runtime": self.runtime + (" + EventedPLEG" if self.evented_pleg else ""),
             "runtime_stream": self.stream,
+            "deathwatch": "installed: local-node overlay" if self.installed else "host processes",
             "kills": len(self.kills),
             "replacement": "at the kill" if self.replace_at_kill else "after the verdict",
             "by_kind": {how: sum(1 for k in self.kills if k.how == how) for how in KILLS},
@@ -438,6 +530,8 @@ class Bench:
             },
             "oom_gap_ms": self.oom_gaps(),
             "exits_container_ms": self.exits_container(),
+            "controller_read_ms": self.controller_reads(),
+            "cpu_over_the_kills": self.cpu,
             "kills_ms": rows,
         }
 
@@ -455,6 +549,16 @@ class Bench:
                 written.append(said["write_ms"])
         return {"exit_to_taken": summary(taken) | {"n": len(taken)},
                 "write": summary(written) | {"n": len(written)}}  # fmt: skip
+
+    def controller_reads(self) -> dict[str, Any]:
+        """The leader's share after the exits Lease reached it: from its watch event to the
+        exit judged (its pod read, the engine), as its log says."""
+        reads: list[float] = []
+        log = self.work / "leader.log"
+        for line in log.read_text().splitlines() if log.exists() else ():
+            if '"exit heard on its node"' in line:
+                reads.append(json.loads(line)["read_seconds"] * 1e3)
+        return summary(reads) | {"n": len(reads)}
 
     def oom_gaps(self) -> dict[str, list[float]]:
         """containerd's task events: how far each OOM event came from its exit, by order
@@ -537,6 +641,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replace-at-kill", action="store_true",
                    help="make each killed sandbox's replacement at the kill (its pod's start "
                         "races the death), not once the kill's verdict is seen")  # fmt: skip
+    p.add_argument("--installed", action="store_true",
+                   help="deathwatch as installed from manifests/overlays/local-node (pods under "
+                        "their CPU limits) on a whole cluster, not host processes")  # fmt: skip
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--chart", nargs="+", metavar="FILE", default=None,
                    help="RESULT.json ... OUT.png: draw runs side by side")  # fmt: skip
@@ -557,7 +664,8 @@ def main(argv: list[str] | None = None) -> int:
     # left running would hold the machine's node lock and its mounts
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix="bench-node-"))
-    bench = Bench(work, args.runtime, args.evented_pleg, args.replace_at_kill, args.runtime_stream)
+    bench = Bench(work, args.runtime, args.evented_pleg, args.replace_at_kill, args.runtime_stream,
+                  args.installed)  # fmt: skip
     with bench.cluster():
         bench.run(args.kills)
         result = bench.result()

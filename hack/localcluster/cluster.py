@@ -116,12 +116,14 @@ class Cluster:
 
 @contextlib.contextmanager
 def running(workdir: Path | None = None, pod_security: str | None = "baseline",
-            cluster_dns: bool = False) -> Iterator[Cluster]:  # fmt: skip
+            cluster_dns: bool = False, runtime: str = "containerd",
+            evented_pleg: bool = False) -> Iterator[Cluster]:  # fmt: skip
     """`pod_security`: what a namespace without a label of its own enforces (baseline, as a
     hardened cluster: deathwatch's namespaces say privileged, as its manifests and docs do;
     the lanes' own sandboxes mount their control directory from the host, so theirs do too).
     `cluster_dns`: pods look names up at the bridge's address (a DNS server the caller runs
-    there: netpol.Dns); otherwise they have none."""
+    there: netpol.Dns); otherwise they have none. `runtime`, `evented_pleg`: the node's
+    (node.Node)."""
     reason = available()
     if reason:
         raise RuntimeError(f"cannot run a cluster here: {reason}")
@@ -138,7 +140,8 @@ def running(workdir: Path | None = None, pod_security: str | None = "baseline",
         _bridge()
         cp.start()
         node = Node(cp, workdir=workdir / "node", kube_proxy=True, node_ip=BRIDGE_IP,
-                    cluster_dns=BRIDGE_IP if cluster_dns else None).up()  # fmt: skip
+                    cluster_dns=BRIDGE_IP if cluster_dns else None, runtime=runtime,
+                    evented_pleg=evented_pleg).up()  # fmt: skip
         # the node's pod range on its Node object, as kube-controller-manager's
         # --allocate-node-cidrs records it on every real cluster: the firewall agents learn the
         # host's own addresses in it (.0, and .1 the bridge's gateway) from there (ADR 0012)

@@ -52,3 +52,28 @@ class PeakRss:
     def __exit__(self, *_: object) -> None:
         self._stop.set()
         self._thread.join(5)
+
+
+CGROUPS = Path("/sys/fs/cgroup")
+
+
+def container_cpu(pod_uid: str, container_id: str) -> dict[str, float]:
+    """A pod's container's CPU as its cgroup says it (v1, the kubelet's cgroupfs driver:
+    kubepods[/burstable|/besteffort]/pod<uid>/<container id>): seconds used, CFS periods run,
+    periods throttled by its CPU limit and the seconds it waited for them."""
+    for qos in ("", "burstable/", "besteffort/"):
+        rel = f"kubepods/{qos}pod{pod_uid}/{container_id}"
+        if (CGROUPS / "cpu" / rel).is_dir():
+            break
+    else:
+        raise FileNotFoundError(f"no cpu cgroup for container {container_id} of pod {pod_uid}")
+    stat = dict(
+        line.split() for line in (CGROUPS / "cpu" / rel / "cpu.stat").read_text().splitlines()
+    )
+    used = int((CGROUPS / "cpuacct" / rel / "cpuacct.usage").read_text())
+    return {
+        "cpu_seconds": used / 1e9,
+        "periods": float(stat["nr_periods"]),
+        "throttled_periods": float(stat["nr_throttled"]),
+        "throttled_seconds": int(stat["throttled_time"]) / 1e9,
+    }
