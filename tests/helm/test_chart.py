@@ -665,9 +665,14 @@ def test_the_exits_container_holds_the_socket_alone_and_the_controller_reads_its
     ds = rendered[("DaemonSet", NAMESPACE, "deathwatch-firewall")]["spec"]["template"]["spec"]
     agent, exits = ds["containers"]
     assert (agent["name"], exits["name"]) == ("agent", "exits")
-    assert exits["args"][:5] == ["exits", "--runtime-socket=/var/run/crio/crio.sock",
+    assert exits["args"][:6] == ["exits", "--runtime-socket=/var/run/crio/crio.sock",
                                  "--runtime-stream=cri", "--oom-wait=0.1",
+                                 "--cgroup-root=/host/cgroup",
                                  "--lease-prefix=deathwatch-exits"]  # fmt: skip
+    # the host's cgroup tree, read-only (recursively where the runtime can), for OOM counts
+    assert {"name": "cgroup", "mountPath": "/host/cgroup", "readOnly": True,
+            "recursiveReadOnly": "IfPossible"} in exits["volumeMounts"]  # fmt: skip
+    assert all(m["name"] != "cgroup" for m in agent["volumeMounts"])
     assert exits["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert exits["securityContext"]["readOnlyRootFilesystem"] is True
     assert {"name": "runtime", "mountPath": "/var/run/crio/crio.sock", "readOnly": True} in (
@@ -679,6 +684,11 @@ def test_the_exits_container_holds_the_socket_alone_and_the_controller_reads_its
     ]
     (runtime,) = [v for v in ds["volumes"] if v["name"] == "runtime"]
     assert runtime["hostPath"] == {"path": "/var/run/crio/crio.sock", "type": "Socket"}
+    (cgroup,) = [v for v in ds["volumes"] if v["name"] == "cgroup"]
+    assert cgroup["hostPath"] == {"path": "/sys/fs/cgroup", "type": "Directory"}
+    unmounted = template("firewall.exits.cgroupRoot=")[
+        ("DaemonSet", NAMESPACE, "deathwatch-firewall")]["spec"]["template"]["spec"]  # fmt: skip
+    assert "cgroup" not in str(unmounted["containers"][1]) + str(unmounted["volumes"])
     assert exits["readinessProbe"]["httpGet"]["path"] == "/readyz"
     controller = rendered[("Deployment", NAMESPACE, "deathwatch-controller")]
     assert (
@@ -692,7 +702,7 @@ def test_the_exits_container_holds_the_socket_alone_and_the_controller_reads_its
     off = template("firewall.exits.enabled=false")
     ds = off[("DaemonSet", NAMESPACE, "deathwatch-firewall")]["spec"]["template"]["spec"]
     assert [c["name"] for c in ds["containers"]] == ["agent"]
-    assert all(v["name"] != "runtime" for v in ds["volumes"])
+    assert all(v["name"] not in ("runtime", "cgroup") for v in ds["volumes"])
     args = off[("Deployment", NAMESPACE, "deathwatch-controller")]["spec"]["template"]["spec"][
         "containers"
     ][0]["args"]

@@ -3,6 +3,7 @@ exits observer as a process, and watches that stamp when each change was seen.""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -37,7 +38,8 @@ class Exits:
             "--runtime-socket", str(RUNTIME_SOCKET), "--node-name", NODE_NAME,
             "--identity", "exits-dw-node", "--namespace", "deathwatch-system",
             "--kube-api", cp.server, "--kube-token-file", str(token),
-            "--kube-ca-file", str(cp.certs / "ca.crt"), "--metrics-port", "0", *extra,
+            "--kube-ca-file", str(cp.certs / "ca.crt"), "--metrics-port", "0",
+            "--cgroup-root", "/sys/fs/cgroup", *extra,
         ]  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -56,6 +58,13 @@ class Exits:
 
     def reading(self) -> bool:
         return "reading the runtime's exits" in self.log.read_text()
+
+    def sigkills(self) -> dict[str, str]:
+        """Each SIGKILL's exit heard with no OOM event yet: its pod -> what its memory cgroup
+        said (none: published at once; counted, unread: held for the OOM event)."""
+        said = (json.loads(line) for line in self.log.read_text().splitlines()
+                if "a SIGKILL's exit with no OOM event yet" in line)  # fmt: skip
+        return {entry["pod"]: entry["cgroup"] for entry in said}
 
 
 def agent_pod(
@@ -152,11 +161,14 @@ DEATHS = [("exit", "3", "ContainerExited", 3), ("sigkill", "", "ContainerExited"
           ("oom", "", "OOMKilled", 137)]  # fmt: skip
 
 
-def each_death_heard(e: Env, prefix: str, stamps: Stamps | None = None) -> list[float]:
+def each_death_heard(e: Env, prefix: str, stamps: Stamps | None = None,
+                     exits: Exits | None = None) -> list[float]:  # fmt: skip
     """ADR 0028 on one runtime: an exit, a SIGKILL from the host and an OOM kill, each Dead
     with its cause and code, observedBy node; the kubelet's report that follows agrees (no
     dispute, one SandboxDead). With `stamps` running, how much earlier than the kubelet's
-    report each verdict was seen (ms, positive: earlier)."""
+    report each verdict was seen (ms, positive: earlier). With `exits` (reading containerd's
+    task events), the SIGKILL's memory cgroup, read from the host's tree, counted no OOM
+    kill: it was published without waiting for an OOM event."""
     ahead: list[float] = []
     for i, (how, arg, cause, code) in enumerate(DEATHS):
         name = agent_pod(e, f"{prefix}{i}", memory="24Mi" if how == "oom" else "32Mi")
@@ -180,4 +192,7 @@ def each_death_heard(e: Env, prefix: str, stamps: Stamps | None = None) -> list[
         assert sv["state"] == "Dead" and "disputed" not in sv, sv
         assert e.events(f"{prefix}{i}", "NodeExitDisputed") == []
         assert len(e.events(f"{prefix}{i}", "SandboxDead")) == 1
+    if exits is not None:
+        sigkill = next(i for i, death in enumerate(DEATHS) if death[0] == "sigkill")
+        assert exits.sigkills().get(f"{prefix}{sigkill}") == "none", exits.sigkills()
     return ahead

@@ -59,7 +59,7 @@ def test_each_stream_hears_each_death_and_the_kubelet_agrees(
         assert said["version"].lstrip("v").startswith("2."), said
         e.start_controller(extra=NODE_EXITS)
         e.deathwatch()
-        each_death_heard(e, f"{prefer}-")
+        each_death_heard(e, f"{prefer}-", exits=observer if stream == CONTAINERD else None)
     finally:
         observer.stop()
         print(f"--- exits observer:\n{observer.log.read_text()[-3000:]}")

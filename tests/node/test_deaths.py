@@ -162,7 +162,7 @@ def test_deaths_heard_on_the_node_are_dead_before_the_kubelet_reports_them(
     e.deathwatch()
     stamps = Stamps(e)
     stamps.start()
-    ahead = each_death_heard(e, "heard-", stamps)
+    ahead = each_death_heard(e, "heard-", stamps, heard)
     stamps.stop = True
     # how much earlier than the kubelet's report each verdict was (positive: earlier)
     RESULTS["node_verdict_ahead_of_kubelet_report_ms"] = [round(x, 1) for x in ahead]

@@ -8,6 +8,7 @@ the real runtimes send (field numbers from their .proto files)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import threading
 import time
@@ -24,6 +25,7 @@ from google.protobuf import any_pb2, timestamp_pb2
 from deathwatch._kube import exits as wire
 from deathwatch._kube.exits import Exit, MalformedExits
 from deathwatch._kube.ports import Heartbeat
+from deathwatch.firewall.cgroups import OomKills
 from deathwatch.firewall.exits import ExitsMetrics, Observer, Publisher
 from deathwatch.firewall.protos import containerd_pb2, cri_pb2
 from deathwatch.firewall.runtime import (
@@ -111,6 +113,7 @@ class Runtime:
         self.name, self.version = name, version
         self.events: list[Any] = []
         self.labels: dict[str, dict[str, str]] = {}
+        self.cgroups: dict[str, str] = {}  # id -> its spec's linux.cgroupsPath
         self.gets: list[str] = []  # the ids Containers.Get was asked for, in order
         self.cond = threading.Condition()
         self.subscriptions: list[Any] = []
@@ -156,9 +159,14 @@ class Runtime:
         labels = self.labels.get(request.id)
         if labels is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"container {request.id} not found")
+        spec = json.dumps({"ociVersion": "1.1.0", "process": {"args": ["/agent"]},
+                           "linux": {"cgroupsPath": self.cgroups.get(request.id, ""),
+                                     "namespaces": [{"type": "pid"}]}})  # fmt: skip
         return containerd_pb2.GetContainerResponse(
-            container=containerd_pb2.Container(id=request.id, labels=labels)
-        )
+            container=containerd_pb2.Container(id=request.id, labels=labels, spec=any_pb2.Any(
+                type_url="types.containerd.io/opencontainers/runtime-spec/1/Spec",
+                value=spec.encode()))
+        )  # fmt: skip
 
     def _events(self, context: Any) -> Iterator[Any]:
         seen = 0
@@ -322,6 +330,49 @@ def test_a_sigkill_waits_briefly_for_its_oom_and_an_oom_first_is_remembered(
     assert [(e.container_id.split("//")[1], e.oom) for e in got] == [
         ("oom-after", True), ("oom-before", True), ("killed", False)]  # fmt: skip
     assert time.monotonic() - started >= 0.3  # the plain kill waited out its window
+
+
+def test_a_sigkill_whose_cgroup_counts_no_oom_kill_is_published_at_once(
+    runtime: Runtime, tmp_path: Path
+) -> None:
+    """The kernel counts an OOM kill in the victim's memory cgroup before it signals it: none
+    counted, the SIGKILL's exit waits for nothing; one counted, or no cgroup to read (removed
+    already, a spec without one), it waits for the OOM event as before."""
+    root = tmp_path / "cgroup"
+    for cid, kills in (("plain", 0), ("oomed", 1)):
+        d = root / "memory" / "kubepods" / "burstable" / f"pod{UID}" / cid
+        d.mkdir(parents=True)
+        (d / "memory.oom_control").write_text(
+            f"oom_kill_disable 0\nunder_oom 0\noom_kill {kills}\n"
+        )
+    runtime.labels = {c: pod_labels() for c in ("plain", "oomed", "gone", "unsaid")}
+    runtime.cgroups = {c: f"/kubepods/burstable/pod{UID}/{c}" for c in ("plain", "oomed", "gone")}
+    stream = connect(runtime.socket, oom_wait=0.5, oom_kills=OomKills(root))
+    assert isinstance(stream, ContainerdStream)
+    said: list[str] = []
+    stream.on_sigkill = lambda cgroup, exit: said.append(cgroup)
+    got: list[tuple[str, float]] = []
+    started = time.monotonic()
+
+    def run() -> None:
+        for e in stream.exits():
+            got.append((e.container_id.split("//")[1], time.monotonic() - started))
+
+    reader = threading.Thread(target=run, daemon=True)
+    reader.start()
+    try:
+        runtime.send(task_exit("plain", 137))
+        wait_for(lambda: len(got) == 1, timeout=0.4, what="the plain SIGKILL, before the wait")
+        for cid in ("oomed", "gone", "unsaid"):
+            runtime.send(task_exit(cid, 137))
+        runtime.send(envelope("TaskOOM", containerd_pb2.TaskOOM(container_id="oomed")))
+        wait_for(lambda: len(got) == 4, timeout=10, what="every exit")
+    finally:
+        stream.close()
+        reader.join(5)
+    assert said == ["none", "counted", "unread", "unread"]
+    assert [cid for cid, _ in got] == ["plain", "oomed", "gone", "unsaid"]
+    assert got[0][1] < 0.5 and got[2][1] >= 0.5 and got[3][1] >= 0.5  # the unread: waited
 
 
 def test_the_order_each_oom_came_in_is_told_and_a_late_one_named(runtime: Runtime) -> None:

@@ -139,7 +139,13 @@ def _exits_parser(sub: Any) -> None:
     a.add_argument(
         "--oom-wait", type=_seconds, default=0.02, metavar="SECONDS",
         help="containerd's events: how long a SIGKILL's exit (137) waits for the OOM event "
-        "that may follow it (0: never)",
+        "that may follow it (0: never), unless its memory cgroup counts no OOM kill",
+    )  # fmt: skip
+    a.add_argument(
+        "--cgroup-root", default="", metavar="PATH",
+        help="the host's cgroup tree (/sys/fs/cgroup), mounted read-only: a SIGKILL's exit "
+        "whose memory cgroup counts no OOM kill is published at once, not after --oom-wait "
+        "(empty: every SIGKILL waits)",
     )  # fmt: skip
     a.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
                    help="this node (env NODE_NAME)")  # fmt: skip
@@ -349,6 +355,7 @@ def _exits(args: argparse.Namespace) -> int:
     from deathwatch._kube.ports import Heartbeat
     from deathwatch._kube.serving import Limits
     from deathwatch._kube.tls import CertificateError
+    from deathwatch.firewall.cgroups import OomKills
     from deathwatch.firewall.endpoint import OpenPort, listener
     from deathwatch.firewall.exits import ExitsMetrics, Observer, Publisher
     from deathwatch.firewall.kubeapi import KubeApi, NotInCluster
@@ -378,8 +385,16 @@ def _exits(args: argparse.Namespace) -> int:
     stop = threading.Event()
     publisher = Publisher(api, args.node_name, args.namespace, args.identity, args.lease_prefix)
     prefer = args.runtime_stream
+    oom_kills = None
+    if args.cgroup_root:
+        if not Path(args.cgroup_root).is_dir():
+            print(f"deathwatch-firewall exits: --cgroup-root: {args.cgroup_root} is not a "
+                  "directory (mount the host's /sys/fs/cgroup there)", file=sys.stderr)  # fmt: skip
+            return EXIT_BAD_CONFIG
+        oom_kills = OomKills(Path(args.cgroup_root))
     observer = Observer(args.runtime_socket, publisher, metrics, heartbeat, stop, args.oom_wait,
-                        lambda socket, wait: connect(socket, wait, prefer=prefer))  # fmt: skip
+                        lambda socket, wait: connect(socket, wait, prefer=prefer,
+                                                     oom_kills=oom_kills))  # fmt: skip
     port = None
     if args.metrics_port:
         try:

@@ -94,6 +94,16 @@ class ExitsMetrics:
         for order in ("before_exit", "after_exit", "late"):
             self.oom_order.labels(order)
             self.oom_gap.labels(order)
+        self.sigkills = Counter(
+            "deathwatch_node_exits_sigkills",
+            "containerd's task events: SIGKILL exits (137) with no OOM event yet, by what the "
+            "container's memory cgroup said: none (no OOM kill counted: published at once), "
+            "counted (held for the OOM event, up to --oom-wait), unread (no --cgroup-root, or "
+            "the cgroup gone: held)",
+            ["cgroup"], registry=r,
+        )  # fmt: skip
+        for said in ("none", "counted", "unread"):
+            self.sigkills.labels(said)
         self.reconnects = Counter(
             "deathwatch_node_exits_runtime_failures",
             "The runtime's event stream failed or ended (read again after a backoff)",
@@ -279,6 +289,7 @@ class Observer:
             self.stream = stream
             if isinstance(stream, ContainerdStream):
                 stream.on_oom = self._oom_heard
+                stream.on_sigkill = self._sigkill_heard
             self.connected, failures = True, 0
             self.metrics.connected.set(1)
             self._source = stream.runtime.source
@@ -310,6 +321,12 @@ class Observer:
         said = log.warning if order == "late" else log.info
         said("an OOM kill and its exit", order=order, gap_ms=round(gap * 1000, 2),
              oom_wait_ms=round(self.oom_wait * 1000))  # fmt: skip
+
+    def _sigkill_heard(self, cgroup: str, exit: Exit) -> None:
+        self.metrics.sigkills.labels(cgroup).inc()
+        log.info("a SIGKILL's exit with no OOM event yet", cgroup=cgroup,
+                 held_ms=0 if cgroup == "none" else round(self.oom_wait * 1000),
+                 namespace=exit.namespace, pod=exit.pod, container=exit.container)  # fmt: skip
 
     def _failed(self, error: str, failures: int) -> None:
         if self.stop.is_set():

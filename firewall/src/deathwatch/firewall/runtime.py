@@ -19,10 +19,12 @@ the CRI stream wherever it is safe to read.
   when `/containers/create` says the container was made (a thread of its own, so an exit
   never waits behind it), and at the exit only for a container made before this stream
   (the Get at the exit took 10-43 ms in 4 of 20 exits in bench/node_latency.py: containerd
-  is busiest then). A SIGKILL's exit (137) waits up to `oom_wait` for the OOM event that may
-  follow it.
+  is busiest then). A SIGKILL's exit (137) with no OOM event yet is published at once when
+  its memory cgroup counts no OOM kill (cgroups.py; the host's cgroup tree mounted), and
+  otherwise waits up to `oom_wait` for the OOM event that may follow it.
 
-Read-only in what it asks: Version, the event subscription, Containers.Get. The socket itself
+Read-only in what it asks: Version, the event subscription, Containers.Get (and files in a
+read-only cgroup tree). The socket itself
 grants more (ADR 0028 says what, and what a compromise of this container means). Blocking
 gRPC calls in the agent's own threads; `close()` cancels the stream from any thread.
 """
@@ -38,8 +40,10 @@ from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
 import grpc
+import msgspec
 
 from deathwatch._kube.exits import Exit
+from deathwatch.firewall.cgroups import OomKills
 from deathwatch.firewall.protos import containerd_pb2, cri_pb2
 
 CRI: Final = "cri"
@@ -138,8 +142,9 @@ def _said(exc: Any) -> str:
 
 
 def connect(socket: str, oom_wait: float, clock: Callable[[], float] = time.monotonic,
-            prefer: str = AUTO) -> Stream:  # fmt: skip
-    """The stream to read from the runtime behind `socket`. Raises RuntimeUnreadable."""
+            prefer: str = AUTO, oom_kills: OomKills | None = None) -> Stream:  # fmt: skip
+    """The stream to read from the runtime behind `socket`. Raises RuntimeUnreadable.
+    `oom_kills`: containers' OOM kills as their cgroups count them (None: not mounted)."""
     channel = _Channel(socket)
     try:
         runtime = _runtime(channel, prefer)
@@ -148,7 +153,7 @@ def connect(socket: str, oom_wait: float, clock: Callable[[], float] = time.mono
         raise
     if runtime.stream == CRI:
         return CriStream(channel, runtime)
-    return ContainerdStream(channel, runtime, oom_wait, clock)
+    return ContainerdStream(channel, runtime, oom_wait, clock, oom_kills)
 
 
 def _runtime(channel: _Channel, prefer: str = AUTO) -> Runtime:
@@ -238,14 +243,35 @@ class _Named:
     namespace: str
     pod: str
     container: str
+    cgroup: str = ""  # its OCI spec's linux.cgroupsPath ("": not said)
 
 
-def _named_by(labels: Any) -> _Named | None:
-    """None: not a pod's own container (a pause container, one the CRI plugin did not make)."""
+class _Linux(msgspec.Struct):
+    cgroupsPath: str = ""  # the OCI spec's name
+
+
+class _Spec(msgspec.Struct):
+    linux: _Linux = msgspec.field(default_factory=_Linux)
+
+
+_spec = msgspec.json.Decoder(_Spec).decode
+
+
+def _named_by(container: Any) -> _Named | None:
+    """Whose a container (containerd's Containers.Get) is, from its labels, and its cgroup
+    from its spec. None: not a pod's own container (a pause container, one the CRI plugin
+    did not make)."""
+    labels = container.labels
     if labels.get(KIND) == "sandbox" or not labels.get(POD_UID):
         return None
+    cgroup = ""
+    if container.HasField("spec") and container.spec.type_url.endswith("/Spec"):
+        try:
+            cgroup = _spec(container.spec.value).linux.cgroupsPath
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            cgroup = ""  # its exit waits for the OOM event, as without the cgroup tree
     return _Named(labels[POD_UID], labels.get(POD_NAMESPACE, ""), labels.get(POD_NAME, ""),
-                  labels.get(CONTAINER_NAME, ""))  # fmt: skip
+                  labels.get(CONTAINER_NAME, ""), cgroup)  # fmt: skip
 
 
 class _Names:
@@ -253,7 +279,7 @@ class _Names:
     `Containers.Get` for each id `made` hands it; `of` answers at once."""
 
     def __init__(self, get: Callable[[str], Any]) -> None:
-        self._get = get  # id -> the container's labels; raises RuntimeUnreadable
+        self._get = get  # id -> the container (Containers.Get's); raises RuntimeUnreadable
         self._known: dict[str, _Named | None] = {}
         self._deleted: set[str] = set()  # deleted before they were read: not kept when read
         self._lock = threading.Lock()
@@ -314,8 +340,10 @@ class ContainerdStream:
     )
 
     def __init__(self, channel: _Channel, runtime: Runtime, oom_wait: float,
-                 clock: Callable[[], float]) -> None:  # fmt: skip
+                 clock: Callable[[], float],
+                 oom_kills: OomKills | None = None) -> None:  # fmt: skip
         self.channel, self.runtime, self.oom_wait, self.clock = channel, runtime, oom_wait, clock
+        self.oom_kills = oom_kills
         self._call: Any = None
         self._lock = threading.Lock()
         self._closed = False
@@ -329,7 +357,10 @@ class ContainerdStream:
         # runtime does): before_exit, after_exit (its exit held for it), late (after the
         # exit was published as no OOM)
         self.on_oom: Callable[[str, float], None] = lambda order, gap: None
-        self.names = _Names(self._labels)
+        # a SIGKILL's exit with no OOM event yet, by what its cgroup said: none (no OOM kill
+        # counted: published at once), counted (held for the event), unread (held)
+        self.on_sigkill: Callable[[str, Exit], None] = lambda said, exit: None
+        self.names = _Names(self._container)
 
     def exits(self) -> Iterator[Exit]:
         call = self.channel.channel.unary_stream(
@@ -394,15 +425,23 @@ class ContainerdStream:
         exit = containerd_pb2.TaskExit.FromString(envelope.event.value)
         if exit.id != exit.container_id:
             return  # an exec's process (an exec probe's): its container runs on
-        found = self._named(exit)
-        if found is None:
+        named = self._named(exit)
+        if named is None:
             return
+        found, cgroup = named
         oomed = self._oom.pop(exit.container_id, None)
         if oomed is not None:
             self.on_oom("before_exit", now - oomed)
             yield _with_oom(found)
         elif found.exit_code == SIGKILL_EXIT and self.oom_wait > 0:
-            self._held[exit.container_id] = _Held(found, now, now + self.oom_wait)
+            counted = self.oom_kills.count(cgroup) if self.oom_kills is not None else None
+            said = "unread" if counted is None else "counted" if counted else "none"
+            self.on_sigkill(said, found)
+            if counted == 0:  # no OOM killer took it: the OOM event cannot follow
+                self._unoomed[exit.container_id] = now
+                yield found
+            else:
+                self._held[exit.container_id] = _Held(found, now, now + self.oom_wait)
         else:
             yield found
         self._forget_old()
@@ -422,13 +461,14 @@ class ContainerdStream:
         if len(self._unoomed) > 1024:
             self._unoomed = {c: t for c, t in self._unoomed.items() if t >= cut}
 
-    def _named(self, exit: Any) -> Exit | None:
-        """The exit named for its pod by its container's labels (None: not a pod's own
-        container: a pause container, a container the CRI plugin did not make, one gone)."""
+    def _named(self, exit: Any) -> tuple[Exit, str] | None:
+        """The exit named for its pod by its container's labels, and the container's cgroup
+        (None: not a pod's own container: a pause container, a container the CRI plugin did
+        not make, one gone)."""
         read, named = self.names.of(exit.container_id)
         if not read:  # made before this stream (or its read failed): read it now
             try:
-                named = _named_by(self._labels(exit.container_id))
+                named = _named_by(self._container(exit.container_id))
             except RuntimeUnreadable:
                 return None
         if named is None:
@@ -442,16 +482,16 @@ class ContainerdStream:
             container=named.container,
             exit_code=exit.exit_status,
             exited_at=_time(at.seconds * 1_000_000_000 + at.nanos),
-        )
+        ), named.cgroup
 
-    def _labels(self, cid: str) -> Any:
+    def _container(self, cid: str) -> Any:
         got = self.channel.unary(
             "/containerd.services.containers.v1.Containers/Get",
             containerd_pb2.GetContainerRequest(id=cid),
             containerd_pb2.GetContainerResponse,
             metadata=(("containerd-namespace", K8S_NAMESPACE),),
         )
-        return got.container.labels
+        return got.container
 
     def close(self) -> None:
         with self._lock:
