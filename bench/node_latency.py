@@ -283,7 +283,8 @@ class Bench:
                     "--runtime-socket", str(RUNTIME_SOCKET), "--node-name", NODE_NAME,
                     "--identity", "bench-exits", "--namespace", SYSTEM, "--kube-api", cp.server,
                     "--kube-token-file", str(token), "--kube-ca-file", str(cp.certs / "ca.crt"),
-                    "--metrics-port", "0", "--runtime-stream", self.stream]  # fmt: skip
+                    "--metrics-port", "0", "--runtime-stream", self.stream,
+                    "--cgroup-root", "/sys/fs/cgroup"]  # fmt: skip
         self.procs.append(_spawn(observer, work / "exits.log"))
         elect = ["--leader-elect", "--lease-namespace", SYSTEM]  # its Role names the Lease
         reader = metrics_reader_token(self.api)
@@ -446,11 +447,10 @@ class Bench:
             self._standby_verdict(k)
 
     def _judged(self, k: Kill, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.seen.after(k.uid, "verdict", k.at) is not None and self._delivered(k):
-                return
-            time.sleep(0.005)
+        """Its verdict and delivery seen, or `timeout` passed (the run goes on either way:
+        `run` waits for every kill at its end)."""
+        _until(lambda: self.seen.after(k.uid, "verdict", k.at) is not None
+               and self._delivered(k), timeout, every=0.005)  # fmt: skip
 
     def _delivered(self, k: Kill) -> bool:
         if self.receiver is None:  # --installed: no sink
@@ -586,12 +586,19 @@ def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
                                 env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})  # fmt: skip
 
 
-def _wait(probe: Callable[[], bool], timeout: float, what: str, every: float = 0.1) -> None:
+def _until(probe: Callable[[], bool], timeout: float, every: float = 0.1) -> bool:
+    """Whether `probe` said True before `timeout` passed."""
     deadline = time.monotonic() + timeout
     while not probe():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"node_latency: {what} not seen in {timeout:.0f} s")
+            return False
         time.sleep(every)
+    return True
+
+
+def _wait(probe: Callable[[], bool], timeout: float, what: str, every: float = 0.1) -> None:
+    if not _until(probe, timeout, every):
+        raise TimeoutError(f"node_latency: {what} not seen in {timeout:.0f} s")
 
 
 # --- the chart -------------------------------------------------------------------------------
