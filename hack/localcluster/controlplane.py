@@ -236,7 +236,8 @@ class Process:
 
 # Which writes the audit log keeps (ControlPlane(audit=True)): those of deathwatch's objects,
 # of Events and of Leases, at the Metadata level (who, what, when, the request URI with its
-# fieldManager); nothing else, so the log stays small.
+# fieldManager), and reads of single pods (a node exit's causal read, ADR 0028); nothing
+# else, so the log stays small.
 AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
@@ -247,6 +248,10 @@ rules:
       - {group: deathwatch.dev}
       - {group: "", resources: [events]}
       - {group: coordination.k8s.io, resources: [leases]}
+  - level: Metadata
+    verbs: [get]
+    resources:
+      - {group: "", resources: [pods]}
   - level: None
 """
 

@@ -117,7 +117,7 @@ class Replicas:
 
 @dataclass(frozen=True)
 class Write:
-    """One write the API server received, from its audit log."""
+    """One write (or a read the policy keeps) the API server received, from its audit log."""
 
     identity: str | None  # the replica, from its user agent
     verb: str
@@ -149,6 +149,13 @@ class AuditLog:
         self.namespace = namespace
 
     def writes(self) -> Iterator[Write]:
+        return (w for w in self._requests() if w.verb != "get")
+
+    def reads(self, resource: str = "pods") -> list[Write]:
+        """Single objects read (the policy keeps a pod's get), as writes are told."""
+        return [w for w in self._requests() if w.verb == "get" and w.resource == resource]
+
+    def _requests(self) -> Iterator[Write]:
         if not self.path.exists():
             return
         text = self.path.read_text(errors="replace")

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
+from deathwatch._kube import exits as wire
 from hack.localcluster import controlplane
 from hack.localcluster.replicas import AuditLog, Replica, Replicas, Write
 from hack.localcluster.sandbox_script import SandboxScript
@@ -313,3 +314,44 @@ def test_a_late_joiner_holds_the_leaders_word_for_deletions_it_did_not_see(ha: H
     assert causes == dict.fromkeys(names, "Deleted"), causes
     RESULTS["late_joiner"] = {"deletions": len(doomed), "guessed_unobserved": unobserved(),
                               "written_over_after_takeover": len(over)}  # fmt: skip
+
+
+def test_an_exit_heard_on_the_node_is_read_by_the_leader_alone(ha: HA) -> None:
+    """ADR 0028: both replicas hear an exit on its node's exits Lease. The leader reads the pod
+    and writes Dead (observed by the node) at once; the standby defers its judgement, and the
+    kubelet's report having made its record final meanwhile, reads nothing (settled): one pod
+    read per death, the leader's, on the death's path (the API server's audit log)."""
+    heard = ("--node-exits", "deathwatch-system")
+    ha.replicas.start("replica-a", heard)
+    ha.replicas.start("replica-b", heard)
+    leader = ha.replicas.wait_leader()
+    standby = next(r for r in ha.replicas.members.values() if r is not leader)
+    wait_for(lambda: standby.readyz().get("details", {}).get("leader", {}).get("leader") == leader.identity,
+             what="the standby sees the leader")  # fmt: skip
+    (s,) = ha.sandboxes(1, "heard")
+    pod = ha.env.core.read_namespaced_pod(s.name, ha.env.ns, _request_timeout=10)
+    running = pod.status.container_statuses[0]
+    at = datetime.now(UTC)
+    exit = wire.Exit(container_id=running.container_id, pod_uid=pod.metadata.uid,
+                     namespace=ha.env.ns, pod=s.name, container=running.name,
+                     exit_code=s.exit_code, exited_at=at)  # fmt: skip
+    node = f"node-{ha.env.ns}"
+    leases = client.CoordinationV1Api(ha.env.api)
+    leases.create_namespaced_lease("deathwatch-system", {  # as the node's exits container does
+        "metadata": {"name": wire.lease_name(node), "labels": dict([wire.LABEL_SELECTOR.split("=")]),
+                     "annotations": {wire.NODE_ANNOTATION: node, wire.ANNOTATION: wire.encode([exit])}},
+        "spec": {"holderIdentity": f"exits-{node}"}}, _request_timeout=10)  # fmt: skip
+    try:
+        dead = ha.env.wait_state(s.name, "Dead")["status"]
+        assert (dead["observedBy"], dead["exitCode"]) == ("node", s.exit_code), dead
+        ha.kill(s)  # the kubelet's report, as its relist sends it: the same exit
+        wait_for(lambda: standby.process.metric("deathwatch_node_exits_total", outcome="settled") == 1,
+                 timeout=20, what="the standby's deferred judgement, settled")  # fmt: skip
+        assert leader.process.metric("deathwatch_node_exits_total", outcome="judged") == 1
+        assert standby.process.metric("deathwatch_node_exits_total", outcome="judged") == 0
+        reads = [r.identity for r in ha.audit.reads() if r.name == s.name and r.received >= at]
+        assert reads == [leader.identity], reads
+    finally:
+        leases.delete_namespaced_lease(wire.lease_name(node), "deathwatch-system",
+                                       _request_timeout=10)  # fmt: skip
+    ha.verify("node_exit_read_once", [leader.identity])

@@ -45,7 +45,8 @@ class Metrics:
             "verdict step), not-watched (no tracked sandbox's running container: another "
             "instance, an init container, another shard's pod), kubelet (only the kubelet "
             "can tell what it leads to, or the verdict was final already), gone (the pod "
-            "was deleted), unread (the pod could not be read), busy (too many reads at once)",
+            "was deleted), unread (the pod could not be read), busy (too many reads at once), "
+            "settled (a standby's: the verdict was final when its deferred judgement came)",
             ["outcome"],
             registry=r,
         )
@@ -310,5 +311,5 @@ class Metrics:
             for counter in (self.policy_errors, self.flaps, self.false_positives, self.ready_drops,
                             self.node_exit_disputes):  # fmt: skip
                 counter.labels(name)
-        for outcome in ("judged", "not-watched", "kubelet", "gone", "unread", "busy"):
+        for outcome in ("judged", "not-watched", "kubelet", "gone", "unread", "busy", "settled"):
             self.node_exits.labels(outcome)

@@ -9,8 +9,14 @@ the only call an exit costs here; the verdict's write is the one the death costs
 
 An exit of a pod no record tracks (not a sandbox, another shard's, one forgotten) is dropped
 before any read. A read that fails leaves the death to the kubelet's report, as ever: said,
-counted. Standbys judge exits too (they stay level with the leader); writes are the writer's
-(only a leader's reach the API).
+counted. Writes are the writer's (only a leader's reach the API).
+
+A standby (or a shard that does not write the pod's slot now) defers its judgement by
+STANDBY_DEFER: its read would otherwise reach the API server and etcd at the same moment as
+the leader's, on the death's path, and its memory is level anyway once the leader's verdict
+or the kubelet's report has come. Then, a record already final costs nothing (settled); one
+that is not (the leader died before writing, a kubelet slower than the deferral) is judged
+as the leader would. Becoming the leader ends the wait at once.
 """
 
 from __future__ import annotations
@@ -42,6 +48,9 @@ log = structlog.get_logger("deathwatch.node_exits")
 JUDGE: Final = "node_exit"  # the spawned judgements' name, and their handler_errors label
 IN_FLIGHT: Final = 256  # reads at once; past it, an exit is left to the kubelet's report
 READ_DEADLINE: Final = 5.0  # a read slower than this is no faster than the kubelet
+# a standby's judgement waits this long for the leader's verdict or the kubelet's report (its
+# relist is 1 s; a leader's failover takes longer, and a promotion ends the wait)
+STANDBY_DEFER: Final = 2.0
 REMEMBERED: Final = wire.MAX_AGE + timedelta(minutes=1)
 
 
@@ -126,6 +135,16 @@ class NodeExits:
         self.supervisor.spawn(JUDGE, self._judge(node, exit, received), failed)
 
     async def _judge(self, node: str, exit: wire.Exit, received: float) -> None:
+        writer = self.core.writer
+        if not writer.writes(self.core.shards.slot(exit.pod_uid)):
+            await writer.leads_within(STANDBY_DEFER)
+            record = self.core.records.get(exit.pod_uid)
+            if record is None or record.memory is None:
+                self.metrics.node_exits.labels("not-watched").inc()  # forgotten meanwhile
+                return
+            if record.memory.track.state.terminal:
+                self.metrics.node_exits.labels("settled").inc()
+                return
         path = f"/api/v1/namespaces/{exit.namespace}/pods/{exit.pod}"
         try:
             async with asyncio.timeout(READ_DEADLINE):

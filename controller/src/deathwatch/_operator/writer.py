@@ -351,6 +351,21 @@ class Writer:
         self._update_idle()
         return owed
 
+    def writes(self, slot: int | None) -> bool:
+        """Whether a verdict in `slot` would be sent by this replica now."""
+        return self.leading and self.owns(slot)
+
+    async def leads_within(self, seconds: float) -> bool:
+        """Whether this replica leads now, or comes to within `seconds`."""
+        if self.leading:
+            return True
+        try:
+            async with asyncio.timeout(seconds):
+                await self._leading.wait()
+        except TimeoutError:
+            return self.leading
+        return True
+
     def standby(self) -> None:
         """Not the leader (or fenced): nothing more is sent; what is wanted stays pending."""
         self.leading = False
