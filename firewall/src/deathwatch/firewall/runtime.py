@@ -23,10 +23,10 @@ the CRI stream wherever it is safe to read.
   its memory cgroup counts no OOM kill (cgroups.py; the host's cgroup tree mounted), and
   otherwise waits up to `oom_wait` for the OOM event that may follow it.
 
-Read-only in what it asks: Version, the event subscription, Containers.Get (and files in a
-read-only cgroup tree). The socket itself
-grants more (ADR 0028 says what, and what a compromise of this container means). Blocking
-gRPC calls in the agent's own threads; `close()` cancels the stream from any thread.
+Read-only in what it asks: Version, the event subscription, Containers.Get, and files in a
+read-only cgroup tree. The socket itself grants more (ADR 0028 says what, and what a
+compromise of this container means). Blocking gRPC calls in the agent's own threads;
+`close()` cancels the stream from any thread.
 """
 
 from __future__ import annotations
@@ -435,12 +435,12 @@ class ContainerdStream:
             yield _with_oom(found)
         elif found.exit_code == SIGKILL_EXIT and self.oom_wait > 0:
             counted = self.oom_kills.count(cgroup) if self.oom_kills is not None else None
-            said = "unread" if counted is None else "counted" if counted else "none"
-            self.on_sigkill(said, found)
             if counted == 0:  # no OOM killer took it: the OOM event cannot follow
                 self._unoomed[exit.container_id] = now
                 yield found
+                self.on_sigkill("none", found)  # told once it is on its way
             else:
+                self.on_sigkill("unread" if counted is None else "counted", found)
                 self._held[exit.container_id] = _Held(found, now, now + self.oom_wait)
         else:
             yield found
