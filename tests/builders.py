@@ -118,11 +118,17 @@ def pod(
     restart_policy: str | None = None,
     own_restart_rules: bool = False,
     spec_containers: list[str] | None = None,
+    sidecars: list[dict[str, Any]] | None = None,
+    ready_reason: str | None = None,
+    rules: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A Pod; `deletion_at` is when deletion was requested (the API stores it + grace);
     `disruption` is a DisruptionTarget condition (reason, message, when it was set);
     `own_restart_rules`: its container has a restart policy of its own and rules
-    (ContainerRestartRules); `spec_containers`: more containers' names beside `agent`."""
+    (ContainerRestartRules); `spec_containers`: more containers' names beside `agent`;
+    `sidecars`: native sidecars' statuses (each an init container with restartPolicy Always,
+    and a regular init container `setup` before them); `ready_reason`: the Ready condition's;
+    `rules`: a container's own {restartPolicy, restartPolicyRules} by name."""
     spec_container: dict[str, Any] = {
         "name": "agent",
         "image": "agent:1",
@@ -160,6 +166,7 @@ def pod(
                 "type": "Ready",
                 "status": "True" if ready else "False",
                 "lastTransitionTime": ts(ready_at),
+                **({"reason": ready_reason} if ready_reason else {}),
             },
         ]
     if disruption is not None:
@@ -174,17 +181,21 @@ def pod(
             }
         )
     status["containerStatuses"] = containers if containers is not None else [running()]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": meta,
-        "spec": {
-            "containers": [
-                spec_container,
-                *({"name": n, "image": "x:1"} for n in spec_containers or ()),
-            ],
-            **({"nodeName": node} if node else {}),
-            **({"restartPolicy": restart_policy} if restart_policy else {}),
-        },
-        "status": status,
+    spec: dict[str, Any] = {
+        "containers": [
+            spec_container,
+            *({"name": n, "image": "x:1"} for n in spec_containers or ()),
+        ],
+        **({"nodeName": node} if node else {}),
+        **({"restartPolicy": restart_policy} if restart_policy else {}),
     }
+    for c in spec["containers"]:
+        c.update((rules or {}).get(c["name"], {}))
+    if sidecars is not None:
+        setup = terminated(name="setup", code=0, reason="Completed", finished=0.5)
+        status["initContainerStatuses"] = [setup, *sidecars]
+        spec["initContainers"] = [
+            {"name": "setup", "image": "x:1"},
+            *({"name": c["name"], "image": "x:1", "restartPolicy": "Always"} for c in sidecars),
+        ]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec, "status": status}

@@ -72,11 +72,19 @@ class Judge:
     """One pod (uid-1) through `Pods`, as the operator and replay drive it."""
 
     def __init__(
-        self, policy: str = AUTO, multiplier: float = 2.0, agent_ports: frozenset[int] = AGENT
+        self,
+        policy: str = AUTO,
+        multiplier: float = 2.0,
+        agent_ports: frozenset[int] = AGENT,
+        *,
+        sandbox: frozenset[str] = frozenset(),
+        vital: frozenset[str] = frozenset(),
     ) -> None:
+        """`sandbox`, `vital`: the DeathWatch's containers.sandbox and .vitalSidecars."""
         self.fleet = Pods(default_registry())
         self.policy = policy
-        self.settings = PolicySettings(exec_window_multiplier=multiplier, agent_ports=agent_ports)
+        self.settings = PolicySettings(exec_window_multiplier=multiplier, agent_ports=agent_ports,
+                                       sandbox_containers=sandbox, vital_sidecars=vital)  # fmt: skip
         self.signals: list[SignalKind] = []
 
     def see(self, obj: dict[str, Any], now: float) -> Track:

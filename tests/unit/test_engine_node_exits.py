@@ -151,12 +151,16 @@ def test_a_clean_exit_completes_where_the_kubelet_would_say_succeeded(
     assert t is not None and (t.state, t.cause) == (state, cause)
 
 
-def test_under_a_container_s_own_restart_rules_a_clean_exit_is_the_kubelet_s_to_judge() -> None:
-    """Completion or a restart: only the kubelet knows. A failed exit is a death either way
-    (restarted in place, or ended)."""
+def test_under_a_container_s_own_restart_rules_the_rules_decide_completion_or_death() -> None:
+    """Its rule restarts it on 42; on anything else its own policy (Never) holds: an exit 0
+    no rule restarts is a completion, Gone at once as the kubelet's report will make it
+    (issue #51: judged Gone on one path and Dead on the other). A restart is a death."""
     j = Judge()
     j.see(live(own_restart_rules=True), 2)
-    assert j.exit(live(own_restart_rules=True), exit_of(0), 50.3) is None
+    t = j.exit(live(own_restart_rules=True), exit_of(0), 50.3)
+    assert t is not None and (t.state, t.cause) == (State.GONE, Cause.COMPLETED)
+    j = Judge()
+    j.see(live(own_restart_rules=True), 2)
     t = j.exit(live(own_restart_rules=True), exit_of(42), 50.3)
     assert t is not None and (t.state, t.cause) == (State.DEAD, Cause.CONTAINER_EXITED)
     # the rule restarts it in place: its new life is no false positive

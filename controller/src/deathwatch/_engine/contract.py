@@ -34,10 +34,16 @@ ENTRY_POINT_GROUP = "deathwatch.policies"  # where plugins register (name = the 
 
 @dataclass(frozen=True, slots=True)
 class PolicySettings:
-    """Per-DeathWatch knobs a policy may read."""
+    """Per-DeathWatch knobs a policy may read, and the pod's anatomy: which of its containers
+    are the sandbox (`sandbox_containers`: regular containers by name; empty, or naming none
+    the pod has: every regular container) and which native sidecars are vital to it
+    (`vital_sidecars`: their death is the sandbox's). The rest (helpers, other sidecars, init
+    and ephemeral containers) are evidence, never the sandbox (docs/verdicts.md, ADR 0029)."""
 
     exec_window_multiplier: float = 2.0
     agent_ports: frozenset[int] = frozenset()
+    sandbox_containers: frozenset[str] = frozenset()
+    vital_sidecars: frozenset[str] = frozenset()
 
 
 # The plain values of the contract are msgspec Structs: built once or more per observed event,
@@ -112,8 +118,12 @@ def disruption_of(pod: PodView) -> ClusterDisruption | None:
 class Situation(msgspec.Struct, frozen=True, gc=False):
     pod: PodView
     now: datetime
-    # Start of the current not-Ready spell, or None while Ready.
+    # Start of the current not-Ready spell of the sandbox, or None while it is Ready: a Ready
+    # drop that a helper, a sidecar that is not vital, a completed container or a readiness
+    # gate explains is none (the engine's `sandbox_ready`)
     ready_drop_at: datetime | None
+    # the sandbox's container (or vital sidecar) that terminated or restarted; a clean exit
+    # with no restart to follow is a completion, never a death
     container_death: ContainerDeath | None
     settings: PolicySettings
     # The cluster is taking (or took) the pod: its DisruptionTarget condition, read.

@@ -15,12 +15,19 @@ Order of judgement for each observation (the first that applies wins; docs/adr/0
 4. Eviction by the kubelet with no DisruptionTarget (kubelets before 1.26): Dead (Evicted).
 5. Deletion requested: Gone (Deleted, or what its owner says), unless the pod had already
    died before the request.
-6. phase Succeeded: Gone (Completed). phase Failed: Dead (from the container evidence).
+6. phase Succeeded, or every container of the sandbox ended cleanly for good (exit 0, no
+   restart to follow: the kubelet says Succeeded seconds later): Gone (Completed). phase
+   Failed: Dead (from the container evidence).
 7. Never Ready yet: Pending. No death is counted for a pod that was never Ready.
 8. Otherwise the pod's policy decides Alive, Suspect (with a deadline) or Dead. While a
    disruption is pending (DisruptionTarget=True, not yet final) the pod is at most Suspect
    (`Disrupting`): Dead only on a dead container's proof, because the control plane clears
    a disruption that does not go ahead, and Dead is never taken back.
+
+What the sandbox is (ADR 0029): its regular containers (those its DeathWatch names, or all),
+and the native sidecars named vital. A helper's or a sidecar's exit, restart or unreadiness is
+evidence (Track.sidecar_restarts, signal SIDECAR_RESTARTED), never a death: the Ready a
+policy sees is the sandbox's (`sandbox_ready`), its container death the sandbox's.
 
 A policy may be third-party code. If its `judge()` raises or returns anything but a sound
 Decision (a Suspect deadline must lie ahead, within MAX_SUSPECT), that pod alone is judged by
@@ -51,7 +58,13 @@ from deathwatch._engine.contract import (
     disruption_of,
 )
 from deathwatch._engine.nodeexit import NodeExit
-from deathwatch._engine.podview import ContainerView, Disruption, PodView, blocked_probes
+from deathwatch._engine.podview import (
+    READINESS_GATES_NOT_READY,
+    ContainerView,
+    Disruption,
+    PodView,
+    blocked_probes,
+)
 from deathwatch._engine.verdict import Cause, Evidence, Observer, State
 
 
@@ -63,6 +76,9 @@ class SignalKind(StrEnum):
     PROBE_BLOCKED = "ProbeBlockedByFirewall"
     POLICY_FAILED = "PolicyFailed"  # judge() raised or returned garbage: Track.policy_error
     DISPUTED = "NodeExitDisputed"  # the kubelet tells a node-observed death otherwise
+    # a container that is not the sandbox (a native sidecar not named vital, a helper)
+    # restarted: recorded (Track.sidecar_restarts), never a death
+    SIDECAR_RESTARTED = "SidecarRestarted"
 
 
 class Signal(msgspec.Struct, frozen=True, gc=False):
@@ -102,6 +118,9 @@ class Track(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     disruption: Disruption | None = None
     # a death the node saw, told otherwise by the kubelet's report: how (the verdict stands)
     disputed: str | None = None
+    # restarts of the pod's containers that are not the sandbox (native sidecars not named
+    # vital, helpers) since it was first Ready: evidence, never a death
+    sidecar_restarts: int = 0
 
 
 replace = msgspec.structs.replace  # in C: a new Track with the fields changed
@@ -126,22 +145,102 @@ def new_track(pod: PodView, policy: Policy, settings: PolicySettings) -> Track:
     )
 
 
-def _restarted(pod: PodView, track: Track) -> bool:
-    """A container of the pod restarted since the pod was first Ready."""
+Parts = tuple[tuple[ContainerView, ...], tuple[ContainerView, ...]]
+
+
+def sandbox_of(pod: PodView, settings: PolicySettings) -> Parts:
+    """The containers that are the sandbox: its regular ones (those the DeathWatch names, or
+    all of them when it names none the pod has), and the sidecars it names vital. Everything
+    else in the pod is evidence, never the sandbox (ADR 0029)."""
+    regular = pod.containers
+    names = settings.sandbox_containers
+    if names:
+        chosen = tuple(c for c in regular if c.name in names)
+        if chosen:
+            regular = chosen
+    wanted = settings.vital_sidecars
+    if wanted and pod.sidecars:
+        return regular, tuple(c for c in pod.sidecars if c.name in wanted)
+    return regular, ()
+
+
+def sandbox_ready(pod: PodView, parts: Parts) -> bool:
+    """Whether the sandbox is Ready, as the pod's Ready condition would say of it alone.
+
+    The kubelet's Ready is every container's, native sidecars included, and the readiness
+    gates'. A drop it explains by something that is not the sandbox is no drop of the
+    sandbox's: only a readiness gate held back; or every sandbox container still meant to run
+    runs ready, and what is not ready is a sandbox container that completed, a helper, or a
+    sidecar not named vital. A drop that nothing in the pod explains (every container ready
+    and running: the node controller's, its kubelet silent) stays a drop."""
+    if pod.ready:
+        return True
+    if pod.ready_status is None:
+        return False
+    if pod.ready_reason == READINESS_GATES_NOT_READY:
+        return True  # the kubelet says this only with every container ready
+    regular, sidecars = parts
+    explained = False
+    for c in regular:
+        if c.runs:
+            continue
+        if pod.completed(c):
+            explained = True
+            continue
+        return False
+    for c in sidecars:
+        if not c.runs:
+            return False
+    if explained:
+        return True
+    if len(regular) + len(sidecars) == len(pod.containers) + len(pod.sidecars):
+        return False  # nothing but the sandbox: nothing else can explain it
+    vital = {c.name for c in regular}.union(c.name for c in sidecars)
+    return any(not c.ready for c in (*pod.containers, *pod.sidecars) if c.name not in vital)
+
+
+def _sidecar_restarts(pod: PodView, parts: Parts, baseline: Mapping[str, int]) -> int:
+    """Restarts since the baseline of the containers that are not the sandbox."""
+    regular, sidecars = parts
+    if len(regular) + len(sidecars) == len(pod.containers) + len(pod.sidecars):
+        return 0
+    vital = {c.name for c in regular}.union(c.name for c in sidecars)
+    return sum(
+        max(0, c.restart_count - baseline.get(c.name, c.restart_count))
+        for c in (*pod.containers, *pod.sidecars)
+        if c.name not in vital
+    )
+
+
+def _restarted(pod: PodView, track: Track, parts: Parts) -> bool:
+    """A sandbox container of the pod restarted since the pod was first Ready."""
     baseline = track.restart_baseline
-    return any(c.restart_count > baseline.get(c.name, c.restart_count) for c in pod.containers)
+    return any(
+        c.restart_count > baseline.get(c.name, c.restart_count) for c in (*parts[0], *parts[1])
+    )
 
 
-def _container_death(pod: PodView, baseline: Mapping[str, int]) -> ContainerDeath | None:
-    """The container whose termination or restart ends the sandbox, most telling first."""
-    for c in pod.containers:  # the common case, answered without building anything
+def _container_death(
+    pod: PodView, baseline: Mapping[str, int], parts: Parts
+) -> ContainerDeath | None:
+    """The sandbox container (or vital sidecar) whose termination or restart ends the
+    sandbox, most telling first. A clean exit with no restart to follow is a completion,
+    never a death."""
+    regular, sidecars = parts
+    for c in regular:  # the common case, answered without building anything
         if c.terminated is not None or c.restart_count > baseline.get(c.name, c.restart_count):
             break
     else:
-        return None
+        for c in sidecars:
+            if c.terminated is not None or c.restart_count > baseline.get(c.name, c.restart_count):
+                break
+        else:
+            return None
     found: list[tuple[int, ContainerView, ContainerDeath]] = []
-    for c in pod.containers:
+    for c in (*regular, *sidecars):
         term = c.terminated
+        if term is not None and term.exit_code == 0 and c in regular and pod.completed(c):
+            continue  # ended cleanly for good: its part is done, nothing died
         if term is None and c.restart_count > baseline.get(c.name, c.restart_count):
             term = c.last_termination  # restarted since we last saw it: its previous life
             if term is None:  # restart counted but the kubelet kept no lastState
@@ -164,27 +263,27 @@ def _container_death(pod: PodView, baseline: Mapping[str, int]) -> ContainerDeat
     return min(found, key=lambda f: f[0])[2]
 
 
-def _ran_and_stopped(pod: PodView) -> ContainerDeath | None:
+def _ran_and_stopped(pod: PodView, parts: Parts) -> ContainerDeath | None:
     """For a pod first seen not Ready with no record: proof that it ran and then stopped.
 
-    Used only under no-probe, where Ready means "running": every container started and one
-    is terminated now, so the pod was Ready and is not. A pod that restarted and runs again
-    is not inferred dead: nothing says the restart was not during its start-up.
+    Used only under no-probe, where Ready means "running": every sandbox container started
+    and one is terminated now, so the pod was Ready and is not. A pod that restarted and runs
+    again is not inferred dead: nothing says the restart was not during its start-up.
     """
-    if not pod.containers:
+    if not parts[0]:
         return None
-    for c in pod.containers:
+    for c in (*parts[0], *parts[1]):
         started = c.running_since or (c.terminated.started_at if c.terminated else None)
         if started is None:
             return None
-    return _container_death(pod, pod.restart_counts())
+    return _container_death(pod, pod.restart_counts(), parts)
 
 
 def _instance(pod: PodView, death: ContainerDeath | None) -> str | None:
     """The runtime's id of the container instance that ended (the one the death names)."""
     if death is None:
         return None
-    for c in pod.containers:
+    for c in (*pod.containers, *pod.sidecars):
         if c.name == death.container:
             return c.container_id if c.terminated is not None else None
     return None
@@ -329,6 +428,11 @@ def step(
     never tells why it was deleted; `observer`: whose report the observation is (the node's:
     `exited`)."""
     before = track.state
+    if before is State.GONE:
+        return Step(track)
+    # the sandbox's containers, and whether it is Ready (not a helper's or a sidecar's drop)
+    parts = sandbox_of(pod, settings)
+    ready = pod.ready or sandbox_ready(pod, parts)
 
     # 1-2. Terminal states are final; only the false-positive fact can still be learned: the
     # pod Ready again, from not Ready, and still running (a pod GC marks an orphan Failed
@@ -343,21 +447,19 @@ def step(
             if track.disputed is None:
                 disputed = nodeexit.disputes(pod, evidence)
                 if disputed is not None:
-                    track = replace(track, disputed=disputed, ready=pod.ready)
+                    track = replace(track, disputed=disputed, ready=ready)
                     return Step(track, (Signal(SignalKind.DISPUTED),))
         if (
-            pod.ready
+            ready
             and not track.ready
             and not track.false_positive
             and pod.phase not in ("Failed", "Succeeded")
             and pod.deletion_requested_at is None
-            and not _restarted(pod, track)
+            and not _restarted(pod, track, parts)
         ):
             fp = replace(track, false_positive=True, ready=True)
             return Step(fp, (Signal(SignalKind.FALSE_POSITIVE),))
-        return Step(track if track.ready == pod.ready else replace(track, ready=pod.ready))
-    if before is State.GONE:
-        return Step(track)
+        return Step(track if track.ready == ready else replace(track, ready=ready))
 
     signals: list[Signal] = []
     changes: dict[str, Any] = {}
@@ -366,7 +468,7 @@ def step(
     ever_ready = track.ever_ready
     ready_drop_at = track.ready_drop_at
     baseline = track.restart_baseline
-    if pod.ready:
+    if ready:
         if not track.ready:
             if ever_ready and ready_drop_at is not None:
                 signals.append(Signal(SignalKind.FLAPPED))
@@ -387,11 +489,11 @@ def step(
         changes.update(ready=False, ready_drop_at=drop_at, ready_drops=track.ready_drops + 1)
     elif not ever_ready and first and getattr(policy, "ready_means_running", False) is True:
         # First sight of a pod with no record: did it run and stop while nobody watched?
-        inferred = _ran_and_stopped(pod)
+        inferred = _ran_and_stopped(pod, parts)
         if inferred is not None:
             started = [
                 c.running_since or (c.terminated.started_at if c.terminated else None)
-                for c in pod.containers
+                for c in (*parts[0], *parts[1])
             ]
             ever_ready = True
             ready_drop_at = inferred.finished_at or ready_at
@@ -412,12 +514,17 @@ def step(
         changes["probe_blocked"] = True
     if first and (track.probe_blocked or changes.get("probe_blocked")):
         signals.append(Signal(SignalKind.PROBE_BLOCKED))
+    if ever_ready and (pod.sidecars or len(parts[0]) < len(pod.containers)):
+        restarts = _sidecar_restarts(pod, parts, baseline)
+        if restarts > track.sidecar_restarts:
+            signals.append(Signal(SignalKind.SIDECAR_RESTARTED))
+            changes["sidecar_restarts"] = restarts
     if changes:
         track = replace(track, **changes)
 
-    death = _container_death(pod, baseline) if ever_ready else None
+    death = _container_death(pod, baseline, parts) if ever_ready else None
     disruption = disruption_of(pod) if pod.disruption is not None else None
-    after = _judge_lifecycle(track, pod, now, death, deletion, disruption, observer)
+    after = _judge_lifecycle(track, pod, now, death, deletion, disruption, parts, observer)
     if after is None:
         # The policy judges; for a pod whose deletion was requested after its Ready drop, it
         # judges the pod as of the request: only a death complete by then stands.
@@ -520,6 +627,7 @@ def _judge_lifecycle(
     death: ContainerDeath | None,
     deletion: Cause,
     disruption: ClusterDisruption | None,
+    parts: Parts,
     observer: Observer = Observer.KUBELET,
 ) -> Track | None:
     """Steps 3-7: the facts no policy may reinterpret. None: the policy decides."""
@@ -537,7 +645,7 @@ def _judge_lifecycle(
         if track.ever_ready:
             return _kill(track, pod, now, Cause.EVICTED, death, observer=observer)
         return _bury(track, now, Cause.FAILED_BEFORE_READY, pod)
-    if pod.phase == "Succeeded":
+    if pod.phase == "Succeeded" or _completed(pod, parts):
         return _bury(track, now, Cause.COMPLETED, pod)
     if pod.phase == "Failed":
         if track.ever_ready:
@@ -551,6 +659,15 @@ def _judge_lifecycle(
             track if counts == track.restart_baseline else replace(track, restart_baseline=counts)
         )
     return None
+
+
+def _completed(pod: PodView, parts: Parts) -> bool:
+    """Every container of the sandbox ended cleanly for good (exit 0, no restart to follow by
+    the restart policies and rules): a completion, whatever the phase says yet. The kubelet
+    reports the phase Running until its pod worker has stopped the rest (1-7 s), and the
+    node's exit comes before either: judged on the containers, both paths agree."""
+    regular = parts[0]
+    return bool(regular) and all(pod.completed(c) for c in regular)
 
 
 def _apply(
@@ -614,13 +731,14 @@ def exited(
     """A container's exit as its node heard it, `pod` as the API holds it now (a fresh
     read: a deletion or a disruption it shows stands beside the exit). Judged as the
     kubelet's report of it will be (`nodeexit.reported`), by the same rules; a death is
-    observed by the node. None when the exit is not the watched container's (another
-    instance, an init container, an exec probe's process) or only the kubelet can tell what
-    it leads to: the kubelet's report judges it then, as ever. With the step, the pod as it
+    observed by the node. None when the exit is not of a sandbox container (another
+    instance, a helper, a sidecar not named vital, an init container, an exec probe's
+    process): the kubelet's report judges it then, as ever. With the step, the pod as it
     was judged (the kubelet's report to come)."""
     if track.state.terminal:
         return None
-    after = nodeexit.reported(pod, exit)
+    regular, sidecars = sandbox_of(pod, settings)
+    after = nodeexit.reported(pod, exit, (*regular, *sidecars))
     if after is None:
         return None
     judged = step(track, after, now, policy, settings, deletion=deletion, observer=Observer.NODE)

@@ -9,15 +9,19 @@ disruption the API already holds wins, an exit before the first Ready is start-u
 decides the rest. `disputes` compares the kubelet's report, when it comes, with the verdict
 the node's exit made.
 
-Never a false Dead: only the exit of the container instance the pod's status names now (by
-its runtime id), while it runs, counts. An init container, a sidecar, an exec probe's
-process, an earlier instance: none is in `containers` under that id, so none counts. Where
-only the kubelet knows what an exit leads to (an exit 0 of the last running container under a
-container's own restart rules: completion, or a restart), the node abstains.
+Never a false Dead: only the exit of a container of the sandbox (ADR 0029: its regular
+containers, or those its DeathWatch names, and the sidecars named vital), the instance the
+pod's status names now (by its runtime id), while it runs, counts. An init container, a
+helper, a sidecar not named vital, an ephemeral container, an exec probe's process, an
+earlier instance: the node abstains, and the kubelet's report judges what it meant. What an
+exit leads to (a restart, a completion) is the kubelet's own rule (`PodView.restarts_after`:
+the container's restart rules, its policy, the pod's), so a clean exit with no restart to
+follow is a completion on both paths.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 
 import msgspec
@@ -44,60 +48,65 @@ class NodeExit(msgspec.Struct, frozen=True, gc=False):
         return OOM_KILLED if self.oom else _REASON[self.exit_code == 0]
 
 
-def watched(pod: PodView, exit: NodeExit) -> ContainerView | None:
-    """The container of the pod this exit ends: the instance its status names, running."""
-    for c in pod.containers:
+def watched(
+    pod: PodView, exit: NodeExit, sandbox: Iterable[ContainerView] | None = None
+) -> ContainerView | None:
+    """The container of the pod this exit ends: the instance its status names, running, and
+    one of `sandbox` (every regular container and sidecar when None)."""
+    for c in sandbox if sandbox is not None else (*pod.containers, *pod.sidecars):
         if c.container_id == exit.container_id:
             return c if c.terminated is None and c.running_since is not None else None
     return None
 
 
-def _next_phase(pod: PodView, ended: ContainerView, exit: NodeExit) -> str | None:
-    """The pod's phase once the kubelet has seen this exit (its getPhase); None when only
-    the kubelet can say (a container's own restart rules decide a clean exit's fate)."""
+def _next_phase(pod: PodView, ended: ContainerView, exit: NodeExit) -> str:
+    """The pod's phase once the kubelet has seen this exit of a regular container (its
+    getPhase, with restart rules): Running while any runs or any restarts. The kubelet
+    says a terminal phase only once its pod worker has stopped the rest, seconds later; the
+    engine judges a completion from the containers either way."""
     others = [c for c in pod.containers if c is not ended]
     if any(c.terminated is None for c in others):
         return "Running"  # another container runs on: the pod does
-    codes = [exit.exit_code, *(c.terminated.exit_code for c in others if c.terminated)]
-    if pod.container_restart_rules:
-        return None if exit.exit_code == 0 else "Running"
-    policy = pod.restart_policy
-    if policy == "Never":
-        return "Succeeded" if all(code == 0 for code in codes) else "Failed"
-    if policy == "OnFailure" and all(code == 0 for code in codes):
-        return "Succeeded"
-    return "Running"  # restarted (Always; OnFailure after a failure)
+    ended_all: list[tuple[int | None, str | None, str]] = [(exit.exit_code, None, ended.name)]
+    ended_all += [(c.terminated.exit_code, c.terminated.reason, c.name)
+                  for c in others if c.terminated is not None]  # fmt: skip
+    if any(pod.restarts_after(name, code, reason) for code, reason, name in ended_all):
+        return "Running"  # restarted in place
+    return "Succeeded" if all(code == 0 for code, _, _ in ended_all) else "Failed"
 
 
-def reported(pod: PodView, exit: NodeExit) -> PodView | None:
+def reported(
+    pod: PodView, exit: NodeExit, sandbox: Iterable[ContainerView] | None = None
+) -> PodView | None:
     """The pod as the kubelet will report it after this exit; None when the exit does not
-    end the container the pod's status names, or when only the kubelet can tell what it
-    leads to. `pod` must be the pod as the API holds it now (a fresh read): what the API
-    already says of it (a deletion, a disruption) stands beside the exit."""
+    end a container of `sandbox` (the sandbox's containers, ADR 0029) that the pod's status
+    names running. `pod` must be the pod as the API holds it now (a fresh read): what the
+    API already says of it (a deletion, a disruption) stands beside the exit."""
     if pod.phase != "Running":
         return None
-    ended = watched(pod, exit)
+    ended = watched(pod, exit, sandbox)
     if ended is None:
-        return None
-    phase = _next_phase(pod, ended, exit)
-    if phase is None:
         return None
     at = exit.exited_at
     term = Termination(exit.exit_code, exit.reason, ended.running_since, at)
-    containers = tuple(
-        msgspec.structs.replace(c, running_since=None, terminated=term, ready=False)
-        if c is ended
-        else c
-        for c in pod.containers
-    )
+    gone = msgspec.structs.replace(ended, running_since=None, terminated=term, ready=False)
+    phase = pod.phase
+    containers, sidecars = pod.containers, pod.sidecars
+    if any(c is ended for c in containers):
+        phase = _next_phase(pod, ended, exit)
+        containers = tuple(gone if c is ended else c for c in containers)
+    else:  # a sidecar: it never moves the phase
+        sidecars = tuple(gone if c is ended else c for c in sidecars)
     ready_changed_at = at if pod.ready or pod.ready_changed_at is None else pod.ready_changed_at
     latest = pod.latest_time if pod.latest_time is not None and pod.latest_time > at else at
     return msgspec.structs.replace(
         pod,
         phase=phase,
         ready_status="False",
+        ready_reason="ContainersNotReady",
         ready_changed_at=ready_changed_at,
         containers=containers,
+        sidecars=sidecars,
         latest_time=latest,
     )
 
@@ -108,7 +117,8 @@ def stale(pod: PodView, evidence: Evidence) -> bool:
     if evidence.container_id is None:
         return False
     return any(
-        c.container_id == evidence.container_id and c.terminated is None for c in pod.containers
+        c.container_id == evidence.container_id and c.terminated is None
+        for c in (*pod.containers, *pod.sidecars)
     )
 
 
@@ -148,7 +158,7 @@ def disputes(pod: PodView, evidence: Evidence) -> str | None:
 
 def _reported(pod: PodView, evidence: Evidence) -> Termination | None:
     """The kubelet's own report of the instance the node saw end, once it has made one."""
-    for c in pod.containers:
+    for c in (*pod.containers, *pod.sidecars):
         if c.name != evidence.container:
             continue
         if c.container_id == evidence.container_id:

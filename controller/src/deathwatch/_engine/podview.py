@@ -68,6 +68,27 @@ class ContainerView(msgspec.Struct, frozen=True, gc=False):
     ready: bool
     container_id: str | None = None  # this instance, as the runtime names it (runtime://id)
 
+    @property
+    def runs(self) -> bool:
+        """Running and ready: nothing about this container explains a Ready drop."""
+        return self.ready and self.terminated is None and self.running_since is not None
+
+
+# The reason the kubelet gives a container it stopped because another one's exit matched a
+# RestartAllContainers rule (KEP-5532, pkg/kubelet/kubelet_pods.go): a restart follows.
+RESTARTING_ALL_CONTAINERS: Final = "RestartingAllContainers"
+# The Ready condition's reason when only the pod's readiness gates hold it back: every
+# container is ready (pkg/kubelet/status/generate.go).
+READINESS_GATES_NOT_READY: Final = "ReadinessGatesNotReady"
+
+
+class ContainerRestart(msgspec.Struct, frozen=True, gc=False):
+    """A container's own restart policy and rules (ContainerRestartRules, KEP-5307): each
+    rule as (action, operator, exit codes), in order; the first that matches decides."""
+
+    policy: str | None
+    rules: tuple[tuple[str, str, frozenset[int]], ...] = ()
+
 
 class ProbeView(msgspec.Struct, frozen=True, gc=False):
     """A container's readinessProbe: its handler kind, target port and timing."""
@@ -126,10 +147,17 @@ class PodView(msgspec.Struct, frozen=True, gc=False):
     disruption: Disruption | None = None
     # status.message: the component's sentence beside `reason` ("The node was low on ...").
     message: str | None = None
-    # spec.restartPolicy (Always when unset), and whether any container has its own restart
-    # policy or rules (then only the kubelet knows what an exit leads to)
+    # spec.restartPolicy (Always when unset), and the containers with a restart policy or
+    # rules of their own (ContainerRestartRules): `restarts_after` reads both
     restart_policy: str = "Always"
-    container_restart_rules: bool = False
+    container_restarts: Mapping[str, ContainerRestart] | None = None
+    # the native sidecars (init containers with restartPolicy Always) as their statuses show
+    # them: never the sandbox unless a DeathWatch names one vital; their readiness is part of
+    # the pod's Ready condition, so a sidecar's crash drops the pod's Ready
+    sidecars: tuple[ContainerView, ...] = ()
+    # the Ready condition's reason as the kubelet wrote it (ContainersNotReady,
+    # ReadinessGatesNotReady, PodCompleted, ...): the node controller leaves it as it was
+    ready_reason: str | None = None
 
     @property
     def ready(self) -> bool:
@@ -149,13 +177,52 @@ class PodView(msgspec.Struct, frozen=True, gc=False):
         return (
             self.ready_status is not None
             and self.ready_status != "True"
+            and self.ready_reason != READINESS_GATES_NOT_READY
             and bool(self.containers)
             and all(c.ready and c.running_since is not None for c in self.containers)
+            and all(c.ready and c.running_since is not None for c in self.sidecars)
+        )
+
+    def restarts_after(self, container: str, code: int | None, reason: str | None) -> bool:
+        """Whether the kubelet restarts this regular container after it ended with `code`
+        (`reason`: its terminated reason): the kubelet's own rule (ContainerShouldRestart,
+        pkg/api/v1/pod/util.go): the first of its restart rules that matches the code, else
+        its own restart policy, else the pod's. An unknown code counts as a failure."""
+        if reason == RESTARTING_ALL_CONTAINERS:
+            return True  # stopped by another's RestartAllContainers rule: the pod restarts
+        own = self.container_restarts.get(container) if self.container_restarts else None
+        if own is not None and own.policy is not None:
+            for action, operator, codes in own.rules:
+                if (code in codes) is (operator == "In") and operator in ("In", "NotIn"):
+                    if action in ("Restart", "RestartAllContainers"):
+                        return True
+                    break  # an action this version does not know: the policy decides
+            if own.policy == "Always":
+                return True
+            if own.policy == "OnFailure":
+                return code != 0
+            if own.policy == "Never":
+                return False
+        policy = self.restart_policy
+        if policy == "OnFailure":
+            return code != 0
+        return policy != "Never"  # Always, and unset or unknown: the API's default
+
+    def completed(self, c: ContainerView) -> bool:
+        """A regular container that ended cleanly for good: exit 0, and no restart follows."""
+        t = c.terminated
+        return (
+            t is not None
+            and t.exit_code == 0
+            and not self.restarts_after(c.name, t.exit_code, t.reason)
         )
 
     def restart_counts(self) -> Mapping[str, int]:
-        """Restart count per container name: read-only, and shared between equal ones."""
+        """Restart count per container name (sidecars too; names are unique in a pod):
+        read-only, and shared between equal ones."""
         key = tuple((c.name, c.restart_count) for c in self.containers)
+        if self.sidecars:
+            key += tuple((c.name, c.restart_count) for c in self.sidecars)
         counts = _RESTART_COUNTS.get(key)
         if counts is None:
             counts = MappingProxyType(dict(key))
@@ -243,6 +310,7 @@ def view_of(pod: raw.Pod) -> PodView:
 
     ready_status = None
     ready_changed_at = None
+    ready_reason = None
     disruption = None
     for cond in status.conditions or ():
         at = cond.last_transition_time
@@ -252,50 +320,26 @@ def view_of(pod: raw.Pod) -> PodView:
         if kind == "Ready":
             ready_status = cond.status
             ready_changed_at = at
+            ready_reason = cond.reason
         elif kind == "DisruptionTarget" and cond.status == "True":
             disruption = Disruption(cond.reason or "", cond.message or None, at)
 
-    containers = []
-    for i, cs in enumerate(status.container_statuses or ()):
-        state = cs.state
-        running_since = terminated = last = None
-        if state is not None:
-            if state.running is not None:
-                # running with no start time: at least as old as the object
-                running_since = state.running.started_at or latest
-            t = state.terminated
-            if t is not None:
-                terminated = Termination(t.exit_code, t.reason, t.started_at, t.finished_at)
-                if t.started_at is not None and (latest is None or t.started_at > latest):
-                    latest = t.started_at
-                if t.finished_at is not None and (latest is None or t.finished_at > latest):
-                    latest = t.finished_at
-        if cs.last_state is not None and (t := cs.last_state.terminated) is not None:
-            last = Termination(t.exit_code, t.reason, t.started_at, t.finished_at)
-            if t.started_at is not None and (latest is None or t.started_at > latest):
-                latest = t.started_at
-            if t.finished_at is not None and (latest is None or t.finished_at > latest):
-                latest = t.finished_at
-        if running_since is not None and (latest is None or running_since > latest):
-            latest = running_since
-        containers.append(
-            ContainerView(
-                cs.name or f"#{i}",
-                running_since,
-                terminated,
-                last,
-                cs.restart_count or 0,
-                cs.ready is True,
-                cs.container_id or None,
-            )
-        )
+    containers, latest = _statuses(status.container_statuses, latest)
+    sidecars: tuple[ContainerView, ...] = ()
+    if spec.init_containers and status.init_container_statuses:
+        restartable = {c.name for c in spec.init_containers if c.restart_policy == "Always"}
+        if restartable:
+            found, latest = _statuses(status.init_container_statuses, latest, restartable)
+            sidecars = tuple(found)
 
     probes = []
     ports: dict[str, int] = {}
-    own_rules = False
+    own: dict[str, ContainerRestart] | None = None
     for c in spec.containers or ():
-        if c.restart_policy is not None or c.restart_policy_rules:
-            own_rules = True
+        if c.restart_policy is not None:
+            if own is None:
+                own = {}
+            own[c.name or ""] = _restart_of(c)
         if c.readiness_probe is not None:
             probe = _probe(c)
             if probe is not None:
@@ -332,8 +376,66 @@ def view_of(pod: raw.Pod) -> PodView:
         disruption,
         status.message,
         spec.restart_policy or "Always",
-        own_rules,
+        own,
+        sidecars,
+        ready_reason,
     )
+
+
+def _statuses(
+    statuses: list[raw.ContainerStatus] | None,
+    latest: datetime | None,
+    only: set[str | None] | None = None,
+) -> tuple[list[ContainerView], datetime | None]:
+    """Container views of these statuses (`only`: of these names), and the latest instant
+    they prove has passed, at least `latest`."""
+    views = []
+    for i, cs in enumerate(statuses or ()):
+        if only is not None and cs.name not in only:
+            continue
+        state = cs.state
+        running_since = terminated = last = None
+        if state is not None:
+            if state.running is not None:
+                # running with no start time: at least as old as the object
+                running_since = state.running.started_at or latest
+            t = state.terminated
+            if t is not None:
+                terminated = Termination(t.exit_code, t.reason, t.started_at, t.finished_at)
+                if t.started_at is not None and (latest is None or t.started_at > latest):
+                    latest = t.started_at
+                if t.finished_at is not None and (latest is None or t.finished_at > latest):
+                    latest = t.finished_at
+        if cs.last_state is not None and (t := cs.last_state.terminated) is not None:
+            last = Termination(t.exit_code, t.reason, t.started_at, t.finished_at)
+            if t.started_at is not None and (latest is None or t.started_at > latest):
+                latest = t.started_at
+            if t.finished_at is not None and (latest is None or t.finished_at > latest):
+                latest = t.finished_at
+        if running_since is not None and (latest is None or running_since > latest):
+            latest = running_since
+        views.append(
+            ContainerView(
+                cs.name or f"#{i}",
+                running_since,
+                terminated,
+                last,
+                cs.restart_count or 0,
+                cs.ready is True,
+                cs.container_id or None,
+            )
+        )
+    return views, latest
+
+
+def _restart_of(c: raw.Container) -> ContainerRestart:
+    rules = []
+    for rule in c.restart_policy_rules or ():
+        codes = rule.exit_codes
+        if codes is None:  # the kubelet skips a rule without exit codes
+            continue
+        rules.append((rule.action or "", codes.operator or "", frozenset(codes.values or ())))
+    return ContainerRestart(c.restart_policy, tuple(rules))
 
 
 _intern = sys.intern

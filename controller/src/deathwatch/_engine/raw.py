@@ -54,18 +54,32 @@ class ContainerPort(msgspec.Struct, rename="camel", frozen=True, gc=False):
     container_port: int | None = None
 
 
+class ExitCodes(msgspec.Struct, rename="camel", frozen=True, gc=False):
+    operator: str | None = None  # In, NotIn
+    values: list[int] | None = None
+
+
+class RestartRule(msgspec.Struct, rename="camel", frozen=True, gc=False):
+    """One of a container's restartPolicyRules (ContainerRestartRules, KEP-5307)."""
+
+    action: str | None = None  # Restart, RestartAllContainers (KEP-5532)
+    exit_codes: ExitCodes | None = None
+
+
 class Container(msgspec.Struct, rename="camel", frozen=True, gc=False):
     name: str | None = None
     readiness_probe: Probe | None = None
     ports: list[ContainerPort] | None = None
     # a container's own restart policy and rules (ContainerRestartRules, 1.34+): whether the
-    # kubelet restarts it after an exit is theirs to say, not the pod's restartPolicy
+    # kubelet restarts it after an exit is theirs to say, not the pod's restartPolicy. On an
+    # init container, restartPolicy Always makes it a native sidecar.
     restart_policy: str | None = None
-    restart_policy_rules: list[Any] | None = None
+    restart_policy_rules: list[RestartRule] | None = None
 
 
 class PodSpec(msgspec.Struct, rename="camel", frozen=True, gc=False):
     containers: list[Container] | None = None
+    init_containers: list[Container] | None = None
     node_name: str | None = None
     restart_policy: str | None = None
 
@@ -117,6 +131,7 @@ class PodStatus(msgspec.Struct, rename="camel", frozen=True, gc=False):
     pod_ips: list[PodIP] | None = msgspec.field(name="podIPs", default=None)
     conditions: list[Condition] | None = None
     container_statuses: list[ContainerStatus] | None = None
+    init_container_statuses: list[ContainerStatus] | None = None
 
 
 class Pod(msgspec.Struct, rename="camel", frozen=True, gc=False):
