@@ -372,6 +372,42 @@ async def test_a_late_joiner_takes_the_verdict_of_a_deletion_it_did_not_see(
     assert [k[0] for _, k in api.calls[writes:]] == []  # nothing written over the leader's
 
 
+async def test_a_standby_holds_the_fate_the_leader_wrote_and_a_takeover_writes_no_other() -> None:
+    """Issue #51: the leader's written verdict is the one every replica holds. A standby that
+    judged the same pod otherwise (here: a report only it saw) takes the written fate and
+    counts the disagreement; taking over then writes nothing over it."""
+    body = pod(ready=True, ready_at=2, restart_policy="Never")
+    done = pod(ready=False, ready_at=5, restart_policy="Never",
+               containers=[terminated(code=0, reason="Completed", finished=5)])  # fmt: skip
+    async with harness() as leader:
+        leader.deathwatch()
+        leader.pod(body, 2)
+        leader.pod(done, 5)
+        await leader.settle()
+    api = leader.api
+    final = api.objects[(SV_PLURAL, NS, "sbx-1")]
+    assert (final["status"]["state"], final["status"]["cause"]) == ("Gone", "Completed")
+    writes = len(api.calls)
+    clock, metrics = Clock(at(6)), Metrics()
+    writer = Writer(api, metrics, schedule=FakeTimers(), clock=clock, leading=False)
+    standby = core(writer, clock, metrics)
+    async with workers(writer):
+        owners.on_deathwatch(standby, EventType.LISTED, as_deathwatch(deathwatch_body()))
+        pods.on_pod(standby, EventType.ADDED, read_pod(body))
+        pods.on_pod(standby, EventType.MODIFIED, read_pod(
+            pod(ready=False, ready_at=5, restart_policy="Never",
+                containers=[terminated(code=1, finished=5)])))  # fmt: skip
+        record = standby.records.named(NS, "sbx-1")
+        assert record is not None and record.track is not None
+        assert record.track.state is State.DEAD
+        verdict_watch.on_verdict(standby, EventType.MODIFIED, as_verdict(copy.deepcopy(final)))
+        assert (record.track.state, record.track.cause) == (State.GONE, Cause.COMPLETED)
+        assert metrics.standby_disagreements._value.get() == 1
+        verdict_watch.republish(standby, writer.lead(2))
+        await asyncio.wait_for(writer.idle(), 5)
+    assert [k for _, k in api.calls[writes:] if k[0] == SV_PLURAL] == []
+
+
 @pytest.mark.parametrize("deathwatch_first", [True, False])
 async def test_a_restored_record_is_judged_with_its_deathwatchs_settings(
     deathwatch_first: bool,

@@ -36,12 +36,22 @@ def body(spec: Any) -> dict[str, Any]:
         ({"podSelector": {"matchExpressions": [{"key": "k", "operator": "In"}]}}, "values"),
         ({"policy": "no-such"}, "spec.policy"),
         ("a string", "spec"),
+        ({"containers": {"sandbox": ["Agent"]}}, "spec.containers.sandbox[0]"),
+        ({"containers": {"vitalSidecars": "proxy"}}, "spec.containers.vitalSidecars"),
+        ({"containers": {"sandbox": ["a"], "vitalSidecars": ["a"]}}, "spec.containers: 'a'"),
     ],
 )
 def test_an_unusable_field_is_named(spec: Any, field: str) -> None:
     with pytest.raises(SpecError) as info:
         read_deathwatch(body(spec), default_registry())
     assert field in str(info.value)
+
+
+def test_the_sandbox_s_containers_are_read_into_its_settings() -> None:
+    spec = {"containers": {"sandbox": ["agent"], "vitalSidecars": ["proxy"]}}
+    settings = read_deathwatch(body(spec), default_registry()).settings
+    assert settings.sandbox_containers == frozenset({"agent"})
+    assert settings.vital_sidecars == frozenset({"proxy"})
 
 
 def test_the_largest_retention_is_accepted() -> None:
@@ -77,6 +87,10 @@ specs = st.fixed_dictionaries(
         "execProbe": st.fixed_dictionaries({}, optional={"windowMultiplier": json_values}) | json_values,
         "agentPorts": st.lists(st.integers(-5, 70000), max_size=5) | json_values,
         "verdictRetention": durations | json_values,
+        "containers": st.fixed_dictionaries({}, optional={
+            "sandbox": st.lists(st.sampled_from(["agent", "tools", "Bad", ""]), max_size=3),
+            "vitalSidecars": st.lists(st.sampled_from(["proxy", "agent"]), max_size=2),
+        }) | json_values,
     },
 )  # fmt: skip
 

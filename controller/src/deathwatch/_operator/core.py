@@ -281,6 +281,11 @@ def report(core: Core, step: Step, record: Record) -> None:
                         uid=track.uid, policy=track.policy)  # fmt: skip
         elif kind is SignalKind.POLICY_FAILED:
             metrics.policy_errors.labels(track.policy).inc()
+        elif kind is SignalKind.SIDECAR_RESTARTED:
+            metrics.sidecar_restarts.labels(track.policy).inc()
+            log.info("a container that is not the sandbox restarted; the sandbox lives on",
+                     namespace=track.namespace, pod=track.name, uid=track.uid,
+                     restarts=track.sidecar_restarts)  # fmt: skip
         elif kind is SignalKind.DISPUTED:
             metrics.node_exit_disputes.labels(track.policy).inc()
             log.warning("a death heard on the node, told otherwise by the kubelet; the "

@@ -119,6 +119,8 @@ def _events(step: Step) -> list[Announcement]:
             out.append(Announcement(EventReason.PROBE_BLOCKED))
         elif signal.kind is SignalKind.DISPUTED:
             out.append(Announcement(EventReason.NODE_EXIT_DISPUTED))
+        elif signal.kind is SignalKind.SIDECAR_RESTARTED and not track.state.terminal:
+            out.append(Announcement(EventReason.SIDECAR_RESTARTED))
     return out
 
 

@@ -224,6 +224,7 @@ def verdict_status(
         policy_error=track.policy_error,
         ready_drops=track.ready_drops,
         flaps=track.flaps,
+        sidecar_restarts=track.sidecar_restarts,
         false_positive=track.false_positive,
         probe_blocked_by_firewall=track.probe_blocked,
         pod_ready=track.ready,
@@ -278,6 +279,8 @@ def events(track: Track, announcements: Iterable[Announcement]) -> list[PodEvent
             out.append(probe_blocked_event(track))
         elif a.reason is EventReason.NODE_EXIT_DISPUTED:
             out.append(disputed_event(track))
+        elif a.reason is EventReason.SIDECAR_RESTARTED:
+            out.append(sidecar_restarted_event(track))
         elif a.reason is EventReason.SANDBOX_UNSHIELDED and a.shield is not None:
             out.append(unshielded_event(track, a.shield, a.spell or ""))
     return out
@@ -371,6 +374,7 @@ def track_from_status(namespace: str, name: str, status: Mapping[str, Any]) -> T
         restart_baseline=sv.restart_counts,
         ready_drops=sv.ready_drops,
         flaps=sv.flaps,
+        sidecar_restarts=sv.sidecar_restarts,
         false_positive=sv.false_positive,
         probe_blocked=sv.probe_blocked_by_firewall,
         evidence=evidence,
@@ -641,8 +645,8 @@ class PodEvent:
         }
 
 
-def _event(track: Track, reason: EventReason, message: str) -> PodEvent:
-    return PodEvent(track.namespace, track.name, track.uid, reason, message)
+def _event(track: Track, reason: EventReason, message: str, type: str = "Warning") -> PodEvent:
+    return PodEvent(track.namespace, track.name, track.uid, reason, message, type)
 
 
 def dead_event(track: Track) -> PodEvent:
@@ -673,6 +677,18 @@ def disputed_event(track: Track) -> PodEvent:
         EventReason.NODE_EXIT_DISPUTED,
         f"declared dead on the exit its node heard; the kubelet's report tells it otherwise: "
         f"{track.disputed}. The Dead verdict stands (docs/runbook.md#nodeexitdisputed)",
+    )
+
+
+def sidecar_restarted_event(track: Track) -> PodEvent:
+    """Once per pod: a container that is not the sandbox restarted, and the sandbox lives on."""
+    return _event(
+        track,
+        EventReason.SIDECAR_RESTARTED,
+        "a container that is not the sandbox (a native sidecar or a helper) restarted; the "
+        "sandbox lives on (status.sidecarRestarts counts them). Name it in the DeathWatch's "
+        "spec.containers (vitalSidecars, sandbox) to make its death the sandbox's",
+        type="Normal",
     )
 
 

@@ -33,6 +33,20 @@ class Metrics:
             ["policy"],
             registry=r,
         )
+        self.sidecar_restarts = Counter(
+            "deathwatch_sidecar_restarts",
+            "Restarts of sandbox pods' containers that are not the sandbox (native sidecars "
+            "not named vital, helpers): evidence, never a death (ADR 0029)",
+            ["policy"],
+            registry=r,
+        )
+        self.standby_disagreements = Counter(
+            "deathwatch_standby_disagreements",
+            "Final verdicts a standby had judged otherwise than the leader wrote them (the "
+            "written one stands, and the standby takes it): 0 unless the replicas' views "
+            "diverged",
+            registry=r,
+        )
         self.false_positives = Counter(
             "deathwatch_false_positives",
             "Pods Ready again after a Dead verdict",
@@ -309,7 +323,7 @@ class Metrics:
         """Start every policy's counters at 0: a policy's first error must show in increase()."""
         for name in names:
             for counter in (self.policy_errors, self.flaps, self.false_positives, self.ready_drops,
-                            self.node_exit_disputes):  # fmt: skip
+                            self.node_exit_disputes, self.sidecar_restarts):  # fmt: skip
                 counter.labels(name)
         for outcome in ("judged", "not-watched", "kubelet", "gone", "unread", "busy", "settled"):
             self.node_exits.labels(outcome)

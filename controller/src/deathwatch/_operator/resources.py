@@ -93,6 +93,8 @@ class EventReason(StrEnum):
     SANDBOX_UNSHIELDED = "SandboxUnshielded"  # once per spell without a current firewall
     # a death its node heard that the kubelet's report tells otherwise (the verdict stands)
     NODE_EXIT_DISPUTED = "NodeExitDisputed"
+    # a container that is not the sandbox (a sidecar not named vital, a helper) restarted
+    SIDECAR_RESTARTED = "SidecarRestarted"
 
 
 class _Object(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True, frozen=True):
@@ -127,8 +129,26 @@ class ExecProbeSettings(_Object, frozen=True):
     window_multiplier: Annotated[float, msgspec.Meta(gt=0, le=100)] = 2.0
 
 
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a container's name
+ContainerName = Annotated[str, msgspec.Meta(min_length=1, max_length=63, pattern=DNS_LABEL)]
+
+
+class ContainerRoles(_Object, frozen=True):
+    """Which of a pod's containers are the sandbox (ADR 0029): `sandbox`, its regular
+    containers (empty: all of them); `vital_sidecars`, the native sidecars whose death is the
+    sandbox's (empty: none; a sidecar's restart is evidence, never a death)."""
+
+    sandbox: Annotated[list[ContainerName], msgspec.Meta(max_length=64)] = msgspec.field(
+        default_factory=list
+    )
+    vital_sidecars: Annotated[list[ContainerName], msgspec.Meta(max_length=64)] = msgspec.field(
+        default_factory=list
+    )
+
+
 class DeathWatchSpec(_Object, frozen=True):
     sandboxes: Literal["agent-sandbox"] | None = None
+    containers: ContainerRoles | None = None
     pod_selector: LabelSelector | None = None
     policy: Annotated[str, msgspec.Meta(max_length=63, pattern=POLICY_PATTERN)] = "auto"
     exec_probe: ExecProbeSettings | None = None
@@ -283,6 +303,8 @@ class SandboxVerdictStatus(_Object, frozen=True):
     flaps: int
     false_positive: bool
     probe_blocked_by_firewall: bool
+    # restarts of its containers that are not the sandbox since it was first Ready (ADR 0029)
+    sidecar_restarts: int = 0
     # the pod's Ready as last judged: a restart resumes from it, since after a death only a
     # Ready from not Ready is a false positive (a pod can die Ready: a disruption, an
     # eviction), and the state alone does not say which (absent on older verdicts)

@@ -181,6 +181,12 @@ def _read(body: Mapping[str, Any], registry: PolicyRegistry) -> Rules:
     except UnknownPolicy as exc:
         raise SpecError(f"spec.policy: {exc}") from None
     multiplier = spec.exec_probe.window_multiplier if spec.exec_probe else 2.0
+    roles = spec.containers
+    if roles is not None and (both := set(roles.sandbox) & set(roles.vital_sidecars)):
+        raise SpecError(
+            f"spec.containers: {sorted(both)[0]!r} is named both a sandbox container and a "
+            "vital sidecar; a container is one or the other"
+        )
     return Rules(
         namespace=meta.get("namespace") or "default",
         name=meta.get("name") or "",
@@ -191,7 +197,10 @@ def _read(body: Mapping[str, Any], registry: PolicyRegistry) -> Rules:
         sandboxes=spec.sandboxes,
         policy=spec.policy,
         settings=PolicySettings(
-            exec_window_multiplier=multiplier, agent_ports=frozenset(spec.agent_ports)
+            exec_window_multiplier=multiplier,
+            agent_ports=frozenset(spec.agent_ports),
+            sandbox_containers=frozenset(roles.sandbox) if roles else frozenset(),
+            vital_sidecars=frozenset(roles.vital_sidecars) if roles else frozenset(),
         ),
         retention=parse_duration(spec.verdict_retention, "spec.verdictRetention"),
     )

@@ -121,14 +121,21 @@ def on_verdict(core: Core, kind: EventType, verdict: Verdict) -> None:
 
 
 def told(core: Core, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-    """A pod this replica found gone with nobody watching (Unobserved: a standby that joined
-    after the deletion, a listing after a restart) whose verdict says how it ended: another
-    replica saw it end. Known replaces unknown, so every replica holds the verdict one that
-    watched from the start holds (issue #40), and none that takes over writes Unobserved over
-    it."""
+    """A final verdict the API holds, which this replica's memory does not: it takes it.
+
+    - A pod this replica found gone with nobody watching (Unobserved: a standby that joined
+      after the deletion, a listing after a restart): another replica saw it end. Known
+      replaces unknown (issue #40), and none that takes over writes Unobserved over it.
+    - A standby: the leader's written fate is the one every replica holds (issue #51), ahead
+      of its own judgement (the node's exit heard by the leader first) or over a different
+      one (counted: deathwatch_standby_disagreements_total, and logged), so that a standby
+      taking over never writes another fate over it. A leader keeps its own: what another
+      term wrote differently is said again (`republish`)."""
     record = core.records.named(namespace, name)
     mine = record.memory.track if record is not None and record.memory is not None else None
-    if record is None or mine is None or mine.cause is not Cause.UNOBSERVED:
+    if record is None or mine is None:
+        return
+    if mine.cause is not Cause.UNOBSERVED and core.writer.leading:
         return
     theirs = documents.track_from_status(namespace, name, status)
     if (
@@ -136,8 +143,15 @@ def told(core: Core, namespace: str, name: str, status: Mapping[str, Any]) -> No
         or theirs.uid != record.uid
         or not theirs.state.terminal
         or theirs.cause in (None, Cause.UNOBSERVED)
+        or (theirs.state, theirs.cause) == (mine.state, mine.cause)
     ):
         return
+    if mine.state.terminal and mine.cause is not Cause.UNOBSERVED:
+        core.metrics.standby_disagreements.inc()
+        log.warning("this replica's verdict differs from the one the leader wrote; the "
+                    "written one stands", namespace=namespace, pod=name, uid=record.uid,
+                    mine=f"{mine.state}/{mine.cause}",
+                    written=f"{theirs.state}/{theirs.cause}")  # fmt: skip
     try:
         remembered = memory.restored(theirs, core.policies, core.deadlines)
     except ValueError:
@@ -148,9 +162,9 @@ def told(core: Core, namespace: str, name: str, status: Mapping[str, Any]) -> No
     counted = decisions.facts(theirs, record.shield, record.node)
     core.summaries.apply(record.deathwatch, record.counted, counted)
     record.counted = counted
-    log.info("a deletion this replica did not see: the verdict says how it ended",
+    log.info("a final verdict the API holds and this replica's memory did not: taken",
              namespace=namespace, pod=name, uid=record.uid, state=str(theirs.state),
-             cause=str(theirs.cause))  # fmt: skip
+             cause=str(theirs.cause), was=str(mine.cause or mine.state))  # fmt: skip
     rules = core.deathwatches.get(record.deathwatch)
     if rules is not None:  # what this replica owes is now what the API holds: nothing
         core.writer.want(core.verdict(theirs, record, rules, priority=LOW))
