@@ -262,6 +262,8 @@ def test_an_inserted_rule_of_someone_else_is_a_difference_not_an_error() -> None
 class FakeNft:
     """Stores the table model, as the kernel would hold it; `dump` shows it as nft script."""
 
+    table_name = "deathwatch"
+
     def __init__(self) -> None:
         self.table: Table | None = None
         self.applied: list[Table] = []

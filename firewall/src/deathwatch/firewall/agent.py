@@ -59,6 +59,8 @@ from deathwatch.firewall.uninstall import DaemonSetWatch, assess
 log = structlog.get_logger("deathwatch.firewall")
 AUDIT_LOGGED = 10  # new sources logged a resync, at most (the rest counted in one line)
 AUDIT_REMEMBERED = 10_000  # sources remembered as logged
+# replaced this many times within this many seconds: the table is contested (another writer)
+CONTEST_REPAIRS, CONTEST_WINDOW = 3, 120.0
 
 
 def _kind(chain: str, source: str, config: FirewallConfig | None) -> str:
@@ -133,6 +135,12 @@ class Agent:
         self._audited_seen: dict[tuple[str, int], int] = {}  # audit rules' counters, last read
         self._audit_logged: set[tuple[str, str, int, str]] = set()  # sources said already
         self._mode_said: str | None = None
+        # the table replaced or removed under it: how often, when last, and whether that
+        # keeps happening (contested: another writer of the same table)
+        self.repairs = 0
+        self.repaired_at: datetime | None = None
+        self._recent_repairs: list[float] = []
+        self.contested = False
 
     def reload(self) -> bool:
         """Pick up a changed config file. True when a new valid config took effect."""
@@ -178,7 +186,7 @@ class Agent:
         if diffs:
             result = "repaired" if self._applied_once and not self._config_changed else "applied"
             if result == "repaired":
-                log.warning("drift repaired", differences=diffs)
+                self._repaired(diffs, have is None)
             for kind, port in audited(want):  # each series at 0 before it can count
                 self.metrics.audited.labels(str(port), kind)
             started = time.perf_counter()
@@ -192,12 +200,39 @@ class Agent:
             self._audited_seen = {}
         self._applied_once = True
         self._config_changed = False
+        if self.contested and time.monotonic() - self._recent_repairs[-1] >= CONTEST_WINDOW:
+            self.contested = False  # left alone for a whole window: no longer contested
+            log.info("the table is no longer contested", table=self.nft.table_name)
         self._write_state(want)
         self._say_mode()
         self.metrics.rule_present.set(1)
         self.metrics.syncs.labels(result).inc()
         self.metrics.last_sync.set(time.time())
         return result
+
+    def _repaired(self, diffs: list[str], missing: bool) -> None:
+        """The table was replaced or removed under this agent: said, counted, remembered for
+        the coverage Lease; replaced again and again (another release's agent writing the same
+        table, or something on the node rewriting it), it is contested: this release's rule
+        is out of force between each replacement and its repair, so the Lease says so and
+        the verdicts are not Shielded (ADR 0029)."""
+        now = time.monotonic()
+        self.repairs += 1
+        self.repaired_at = datetime.now(UTC)
+        self._recent_repairs = [t for t in self._recent_repairs if now - t < CONTEST_WINDOW]
+        self._recent_repairs.append(now)
+        contested = len(self._recent_repairs) >= CONTEST_REPAIRS
+        self.metrics.table_replaced.labels("removed" if missing else "changed").inc()
+        if contested and not self.contested:
+            log.error("the table is contested: replaced again and again under this agent (is "
+                      "another release's agent writing the same table? give each release its "
+                      "own firewall.table)", table=self.nft.table_name,
+                      repairs=len(self._recent_repairs), within_seconds=CONTEST_WINDOW,
+                      differences=diffs[:5])  # fmt: skip
+        else:
+            log.warning("drift repaired", table=self.nft.table_name, removed=missing,
+                        differences=diffs[:20])  # fmt: skip
+        self.contested = contested
 
     def _wanted(self) -> Table | None:
         """The table this agent enforces now: the config, this node's sandboxes, every host's
@@ -207,7 +242,7 @@ class Agent:
         enforced = self.enforced()
         if enforced is None:
             return None
-        return desired(enforced, self.sandboxes, self.hosts.addresses)
+        return desired(enforced, self.sandboxes, self.hosts.addresses, self.nft.table_name)
 
     def _say_mode(self) -> None:
         mode = self.mode
@@ -356,14 +391,23 @@ class Agent:
         if self.link is None or self.config is None:
             return  # nothing enforced yet: no claim to make (a missing Lease says so)
         link = self.link
+        enforced = self.enforced()
+        guarded = None  # what the inbound rule holds, when it is enforced
+        if enforced is not None and enforced.inbound:
+            guarded = tuple(a for a in self.sandboxes if any(a in n for n in enforced.pod_cidrs))
         state = NodeState(
             self.config,
             self._file_digest,
-            self._in_force,
+            self._in_force and not self.contested,
             len(self.sandboxes) if self._sandboxes_known else None,
             self.hosts,
             self.measured,
             self.mode,
+            table=self.nft.table_name,
+            guarded=guarded,
+            repairs=self.repairs,
+            repaired_at=self.repaired_at,
+            contested=self.contested,
         )
         try:
             publish(
@@ -514,5 +558,6 @@ class Agent:
             return False
         # its coverage Lease stays, and goes stale within two resyncs: deleting it would need
         # the grant the uninstall has just deleted
-        log.warning("uninstalled: table inet deathwatch removed from this node", why=seen.why)
+        log.warning("uninstalled: the table removed from this node", table=self.nft.table_name,
+                    why=seen.why)  # fmt: skip
         return True

@@ -20,6 +20,7 @@ from typing import Any
 
 from deathwatch._kube.exits import LEASE_PREFIX as EXITS_PREFIX
 from deathwatch.firewall.coverage import LEASE_PREFIX
+from deathwatch.firewall.table import NAME, TABLE_NAME
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
 
@@ -27,8 +28,8 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="deathwatch-firewall",
-        description="Own the nftables table inet deathwatch on this node: refuse host and "
-        "hostNetwork connections to sandbox agent ports.",
+        description="Own an nftables table (inet deathwatch, or --table) on this node: refuse "
+        "host and hostNetwork connections to sandbox agent ports.",
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -42,6 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         a = sub.add_parser(name, help=text, description=text)
         a.add_argument("--config", required=name != "cleanup", help="YAML or JSON config file")
+        a.add_argument(
+            "--table", default=NAME, type=_table,
+            help="the table, inet TABLE (default: deathwatch): each release owns its own, "
+            "and touches no other (the chart: firewall.table)",
+        )  # fmt: skip
         if name in ("render", "apply", "check", "agent"):
             a.add_argument(
                 "--sandbox",
@@ -185,6 +191,14 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _table(text: str) -> str:
+    if not TABLE_NAME.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"not a table name (a letter, then up to 62 letters, digits, - _ .): {text!r}"
+        )
+    return text
+
+
 def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     try:
         return ipaddress.ip_address(text)
@@ -215,26 +229,26 @@ def run(args: argparse.Namespace) -> int:
     from deathwatch.firewall.ruleset import POD_SETS, SANDBOX_SETS, desired
     from deathwatch.firewall.table import differences, load_state, script
 
-    nft = SystemNft()
+    if args.action == "exits":
+        return _exits(args)
+    nft = SystemNft(table=args.table)
     if args.action == "cleanup":
         try:
             nft.delete_table()
         except NftError as exc:
             print(f"deathwatch-firewall cleanup: {exc}", file=sys.stderr)
             return EXIT_FAILED
-        print("table inet deathwatch removed")
+        print(f"table inet {args.table} removed")
         return EXIT_OK
     if args.action == "agent":
         return _agent(args)
-    if args.action == "exits":
-        return _exits(args)
     try:
         config = load_config(args.config)
     except ConfigError as exc:
         print(f"deathwatch-firewall {args.action}: {exc}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     hosts = [*args.host_address, *config.extra_host_addresses]
-    want = desired(config, args.sandbox, hosts)
+    want = desired(config, args.sandbox, hosts, args.table)
     if args.action == "render":
         sys.stdout.write(script(want))
         return EXIT_OK
@@ -272,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
         for line in diffs:
             print(f"  {line}", file=sys.stderr)
         return EXIT_FAILED
-    print("table inet deathwatch matches the config")
+    print(f"table inet {args.table} matches the config")
     return EXIT_OK
 
 
@@ -334,8 +348,8 @@ def _agent(args: argparse.Namespace) -> int:
                   file=sys.stderr)  # fmt: skip
             return EXIT_BAD_CONFIG
     stop = threading.Event()
-    agent = Agent(args.config, SystemNft(args.nft), metrics, link, args.sandbox, args.host_address,
-                  heartbeat=heartbeat,
+    agent = Agent(args.config, SystemNft(args.nft, args.table), metrics, link, args.sandbox,
+                  args.host_address, heartbeat=heartbeat,
                   state_file=Path(args.state_file) if args.state_file else None)  # fmt: skip
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from deathwatch._kube.errors import ApiError
-from deathwatch.firewall.config import FirewallConfig
+from deathwatch.firewall.config import Address, FirewallConfig
 from deathwatch.firewall.hosts import Hosts, ranges_unknown
 from deathwatch.firewall.kubeapi import Api
 
@@ -43,6 +43,13 @@ POD_RANGES_UNKNOWN = f"{PREFIX}pod-ranges-unknown"
 RULE_MEASURED = f"{PREFIX}rule-measured"
 # enforce (refused) or audit (counted and let through: its sandboxes are not shielded)
 MODE = f"{PREFIX}mode"
+# what the agent guards (ADR 0029): its table (inet TABLE), the label selector that picks
+# this node's sandboxes, and the addresses its inbound rule holds (absent: inbound is not
+# enforced); how many times its table was replaced or removed under it and repaired, when
+# last; RULE says "contested" while that keeps happening (another writer of the same table)
+TABLE, SANDBOX_SELECTOR, GUARDED = (f"{PREFIX}{k}" for k in ("table", "sandbox-selector",
+                                                             "guarded"))  # fmt: skip
+REPAIRS, REPAIRED_AT = f"{PREFIX}repairs", f"{PREFIX}repaired-at"
 UNKNOWN_SHOWN = 20  # nodes named in the annotation; more are counted
 LABELS = {
     "app.kubernetes.io/name": "deathwatch",
@@ -79,6 +86,11 @@ class NodeState:
     hosts: Hosts = KNOWN_NONE  # the hosts' addresses in force (unknown None: not listed)
     measured: str = "none"  # the output rule's self-check (selfcheck.Measured)
     mode: str = "enforce"  # this node's: enforce, or audit
+    table: str = "deathwatch"
+    guarded: tuple[Address, ...] | None = None  # the inbound rule's sandboxes (None: off)
+    repairs: int = 0
+    repaired_at: datetime | None = None
+    contested: bool = False
 
 
 def unknown_hosts(hosts: Hosts) -> str:
@@ -105,7 +117,7 @@ def lease_body(
     config = state.config
     ranges = config.with_pod_ranges(state.hosts.ranges).pod_cidrs
     waits = ranges_unknown(config, state.hosts) if config.inbound else ()
-    stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    stamp = _stamp(now)
     return {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
@@ -117,7 +129,11 @@ def lease_body(
                 NODE: node,
                 CONFIG: config.digest(),
                 CONFIG_FILE: state.config_file,
-                RULE: "in-force" if state.rule_in_force else "missing",
+                RULE: "contested"
+                if state.contested
+                else "in-force"
+                if state.rule_in_force
+                else "missing",
                 POD_CIDRS: ",".join(str(n) for n in ranges),
                 AGENT_PORTS: ",".join(str(p) for p in config.agent_ports),
                 INBOUND: "true" if config.inbound else "false",
@@ -127,6 +143,15 @@ def lease_body(
                 POD_RANGES_UNKNOWN: "" if waits == () else _nodes(waits),
                 RULE_MEASURED: state.measured,
                 MODE: state.mode,
+                TABLE: state.table,
+                SANDBOX_SELECTOR: config.sandbox_selector,
+                **(
+                    {GUARDED: ",".join(str(a) for a in state.guarded)}
+                    if state.guarded is not None
+                    else {}
+                ),
+                REPAIRS: str(state.repairs),
+                **({REPAIRED_AT: _stamp(state.repaired_at)} if state.repaired_at else {}),
             },
         },
         "spec": {
@@ -135,6 +160,10 @@ def lease_body(
             "renewTime": stamp,
         },
     }
+
+
+def _stamp(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def publish(api: Api, body: dict[str, Any]) -> None:

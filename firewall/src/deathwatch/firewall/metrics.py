@@ -43,6 +43,15 @@ class FirewallMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
             registry=r,
         )
+        self.table_replaced = Counter(
+            "deathwatch_firewall_table_replaced",
+            "Times the table was found replaced (changed) or removed under the agent, and "
+            "repaired; again and again within minutes makes it contested (another writer)",
+            ["how"],
+            registry=r,
+        )
+        for how in ("changed", "removed"):
+            self.table_replaced.labels(how)
         self.sandboxes = Gauge(
             "deathwatch_firewall_sandboxes",
             "Sandbox pods of this node guarded by the inbound rule (as last listed)",

@@ -18,6 +18,11 @@ class NftError(RuntimeError):
 class Nft(Protocol):
     """The table, as the agent sees it: replaced whole, read back as the model."""
 
+    @property
+    def table_name(self) -> str:
+        """The table's name: inet NAME, this release's own."""
+        ...
+
     def apply(self, table: Table) -> None: ...
 
     def list_table(self) -> Table | None: ...
@@ -28,8 +33,13 @@ class Nft(Protocol):
 class SystemNft:
     """`nft` in the current network namespace, with a deadline on every call."""
 
-    def __init__(self, binary: str = "nft") -> None:
+    def __init__(self, binary: str = "nft", table: str = NAME) -> None:
         self.binary = binary
+        self._table = table
+
+    @property
+    def table_name(self) -> str:
+        return self._table
 
     def _run(self, args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         try:
@@ -49,12 +59,14 @@ class SystemNft:
             ) from None
 
     def apply(self, table: Table) -> None:
+        if table.name != self._table:  # a bug: never another release's table
+            raise NftError(f"refusing to write table {table.name}: this agent owns {self._table}")
         result = self._run(["-f", "-"], script(table))
         if result.returncode != 0:
             raise NftError(f"nft -f failed: {result.stderr.strip()}")
 
     def list_table(self) -> Table | None:
-        result = self._run(["-j", "list", "table", FAMILY, NAME])
+        result = self._run(["-j", "list", "table", FAMILY, self._table])
         if result.returncode != 0:
             if "No such file or directory" in result.stderr:
                 return None
@@ -65,6 +77,6 @@ class SystemNft:
             raise NftError(f"nft -j printed something we cannot read: {exc}") from None
 
     def delete_table(self) -> None:
-        result = self._run(["delete", "table", FAMILY, NAME])
+        result = self._run(["delete", "table", FAMILY, self._table])
         if result.returncode != 0 and "No such file or directory" not in result.stderr:
             raise NftError(f"nft delete table failed: {result.stderr.strip()}")

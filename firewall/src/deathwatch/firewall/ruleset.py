@@ -49,7 +49,7 @@ import ipaddress
 from collections.abc import Iterable
 
 from deathwatch.firewall.config import AUDIT, FirewallConfig
-from deathwatch.firewall.table import Chain, Match, Rule, Set, Table, interval, ports
+from deathwatch.firewall.table import NAME, Chain, Match, Rule, Set, Table, interval, ports
 
 CHAIN = "output"
 INBOUND_CHAIN = "inbound"
@@ -76,10 +76,13 @@ _FAMILIES = (("ip", 4, "ipv4_addr", "v4"), ("ip6", 6, "ipv6_addr", "v6"))
 
 
 def desired(
-    config: FirewallConfig, sandboxes: Iterable[Address] = (), hosts: Iterable[Address] = ()
+    config: FirewallConfig,
+    sandboxes: Iterable[Address] = (),
+    hosts: Iterable[Address] = (),
+    name: str = NAME,
 ) -> Table:
-    """The table for `config`, this node's `sandboxes` and every node's `hosts` (their
-    addresses inside the pod ranges)."""
+    """Table inet `name` for `config`, this node's `sandboxes` and every node's `hosts`
+    (their addresses inside the pod ranges)."""
     local, host = set(sandboxes), set(hosts)
     sets: list[Set] = []
     output: list[Rule] = []
@@ -131,7 +134,7 @@ def desired(
     chains = [Chain(CHAIN, "filter", "output", PRIORITY, "accept", tuple(output))]
     if config.inbound:
         chains.append(Chain(INBOUND_CHAIN, "filter", "forward", PRIORITY, "accept", tuple(inbound)))
-    return Table(tuple(sets), tuple(chains))
+    return Table(tuple(sets), tuple(chains), name)
 
 
 def _audit_set(name: str, kind: str) -> Set:

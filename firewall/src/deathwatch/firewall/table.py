@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
 
-FAMILY, NAME = "inet", "deathwatch"
+FAMILY, NAME = "inet", "deathwatch"  # NAME: the default table; each release names its own
+# an nft table's name as a release may choose it (a letter, then letters, digits, - _ .)
+TABLE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,62}")
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ class Chain:
 class Table:
     sets: tuple[Set, ...] = ()
     chains: tuple[Chain, ...] = ()
+    name: str = NAME  # table inet NAME: a release's own (`--table`), so two never share one
 
     @property
     def rejected_packets(self) -> int:
@@ -110,7 +114,8 @@ def _rule(rule: Rule) -> str:
 def script(table: Table) -> str:
     """One `nft -f` transaction: declare, delete, define (works on nft 1.0.6), so there is
     no instant with a partial table or none."""
-    lines = [f"table {FAMILY} {NAME}", f"delete table {FAMILY} {NAME}", f"table {FAMILY} {NAME} {{"]
+    name = table.name
+    lines = [f"table {FAMILY} {name}", f"delete table {FAMILY} {name}", f"table {FAMILY} {name} {{"]
     for s in table.sets:
         size = f" size {s.size};" if s.size else ""
         flags = f" flags {', '.join(s.flags)};" if s.flags else ""
@@ -224,8 +229,11 @@ def from_json(listing: Mapping[str, Any] | None) -> Table | None:
     sets: list[Set] = []
     chains: dict[str, dict[str, Any]] = {}
     rules: dict[str, list[Rule]] = {}
+    name = NAME
     for item in listing.get("nftables", []):
-        if "set" in item:
+        if "table" in item:
+            name = str(item["table"].get("name") or NAME)
+        elif "set" in item:
             s = item["set"]
             kind = s.get("type", "")
             sets.append(
@@ -250,15 +258,16 @@ def from_json(listing: Mapping[str, Any] | None) -> Table | None:
         tuple(sets),
         tuple(
             Chain(
-                name,
+                chain,
                 c.get("type", ""),
                 c.get("hook", ""),
                 int(c.get("prio", 0)),
                 c.get("policy", ""),
-                tuple(rules.get(name, [])),
+                tuple(rules.get(chain, [])),
             )
-            for name, c in chains.items()
+            for chain, c in chains.items()
         ),
+        name,
     )
 
 
@@ -267,7 +276,7 @@ def differences(want: Table, have: Table | None, any_elements: tuple[str, ...] =
     Sets named in `any_elements` are compared but for their elements (filled at run time
     from data the caller does not have: the readiness probe knows no sandbox addresses)."""
     if have is None:
-        return [f"table {FAMILY} {NAME} is missing"]
+        return [f"table {FAMILY} {want.name} is missing"]
 
     # a dynamic set's elements are the packet path's (read back, never compared)
     loosened = (*any_elements, *(s.name for s in want.sets if s.dynamic))
