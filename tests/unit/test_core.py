@@ -372,6 +372,51 @@ async def test_a_late_joiner_takes_the_verdict_of_a_deletion_it_did_not_see(
     assert [k[0] for _, k in api.calls[writes:]] == []  # nothing written over the leader's
 
 
+async def test_two_controllers_each_judge_only_what_the_oldest_deathwatch_of_theirs_selects(
+) -> None:  # fmt: skip
+    """Issue #51: two releases, each its controller id. The default controller serves the
+    DeathWatches with no deathwatch.dev/controller-id; `staging`, those annotated so. The
+    oldest DeathWatch in a namespace that selects a pod judges it, whoever serves it: one
+    writer per verdict. Moving a DeathWatch to the other controller moves its sandboxes."""
+    api = FakeApi()
+    older = deathwatch_body()
+    newer = deathwatch_body()
+    newer["metadata"].update(name="staging", uid="dw-staging",
+                             creationTimestamp="2026-11-29T09:30:00Z",
+                             annotations={"deathwatch.dev/controller-id": "staging"})  # fmt: skip
+    newer["spec"]["podSelector"] = {"matchLabels": {"tier": "staging"}}
+    controllers = {}
+    for name in ("", "staging"):
+        clock, metrics = Clock(), Metrics()
+        writer = Writer(api, metrics, schedule=FakeTimers(), clock=clock)
+        c = core(writer, clock, metrics)
+        c.deathwatches.controller_id = name
+        controllers[name] = (c, writer, clock)
+    both = pod(uid="uid-both", name="both", labels={"app": "sandbox", "tier": "staging"})
+    theirs = pod(uid="uid-staging", name="staging-only", labels={"tier": "staging"})
+    for c, writer, clock in controllers.values():
+        async with workers(writer):
+            for body in (older, newer):
+                owners.on_deathwatch(c, EventType.LISTED, as_deathwatch(body))
+            clock.now = at(2)
+            for p in (both, theirs):
+                pods.on_pod(c, EventType.ADDED, read_pod(p))
+            await asyncio.wait_for(writer.idle(), 5)
+    default, staging = controllers[""][0], controllers["staging"][0]
+    assert default.records.named(NS, "both") is not None  # the older DeathWatch's
+    assert staging.records.named(NS, "both") is None
+    assert staging.records.named(NS, "staging-only") is not None
+    assert default.records.named(NS, "staging-only") is None
+    writers = {(k[2], k[1]) for _, k in api.calls if k[0] == SV_PLURAL}
+    assert {name for name, _ in writers} == {"both", "staging-only"}
+    # the default DeathWatch handed to staging: the default controller lets its pods go
+    moved = copy.deepcopy(older)
+    moved["metadata"]["annotations"] = {"deathwatch.dev/controller-id": "staging"}
+    owners.on_deathwatch(default, EventType.MODIFIED, as_deathwatch(moved))
+    assert default.records.named(NS, "both") is None
+    assert list(default.deathwatches) == []
+
+
 async def test_a_standby_holds_the_fate_the_leader_wrote_and_a_takeover_writes_no_other() -> None:
     """Issue #51: the leader's written verdict is the one every replica holds. A standby that
     judged the same pod otherwise (here: a report only it saw) takes the written fate and

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 from datetime import UTC, datetime, timedelta
+from ipaddress import ip_address
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from deathwatch._operator.shield import (
     ShieldReason,
     Sighting,
     assess,
+    pending,
     read_lease,
     sight,
 )
@@ -62,6 +64,12 @@ def test_the_agents_lease_reads_back_as_the_controller_expects() -> None:
         pod_ranges_unknown="",
         measured="none",
         mode="enforce",
+        table="deathwatch",
+        selector="",
+        guarded=None,  # not listed: the inbound rule waits for the sandboxes
+        repairs=0,
+        repaired_at="",
+        contested=False,
     )
     assert read_lease({"metadata": {"name": "someone-elses-lease"}}) is None
     assert len(lease_name("n" * 300)) <= 253
@@ -111,6 +119,58 @@ def test_judge_names_why_a_sandbox_is_not_shielded() -> None:
     assert audited.audited and not audited.exposed
     assert "deathwatch_firewall_audited_connections_total" in audited.message
     assert reason(claim(mode="audit", rule_in_force=False)) == (f, ShieldReason.RULE_MISSING)
+
+
+def test_a_pod_the_agent_does_not_guard_is_never_shielded() -> None:
+    """Issue #51: a pod a DeathWatch selects but the agent's sandbox selector does not was
+    left out of the inbound rule and still read Shielded=True. The agent publishes its
+    selector and the addresses its inbound rule holds; the controller checks each pod."""
+    seen = Sighting("t", seen_at=100.0, age_then=1.0)
+    config = parse_config({**CONFIG, "sandboxSelector": "app=sandbox"})
+    state = NodeState(config, config.digest(), True, 1, guarded=(ip_address("10.244.1.2"),),
+                      table="staging-deathwatch", repairs=2,
+                      repaired_at=datetime(2026, 11, 30, 11, 0, tzinfo=UTC))  # fmt: skip
+    agent = read_lease(lease_body("node-a", "fw-a", "deathwatch-system", state, NOW))
+    assert agent is not None and agent.guarded == frozenset({"10.244.1.2"})
+
+    def judge(labels: dict[str, str], ip: str = "10.244.1.2", addressed: float = 99.0,
+              coverage: NodeCoverage = agent) -> tuple[ConditionStatus, str, str]:  # fmt: skip
+        s = assess("node-a", (ip,), (49983,), coverage, seen, 101.0, True, labels, addressed)
+        return s.status, s.reason, s.message
+
+    t, f = ConditionStatus.TRUE, ConditionStatus.FALSE
+    status, reason, message = judge({"app": "sandbox"})
+    assert (status, reason) == (t, ShieldReason.IN_FORCE)
+    assert "table inet staging-deathwatch" in message and "repaired 2 time(s)" in message
+    # agent-sandbox's pods: no app=sandbox label (docs/agent-sandbox.md)
+    status, reason, message = judge({"agents.x-k8s.io/sandbox-name-hash": "abc"})
+    assert (status, reason) == (f, ShieldReason.NOT_GUARDED)
+    assert "'app=sandbox'" in message and "firewall.sandboxSelector" in message
+    # selected, its address not yet in the rule: shielded until a whole claim has passed
+    assert judge({"app": "sandbox"}, ip="10.244.1.9", addressed=99.0)[:2] == (
+        t, ShieldReason.IN_FORCE)  # fmt: skip
+    assert pending(agent, ("10.244.1.9",), 99.0) == 99.0 + agent.valid_for
+    assert judge({"app": "sandbox"}, ip="10.244.1.9", addressed=90.0)[:2] == (
+        f, ShieldReason.NOT_GUARDED)  # fmt: skip
+    # inbound off: the output rule alone, which covers every pod address
+    off = NodeCoverage(**{**{k: getattr(agent, k) for k in agent.__slots__}, "inbound": False})
+    assert judge({}, coverage=off)[:2] == (t, ShieldReason.IN_FORCE)
+    # a table replaced again and again under the agent
+    contested = NodeCoverage(**{**{k: getattr(agent, k) for k in agent.__slots__},
+                                "contested": True})  # fmt: skip
+    assert judge({"app": "sandbox"}, coverage=contested)[:2] == (f, ShieldReason.CONTESTED)
+
+
+def test_another_releases_agents_are_not_this_releases_claims() -> None:
+    """Two releases in one namespace: each controller reads its own agents' Leases only."""
+    config = parse_config(CONFIG)
+    state = NodeState(config, config.digest(), True, 1)
+    ours = lease_body("node-a", "fw-a", "ns", state, NOW, "deathwatch-firewall")
+    theirs = lease_body("node-a", "fw-b", "ns", NodeState(config, "other", False, 1), NOW,
+                        "staging-deathwatch-firewall")  # fmt: skip
+    coverage = Coverage(5.0, prefix="deathwatch-firewall")
+    coverage.read([theirs, ours], NOW)
+    assert coverage.claims["node-a"].holder == "fw-a"
 
 
 def test_an_audit_nodes_sandboxes_are_counted_apart_and_leave_it_covered() -> None:

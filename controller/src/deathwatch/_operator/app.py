@@ -87,6 +87,7 @@ class Config:
     port_limits: Limits = field(default_factory=Limits)  # what a client may hold of a port
     firewall_daemonset: str | None = None  # "namespace/name"
     pod_label_selector: str | None = None  # optional server-side prefilter of watched pods
+    controller_id: str = ""  # serves the DeathWatches annotated with it (ADR 0029)
     agent_sandbox: bool = True  # watch agent-sandbox's Sandboxes (if and once installed)
     probe_interval: float = 15.0  # /readyz and the firewall DaemonSet: one light call each
     coverage_interval: float = 5.0  # the firewall agents' coverage Leases: one list each
@@ -228,11 +229,15 @@ class App:
         registry = default_registry()
         metrics.policies_known(registry.names)
         elector = self.elector
-        coverage = Coverage(cfg.coverage_interval) if cfg.firewall_daemonset else None
+        coverage = (
+            Coverage(cfg.coverage_interval, prefix=cfg.firewall_daemonset.rpartition("/")[2])
+            if cfg.firewall_daemonset
+            else None
+        )
         deliveries = Deliveries(cfg.delivery)
         metrics.sinks_known(deliveries.sinks)
         self.core = Core(
-            deathwatches=DeathWatches(registry),
+            deathwatches=DeathWatches(registry, cfg.controller_id),
             records=Records(),
             policies=registry,
             summaries=Summaries(),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import socket
 import sys
 from pathlib import Path
@@ -89,6 +90,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=None,
         metavar="SELECTOR",
         help="only watch pods matching this label selector (server-side), e.g. app=sandbox",
+    )
+    p.add_argument(
+        "--controller-id",
+        default="",
+        metavar="ID",
+        help="serve only the DeathWatches annotated deathwatch.dev/controller-id=ID (default: "
+        "those without it): a second release in one cluster serves its own; whichever serves "
+        "them, the oldest DeathWatch in a namespace that selects a pod judges it",
     )
     p.add_argument(
         "--agent-sandbox",
@@ -178,6 +187,14 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_BAD_CONFIG
+    if args.controller_id and not re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?",
+                                               args.controller_id):  # fmt: skip
+        print(
+            "deathwatch controller: --controller-id: expected a label value (up to 63 letters, "
+            f"digits, - _ ., beginning and ending alphanumeric), got {args.controller_id!r}",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_CONFIG
     if not 0.1 <= args.coverage_interval <= 300:
         print(
             "deathwatch controller: --coverage-interval: expected seconds in [0.1, 300], "
@@ -264,6 +281,7 @@ def run(args: argparse.Namespace) -> int:
         coverage_interval=args.coverage_interval,
         watch_open_deadline=args.watch_open_deadline,
         pod_label_selector=args.pod_label_selector,
+        controller_id=args.controller_id,
         agent_sandbox=args.agent_sandbox,
         leader_elect=args.leader_elect,
         identity=args.identity,

@@ -175,10 +175,13 @@ class Core:
         """Its shield judged again if what it depends on changed, else as it was."""
         if self.coverage is None:
             return None
-        basis = (record.node, record.ips, rules.settings.agent_ports)
+        basis = (record.node, record.ips, rules.settings.agent_ports, record.labels)
         if record.shield is not None and record.judged_for == basis:
             return record.shield
-        shield = self.coverage.shield_of(record.node, record.ips, rules.settings.agent_ports)
+        if record.addressed_at is None and record.ips:
+            record.addressed_at = self.coverage.clock()
+        shield = self.coverage.shield_of(record.node, record.ips, rules.settings.agent_ports,
+                                         record.labels, record.addressed_at)  # fmt: skip
         if shield is None:
             return record.shield  # nothing read since start: the restored shield stands
         record.judged_for = basis

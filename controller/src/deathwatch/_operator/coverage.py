@@ -19,6 +19,7 @@ from deathwatch._operator.shield import (
     Shield,
     Sighting,
     assess,
+    pending,
     read_lease,
     sight,
 )
@@ -30,9 +31,16 @@ class Coverage:
         interval: float,
         started: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        prefix: str | None = None,
     ) -> None:
         self.interval = interval  # how often the Leases are read
         self.clock = clock
+        # this release's Leases are PREFIX.NODE (its DaemonSet's name): another release's in
+        # the same namespace are not its claims (None: every coverage Lease)
+        self.prefix = prefix
+        # nodes with a sandbox shielded while its agent has not yet had a whole claim to
+        # put its address in the inbound rule: when to judge them again (monotonic)
+        self._recheck: dict[str, float] = {}
         self.claims: dict[str, NodeCoverage] = {}
         self.sightings: dict[str, Sighting] = {}
         self.read_at: float | None = None  # monotonic time of the last successful read
@@ -51,6 +59,10 @@ class Coverage:
         now_mono = self.clock()
         claims: dict[str, NodeCoverage] = {}
         for lease in leases:
+            if self.prefix is not None and not str(
+                (lease.get("metadata") or {}).get("name") or ""
+            ).startswith(f"{self.prefix}."):
+                continue  # another release's agent: not this release's claim
             claim = read_lease(lease)
             if claim is not None:
                 claims[claim.node] = claim
@@ -71,11 +83,17 @@ class Coverage:
         return now_mono - self.read_at <= grace
 
     def shield_of(
-        self, node: str | None, ips: tuple[str, ...], ports: frozenset[int]
+        self,
+        node: str | None,
+        ips: tuple[str, ...],
+        ports: frozenset[int],
+        labels: Mapping[str, str] | None = None,
+        addressed_at: float | None = None,
     ) -> Shield | None:
         """A sandbox's shield now; None while nothing has been read since start, or since
         its node's first sandbox when no Lease names that node (judged after the next read:
-        `changed_nodes` names it then)."""
+        `changed_nodes` names it then). `labels`: its pod's; `addressed_at`: when its
+        addresses were first seen (this clock)."""
         now_mono = self.clock()
         observed = self.observed(now_mono)
         if observed is None:
@@ -86,9 +104,13 @@ class Coverage:
                 # nothing to say of it yet: a restored shield stands, a new one waits
                 self._pending.add(node)
                 return None
+        claim = self.claims.get(node) if node else None
+        due = pending(claim, ips, addressed_at)
+        if node and due is not None and due >= now_mono:
+            self._recheck[node] = min(self._recheck.get(node, due), due)
         return assess(
-            node, ips, ports, self.claims.get(node) if node else None,
-            self.sightings.get(node) if node else None, now_mono, observed,
+            node, ips, ports, claim, self.sightings.get(node) if node else None, now_mono,
+            observed, labels, addressed_at,
         )  # fmt: skip
 
     def claim(self, node: str | None) -> NodeCoverage | None:
@@ -112,6 +134,10 @@ class Coverage:
         changed: set[str | None] = {
             n for n in keys.keys() | self._node_keys.keys() if keys.get(n) != self._node_keys.get(n)
         }
+        due = {n for n, at in self._recheck.items() if at < now_mono}
+        for n in due:
+            del self._recheck[n]
+        changed |= due
         read = self.read_at
         settled = {n for n in self._pending if read is not None and read >= self._first_judged[n]}
         self._pending -= settled

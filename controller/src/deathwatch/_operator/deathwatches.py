@@ -33,11 +33,16 @@ class Change:
 
 
 class DeathWatches:
-    def __init__(self, registry: PolicyRegistry) -> None:
+    def __init__(self, registry: PolicyRegistry, controller_id: str = "") -> None:
         self.registry = registry
+        self.controller_id = controller_id  # serves the DeathWatches annotated with it
         self._rules: dict[DeathWatchKey, Rules] = {}
         self._by_namespace: dict[str, list[Rules]] = {}  # oldest first: the oldest wins a pod
         self._revisions: dict[DeathWatchKey, Revision] = {}
+        # another controller's DeathWatches (another controller id): what they select, so a
+        # pod the oldest of them selects first is left to that controller
+        self._foreign: dict[DeathWatchKey, Rules] = {}
+        self._foreign_revisions: dict[DeathWatchKey, tuple[Revision, str]] = {}
         self.invalid: dict[DeathWatchKey, str] = {}  # DeathWatch -> why it cannot be used
         # the conditions as last published: transition times carry over a restart
         self.conditions: dict[DeathWatchKey, list[Condition]] = {}
@@ -55,11 +60,40 @@ class DeathWatches:
         return rules if rules is not None and rules.revision == revision else None
 
     def owner(self, pod: PodView) -> Rules | None:
-        """The DeathWatch that judges a pod: the oldest in its namespace that selects it."""
+        """The DeathWatch that judges a pod: the oldest in its namespace that selects it, if
+        it is this controller's (another controller's: that one judges it)."""
         for rules in self._by_namespace.get(pod.namespace, ()):
             if rules.selects(pod):
-                return rules
+                return None if rules.key in self._foreign else rules
         return None
+
+    def foreign(self, key: DeathWatchKey, revision: Revision, controller: str,
+                body: Mapping[str, Any] | None) -> bool:  # fmt: skip
+        """Another controller's DeathWatch (`controller`: its controller id), as listed or
+        watched (`body` None: the revision known already). What it selects is kept, for
+        `owner`; nothing else of it. True when it was this controller's until now."""
+        mine = key in self._revisions
+        if mine:  # moved to another controller: nothing of it is this one's any more
+            self._revisions.pop(key, None)
+            self.invalid.pop(key, None)
+            self.conditions.pop(key, None)
+            self._rules.pop(key, None)
+            self._place(key[0])
+        if self._foreign_revisions.get(key) == (revision, controller) or body is None:
+            return mine
+        self._foreign_revisions[key] = (revision, controller)
+        try:  # its selection only: its policy may be a plugin installed there, not here
+            spec = {**(body.get("spec") or {}), "policy": "auto"}
+            rules = read_deathwatch({**body, "spec": spec}, self.registry)
+        except SpecError:
+            self._foreign.pop(key, None)  # unreadable: its own controller says why
+        else:
+            self._foreign[key] = rules
+        self._place(key[0])
+        return mine
+
+    def foreign_compiled(self, key: DeathWatchKey, revision: Revision, controller: str) -> bool:
+        return self._foreign_revisions.get(key) == (revision, controller)
 
     def compiled(self, key: DeathWatchKey, revision: Revision) -> bool:
         """Whether this revision of the DeathWatch at `key` was read already (valid or not):
@@ -104,7 +138,11 @@ class DeathWatches:
         return Change(key, rules, select)
 
     def remove(self, key: DeathWatchKey) -> bool:
+        """Forget the DeathWatch at `key`; whether it was this controller's."""
         known = key in self._revisions
+        self._foreign_revisions.pop(key, None)
+        if self._foreign.pop(key, None) is not None:
+            self._place(key[0])
         self._revisions.pop(key, None)
         self.invalid.pop(key, None)
         self.conditions.pop(key, None)
@@ -116,7 +154,13 @@ class DeathWatches:
             self._rules.pop(key, None)
         else:
             self._rules[key] = rules
-        members = [w for w in self._rules.values() if w.namespace == key[0]]
+        self._place(key[0])
+
+    def _place(self, namespace: str) -> None:
+        """A namespace's DeathWatches, this controller's and others', oldest first."""
+        key = (namespace, "")
+        members = [w for w in (*self._rules.values(), *self._foreign.values())
+                   if w.namespace == key[0]]  # fmt: skip
         if members:
             self._by_namespace[key[0]] = sorted(members, key=Rules.sort_key)
         else:

@@ -26,6 +26,16 @@ def on_deathwatch(core: Core, kind: EventType, dw: DeathWatchObject) -> Change |
     if kind is EventType.DELETED or dw.deleting:
         drop_deathwatch(core, key)
         return None
+    if dw.controller != core.deathwatches.controller_id:
+        # another controller's: what it selects is kept (the oldest DeathWatch wins a pod,
+        # whoever serves it), nothing else; had it been this controller's, its sandboxes go
+        revision = (dw.uid, dw.generation)
+        known = core.deathwatches.foreign_compiled(key, revision, dw.controller)
+        if core.deathwatches.foreign(key, revision, dw.controller, None if known else dw.body()):
+            _forget_sandboxes(core, key)
+        elif not known:
+            _forget_sandboxes(core, key)  # restored from its verdicts before it was listed
+        return None
     if not core.shards.sharded:
         status = msgspec.json.decode(dw.status)
         core.writer.observed(DW_PLURAL, *key, status if isinstance(status, dict) else {},
@@ -71,6 +81,12 @@ def drop_deathwatch(core: Core, key: DeathWatchKey) -> None:
     controller's memory of them."""
     if not core.deathwatches.remove(key):
         return
+    _forget_sandboxes(core, key)
+
+
+def _forget_sandboxes(core: Core, key: DeathWatchKey) -> None:
+    """Nothing of this DeathWatch is this controller's: its verdicts (they go with it, or its
+    own controller writes them) and the controller's memory of them."""
     for record in core.records.of_deathwatch(key):
         core.forget(record)
         core.writer.forget(*record.verdict)

@@ -17,7 +17,7 @@ writes the same object); a record names that object by its key.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
 
 from deathwatch._engine.engine import Track
@@ -35,9 +35,9 @@ class Record:
     """One sandbox pod, as the controller knows it."""
 
     __slots__ = (
-        "agent_sandbox", "counted", "deathwatch", "deleted_at", "failing", "ips", "judged_for",
-        "listing", "marks", "memory", "name", "namespace", "node", "persisted", "shield",
-        "shield_since", "transitions", "uid", "version",
+        "addressed_at", "agent_sandbox", "counted", "deathwatch", "deleted_at", "failing", "ips",
+        "judged_for", "labels", "listing", "marks", "memory", "name", "namespace", "node",
+        "persisted", "shield", "shield_since", "transitions", "uid", "version",
     )  # fmt: skip
 
     def __init__(self, uid: str, namespace: str, name: str, deathwatch: DeathWatchKey,
@@ -47,11 +47,18 @@ class Record:
         self.memory: Memory | None = None  # the engine's: None until first judged or restored
         self.node: str | None = None
         self.ips: tuple[str, ...] = ()
+        # its pod's labels (the firewall agent's selector is checked against them: ADR 0029),
+        # the mapping its latest view carries, shared; and when its addresses were first
+        # seen (the coverage clock: its agent's inbound rule is checked for them after that)
+        self.labels: Mapping[str, str] | None = None
+        self.addressed_at: float | None = None
         self.shield: Shield | None = None  # as last published (None: no firewall to judge by)
         self.shield_since: datetime | None = None
-        # what the shield was judged from (node, addresses, agent ports): a pod event that
-        # changes none of these leaves it to the periodic per-node re-judging
-        self.judged_for: tuple[str | None, tuple[str, ...], frozenset[int]] | None = None
+        # what the shield was judged from (node, addresses, agent ports, labels): a pod event
+        # that changes none of these leaves it to the periodic per-node re-judging
+        self.judged_for: (
+            tuple[str | None, tuple[str, ...], frozenset[int], Mapping[str, str] | None] | None
+        ) = None
         self.listing = listing  # the latest pod listing that showed it (-1: none; restored)
         self.deleted_at: datetime | None = None  # when we learned the pod is gone (retention)
         self.persisted = False  # a SandboxVerdict exists (or is being created) for it
@@ -191,7 +198,9 @@ class Records:
         self.link(record, pod.sandbox)
         before = (record.node, record.ips, record.deleted_at)
         record.node = pod.node_name or record.node
-        record.ips = pod.pod_ips or record.ips
+        if pod.pod_ips and pod.pod_ips != record.ips:
+            record.ips, record.addressed_at = pod.pod_ips, None  # new addresses: seen afresh
+        record.labels = pod.labels
         if listed:
             record.listing = self._of(record.namespace)
         if deleted_at is not None:

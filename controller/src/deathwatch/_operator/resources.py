@@ -83,6 +83,13 @@ class Reason(StrEnum):
 DeathWatchKey = tuple[str, str]  # a DeathWatch by (namespace, name): how every part keys it
 
 
+# Which controller serves a DeathWatch (the Prometheus Operator's controller-id, here): a
+# controller started with --controller-id ID serves the DeathWatches annotated with ID, and
+# one started without it those with none. Every controller still applies one rule to all of
+# them: the oldest DeathWatch in a namespace that selects a pod judges it (ADR 0029).
+CONTROLLER_ID_ANNOTATION = "deathwatch.dev/controller-id"
+
+
 class EventReason(StrEnum):
     """Reasons of the Events posted on sandbox pods, once per pod and reason."""
 

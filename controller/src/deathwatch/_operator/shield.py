@@ -14,6 +14,7 @@ alive; the renewal's own age counts only at first sight, capped by how often Lea
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from deathwatch._engine.timeutil import parse_time
+from deathwatch._kube.selector import Selector, SelectorError, parse_selector
 from deathwatch._operator.resources import ConditionStatus
 
 PREFIX = "deathwatch.dev/"
@@ -37,6 +39,12 @@ POD_RANGES_UNKNOWN = f"{PREFIX}pod-ranges-unknown"
 RULE_MEASURED = f"{PREFIX}rule-measured"
 # the node's mode: enforce (refuses), or audit (counts and lets through: shields nothing)
 MODE = f"{PREFIX}mode"
+# what the agent guards (ADR 0029): its table, the label selector that picks its node's
+# sandboxes, the addresses its inbound rule holds (absent: inbound not enforced), and how
+# often its table was replaced under it (RULE says "contested" while that keeps happening)
+TABLE, SANDBOX_SELECTOR, GUARDED = (f"{PREFIX}{k}" for k in ("table", "sandbox-selector",
+                                                             "guarded"))  # fmt: skip
+REPAIRS, REPAIRED_AT = f"{PREFIX}repairs", f"{PREFIX}repaired-at"
 SELECTOR = "app.kubernetes.io/component=firewall-coverage"
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -57,6 +65,10 @@ class ShieldReason:
     OUTSIDE_POD_RANGES = "OutsidePodRanges"  # the sandbox's address is in no known pod range
     RULE_BYPASSED = "RuleBypassed"  # the agent's own host connection to a sandbox got through
     AUDIT = "Audit"  # the node's firewall audits: it counts what it would refuse, refuses none
+    # the agent does not guard this pod: its sandbox selector leaves it out, or its inbound
+    # rule has not held the pod's address for a whole claim
+    NOT_GUARDED = "NotGuarded"
+    CONTESTED = "TableContested"  # its table is replaced under it again and again
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +93,12 @@ class NodeCoverage:
     pod_ranges_unknown: str = ""
     measured: str = ""  # the agent's self-check of its output rule ("": an older agent)
     mode: str = "enforce"  # enforce, or audit ("enforce": an older agent, which only enforced)
+    table: str = "deathwatch"
+    selector: str | None = None  # its sandbox selector (None: an older agent said none)
+    guarded: frozenset[str] | None = None  # the inbound rule's addresses (None: not said)
+    repairs: int = 0  # times its table was replaced under it and repaired
+    repaired_at: str = ""  # when last ("": never)
+    contested: bool = False  # replaced again and again: another writer of the same table
 
 
 def read_lease(lease: Mapping[str, Any]) -> NodeCoverage | None:
@@ -98,7 +116,16 @@ def read_lease(lease: Mapping[str, Any]) -> NodeCoverage | None:
         )
         ports = frozenset(int(p) for p in str(notes.get(AGENT_PORTS, "")).split(",") if p)
         valid_for = float(spec.get("leaseDurationSeconds") or 0)
-    except ValueError:
+        repairs = int(notes.get(REPAIRS) or 0)
+        guarded = (
+            frozenset(str(ipaddress.ip_address(a)) for a in str(notes[GUARDED]).split(",") if a)
+            if GUARDED in notes
+            else None
+        )
+        selector = str(notes[SANDBOX_SELECTOR]) if SANDBOX_SELECTOR in notes else None
+        if selector is not None:
+            _selector(selector)  # a claim whose selector cannot be read is no claim
+    except (ValueError, SelectorError):
         return None
     renew = str(spec.get("renewTime") or "")
     return NodeCoverage(
@@ -117,7 +144,20 @@ def read_lease(lease: Mapping[str, Any]) -> NodeCoverage | None:
         pod_ranges_unknown=str(notes.get(POD_RANGES_UNKNOWN, "")),
         measured=str(notes.get(RULE_MEASURED, "")),
         mode=str(notes.get(MODE) or "enforce"),
+        table=str(notes.get(TABLE) or "deathwatch"),
+        selector=selector,
+        guarded=guarded,
+        repairs=repairs,
+        repaired_at=str(notes.get(REPAIRED_AT, "")),
+        contested=notes.get(RULE) == "contested",
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _selector(text: str) -> Selector:
+    """An agent's sandbox selector, parsed once (a fleet's agents share one or a few); empty
+    selects every pod."""
+    return parse_selector(text) if text.strip() else Selector()
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,8 +204,13 @@ def assess(
     sighting: Sighting | None,
     now_mono: float,
     observed: bool,
+    labels: Mapping[str, str] | None = None,
+    addressed_at: float | None = None,
 ) -> Shield:
-    """The Shielded condition of one sandbox."""
+    """The Shielded condition of one sandbox: `labels`, its pod's (checked against the
+    agent's sandbox selector); `addressed_at`, when this process first saw its addresses
+    (monotonic: checked against the addresses the inbound rule holds, once the agent has
+    renewed its claim a whole validity later)."""
     t, f, u = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOWN
     if not observed:
         return Shield(u, ShieldReason.NOT_OBSERVED, "the firewall coverage Leases were not read")
@@ -180,6 +225,15 @@ def assess(
             ShieldReason.AGENT_STALE,
             f"the firewall agent on {node} ({coverage.holder}) last reported at "
             f"{coverage.renew_time}, valid for {coverage.valid_for:.0f}s",
+        )
+    if coverage.contested:
+        return Shield(
+            f,
+            ShieldReason.CONTESTED,
+            f"the firewall agent on {node} finds its table inet {coverage.table} replaced "
+            "again and again (another release's agent writing the same table, or something "
+            "on the node rewriting it): its rule is out of force between each replacement "
+            "and its repair; give each release its own firewall.table",
         )
     if not coverage.rule_in_force:
         return Shield(
@@ -237,6 +291,10 @@ def assess(
             ShieldReason.CONFIG_MISMATCH,
             f"agent port {unguarded[0]} is not among the firewall's agentPorts on {node}",
         )
+    if coverage.inbound:
+        left_out = _left_out(coverage, list(pod_ips), labels, addressed_at, sighting)
+        if left_out is not None:
+            return Shield(f, ShieldReason.NOT_GUARDED, f"the firewall agent on {node} {left_out}")
     if coverage.inbound and coverage.hosts_unknown:
         which = (
             "no node was listed yet"
@@ -255,11 +313,66 @@ def assess(
         if coverage.measured == "verified"
         else ""
     )
+    repaired = (
+        f"; its table was replaced under it and repaired {coverage.repairs} time(s), last "
+        f"at {coverage.repaired_at}"
+        if coverage.repaired_at
+        else ""
+    )
     return Shield(
         t,
         ShieldReason.IN_FORCE,
-        f"the firewall agent on {node} enforces {inbound} (config {coverage.config}){measured}",
+        f"the firewall agent on {node} enforces {inbound} in table inet {coverage.table} "
+        f"(config {coverage.config}){measured}{repaired}",
     )
+
+
+def pending(coverage: NodeCoverage | None, pod_ips: Iterable[str], addressed_at: float | None
+            ) -> float | None:  # fmt: skip
+    """When a sandbox shielded only while its agent has not yet had a whole claim to put its
+    address in the inbound rule must be judged again (monotonic); None: nothing pending."""
+    if (
+        coverage is None
+        or not coverage.inbound
+        or coverage.guarded is None
+        or addressed_at is None
+        or all(ip in coverage.guarded for ip in pod_ips)
+    ):
+        return None
+    return addressed_at + coverage.valid_for
+
+
+def _left_out(
+    coverage: NodeCoverage,
+    pod_ips: list[str],
+    labels: Mapping[str, str] | None,
+    addressed_at: float | None,
+    sighting: Sighting | None,
+) -> str | None:
+    """Why the agent's inbound rule leaves this sandbox out, if it does: its selector does not
+    select the pod (what the DeathWatch selects is not what the agent guards); or the rule
+    has not held its address though the agent renewed its claim a whole validity after this
+    process first saw the address (its next listing would have put it there)."""
+    if (
+        coverage.selector is not None
+        and labels is not None
+        and not _selector(coverage.selector).matches(labels)
+    ):
+        chosen = f"{coverage.selector!r}" if coverage.selector else "every pod"
+        return (
+            f"does not guard this pod: its sandbox selector ({chosen}) does not select "
+            "it, so its inbound rule leaves it out; set firewall.sandboxSelector to select "
+            "every pod your DeathWatches select"
+        )
+    if coverage.guarded is None or addressed_at is None or sighting is None:
+        return None
+    missing = [ip for ip in pod_ips if ip not in coverage.guarded]
+    if missing and sighting.seen_at - addressed_at > coverage.valid_for:
+        return (
+            f"has not put address {missing[0]} in its inbound rule, a whole claim "
+            f"({coverage.valid_for:.0f}s) after the pod had it"
+        )
+    return None
 
 
 def _within(ip: str, networks: tuple[Network, ...]) -> bool:

@@ -114,6 +114,8 @@ def on_verdict(core: Core, kind: EventType, verdict: Verdict) -> None:
         and not verdict.status
         and core.records.named(verdict.namespace, verdict.name) is None
         and uid
+        # this controller's DeathWatch's: another controller's verdict is never ours to delete
+        and core.deathwatches.get((verdict.namespace, verdict.deathwatch)) is not None
     ):
         # created, status-less, for a pod this leader does not track: an earlier term's
         # create that landed after this term retired the verdict. Not left behind.

@@ -23,7 +23,12 @@ from deathwatch._operator import agent_sandboxes
 from deathwatch._operator.agent_sandboxes import SandboxObject
 from deathwatch._operator.kube import objects
 from deathwatch._operator.reflector import Collection, Undecodable
-from deathwatch._operator.resources import DW_PLURAL, SV_PLURAL, DeathWatchKey
+from deathwatch._operator.resources import (
+    CONTROLLER_ID_ANNOTATION,
+    DW_PLURAL,
+    SV_PLURAL,
+    DeathWatchKey,
+)
 from deathwatch._operator.verdict_watch import Verdict
 
 
@@ -55,6 +60,7 @@ class _DeathWatchMeta(msgspec.Struct, rename="camel"):
     generation: int | None = None
     resource_version: str = ""
     deletion_timestamp: str | None = None
+    annotations: dict[str, str] | None = None
 
 
 class _DeathWatch(msgspec.Struct):
@@ -74,6 +80,9 @@ class DeathWatchObject(msgspec.Struct, frozen=True):
     deleting: bool  # a deletionTimestamp is set
     status: msgspec.Raw  # JSON: null when it has none yet
     raw: msgspec.Raw
+    # which controller serves it: its deathwatch.dev/controller-id annotation ("": the
+    # controller started without --controller-id)
+    controller: str = ""
 
     @property
     def key(self) -> DeathWatchKey:
@@ -142,8 +151,10 @@ def decode_deathwatch(raw: msgspec.Raw | bytes) -> DeathWatchObject:
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise Undecodable(_who(raw), str(exc)) from None
     m = dw.metadata
+    controller = (m.annotations or {}).get(CONTROLLER_ID_ANNOTATION, "")
     return DeathWatchObject(m.namespace, m.name, m.uid, m.generation, m.resource_version,
-                            m.deletion_timestamp is not None, dw.status, raw)  # fmt: skip
+                            m.deletion_timestamp is not None, dw.status, raw,
+                            controller)  # fmt: skip
 
 
 def deathwatches(namespace: str | None) -> Collection[DeathWatchObject]:
