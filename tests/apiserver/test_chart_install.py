@@ -1,8 +1,9 @@
 """Two releases of the chart side by side on the real API server (issue #41): every object of
 each, cluster-scoped ones included, is its own (release-scoped names), so the second install
 is not refused for an object the first one owns; each is uninstalled without touching the
-other. A platform runs a second controller for other namespaces this way (its firewall off:
-one firewall owns each node's table)."""
+other. A release that would share what another holds (issue #51: a node's table, a host
+port, the DeathWatches it serves) is refused at install, naming that release; given its own,
+it installs beside it. The two firewalls in force on a real node: tests/deploy/test_helm_lane.py."""
 
 from __future__ import annotations
 
@@ -73,3 +74,46 @@ def test_two_releases_install_side_by_side_and_uninstall_apart(
     roles = cp.kubectl_run("get", "clusterroles", "-o", "name").stdout.split()
     assert "clusterrole.rbac.authorization.k8s.io/alpha-deathwatch-controller" in roles
     assert not [r for r in roles if "beta-deathwatch" in r]
+
+
+def test_a_release_that_would_share_what_another_holds_is_refused_naming_it(
+    control_plane: controlplane.ControlPlane, installed: dict[str, Any]
+) -> None:
+    """alpha serves team-alpha and holds table inet deathwatch and host ports 9101/9102 on
+    every node. gamma, cluster-wide, is refused until it has its own controller id, table and
+    ports; then it installs beside alpha."""
+    cp = control_plane
+    assert installed["alpha"].returncode == 0, installed["alpha"].stderr
+    alpha, beta = "release alpha (namespace dw-alpha", "release beta (namespace dw-beta"
+    steps = [
+        ([], [("firewall.table", alpha), ("host port 9101", alpha), ("host port 9102", alpha),
+              ("controller.controllerId", alpha), ("controller.controllerId", beta)]),
+        (["controller.controllerId=gamma", "firewall.table=gamma"],
+         [("host port 9101", alpha), ("host port 9102", alpha)]),
+    ]  # fmt: skip
+    try:
+        for sets, problems in steps:
+            args = [a for s in sets for a in ("--set", s)]
+            refused = helm(cp, "install", "gamma", str(CHART), "-n", "dw-gamma",
+                           "--create-namespace", *args)  # fmt: skip
+            assert refused.returncode != 0, sets
+            said = [line for line in refused.stderr.splitlines() if line.startswith("  - ")]
+            assert len(said) == len(problems), refused.stderr  # every one at once, each once
+            for problem, whom in problems:
+                assert any(problem in line and whom in line for line in said), refused.stderr
+        own = ["controller.controllerId=gamma", "firewall.table=gamma",
+               "firewall.metricsPort=9201", "firewall.exits.metricsPort=9202"]  # fmt: skip
+        done = helm(cp, "install", "gamma", str(CHART), "-n", "dw-gamma", "--create-namespace",
+                    *[a for s in own for a in ("--set", s)])  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        ds = json.loads(cp.kubectl_run("get", "daemonset", "-n", "dw-gamma",
+                                       "gamma-deathwatch-firewall", "-o", "json").stdout)  # fmt: skip
+        assert ds["metadata"]["annotations"]["deathwatch.dev/table"] == "gamma"
+        args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert "--table=gamma" in args
+        # an upgrade of gamma is no collision with itself
+        again = helm(cp, "upgrade", "gamma", str(CHART), "-n", "dw-gamma",
+                     *[a for s in own for a in ("--set", s)])  # fmt: skip
+        assert again.returncode == 0, again.stderr
+    finally:
+        helm(cp, "uninstall", "gamma", "-n", "dw-gamma", "--wait", "--timeout=2m")

@@ -645,8 +645,13 @@ def test_the_notes_say_what_this_release_installed(tmp_path: Path) -> None:
     assert "daemonset/dw-deathwatch-firewall" in sharded and "AUDITS" in sharded
     # the off switch runs in the release's namespace (labelled privileged), with its image
     assert ("helm install dw-cleanup CHART --version VERSION -n sandbox-system --set cleanup=true "
+            "--set firewall.table=deathwatch "
             "--set firewall.image.repository=registry.example.com/fw") in sharded  # fmt: skip
     assert "imagePullSecrets[0].name=regcred" in sharded and "--create-namespace" not in sharded
+    # every pull secret, each at its own index (issue #53: one index for all kept the last)
+    two = notes("dw", "sandbox-system", "imagePullSecrets[0].name=a", "imagePullSecrets[1].name=b",
+                tmp=tmp_path)  # fmt: skip
+    assert "'imagePullSecrets[0].name=a' --set 'imagePullSecrets[1].name=b'" in two
     one_step = notes("deathwatch", NAMESPACE, "firewall.removeTableOnUninstall=true", tmp=tmp_path)
     assert "deployment/deathwatch-controller\n" in one_step and "one step" in one_step
     assert "cleanup=true" not in one_step

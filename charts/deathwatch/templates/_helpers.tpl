@@ -102,3 +102,49 @@ sinks:
     {{- end }}
 {{- end }}
 {{- end }}
+
+{{/* Refuse, at install and upgrade, a release that would share a node's table or a host port
+with another release's firewall, or serve the DeathWatches another release's controller
+serves (the same controller id, over namespaces both serve), naming that release. `lookup`
+reads the cluster then; under `helm template` (Argo CD, Flux) it sees nothing, and the agents
+find a shared table contested and say so on every verdict (ADR 0029). ($) */}}
+{{- define "deathwatch.collisions" -}}
+{{- $ := . -}}
+{{- if not $.Values.cleanup -}}
+{{- $f := $.Values.firewall -}}
+{{- $c := $.Values.controller -}}
+{{- $ports := list (toString $f.metricsPort) -}}
+{{- if $f.exits.enabled }}{{ $ports = append $ports (toString $f.exits.metricsPort) }}{{ end -}}
+{{- $scope := ternary "*" (join "," $.Values.scope.namespaces) $.Values.scope.clusterWide -}}
+{{- $problems := list -}}
+{{- range $kind := list "DaemonSet" "Deployment" -}}
+{{- range $o := (lookup "apps/v1" $kind "" "").items | default list -}}
+{{- $labels := $o.metadata.labels | default dict -}}
+{{- $notes := $o.metadata.annotations | default dict -}}
+{{- $theirs := and (eq (get $labels "app.kubernetes.io/part-of") "deathwatch") (not (and (eq $o.metadata.namespace $.Release.Namespace) (eq (get $labels "app.kubernetes.io/instance") $.Release.Name))) -}}
+{{- $who := printf "release %s (namespace %s, %s %s)" (get $labels "app.kubernetes.io/instance") $o.metadata.namespace $kind $o.metadata.name -}}
+{{- if and $theirs $f.enabled (eq $kind "DaemonSet") (eq (get $labels "app.kubernetes.io/component") "firewall") -}}
+{{- if eq (get $notes "deathwatch.dev/table" | default "deathwatch") $f.table -}}
+{{- $problems = append $problems (printf "firewall.table: table inet %s on every node is the firewall's of %s: give this release its own (--set firewall.table=%s)" $f.table $who $.Release.Name) -}}
+{{- end -}}
+{{- range $p := splitList "," (get $notes "deathwatch.dev/host-ports" | default "9101,9102") -}}
+{{- if has $p $ports -}}
+{{- $problems = append $problems (printf "firewall.metricsPort, firewall.exits.metricsPort: host port %s is taken on every node by the firewall of %s: give this release other ports" $p $who) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and $theirs (eq $kind "Deployment") (eq (get $labels "app.kubernetes.io/component") "controller") (eq (get $notes "deathwatch.dev/controller-id") $c.controllerId) -}}
+{{- $other := get $notes "deathwatch.dev/scope" | default "*" -}}
+{{- $shared := or (eq $other "*") (eq $scope "*") -}}
+{{- range $ns := splitList "," $other }}{{ if has $ns $.Values.scope.namespaces }}{{ $shared = true }}{{ end }}{{ end -}}
+{{- if $shared -}}
+{{- $problems = append $problems (printf "controller.controllerId: the controller of %s serves the DeathWatches with controller id %q in namespaces this release serves too: give this release its own (--set controller.controllerId=%s) and annotate its DeathWatches deathwatch.dev/controller-id=%s, or serve other namespaces (scope.namespaces)" $who $c.controllerId $.Release.Name $.Release.Name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- with uniq $problems -}}
+{{- fail (printf "this release would share what another deathwatch release holds (or install its firewall with firewall.enabled=false):\n  - %s" (join "\n  - " .)) -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
