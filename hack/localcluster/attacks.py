@@ -221,10 +221,12 @@ class Attack:
 
 
 class Poller:
-    """The kubelet's liveness probe: GET `url` every `period` s, `timeout` s each."""
+    """The kubelet's liveness probe: GET `url` every `period` s, `timeout` s each; or, with
+    `command`, an exec probe: the command run as the kubelet would, its exit status."""
 
-    def __init__(self, url: str, period: float = 1.0, timeout: float = 2.0) -> None:
-        self.url, self.period, self.timeout = url, period, timeout
+    def __init__(self, url: str, period: float = 1.0, timeout: float = 2.0,
+                 command: list[str] | None = None) -> None:  # fmt: skip
+        self.url, self.period, self.timeout, self.command = url, period, timeout, command
         self.results: list[tuple[float, bool, float]] = []  # (when, ok, seconds taken)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="poller", daemon=True)
@@ -235,9 +237,14 @@ class Poller:
             began = time.monotonic()
             ok = False
             try:
-                with urllib.request.urlopen(self.url, timeout=self.timeout, context=context) as r:  # noqa: S310
-                    ok = r.status == 200
-            except (urllib.error.URLError, OSError, ssl.SSLError):
+                if self.command is not None:
+                    ok = subprocess.run(self.command, timeout=self.timeout, check=False,
+                                        capture_output=True).returncode == 0  # fmt: skip
+                else:
+                    with urllib.request.urlopen(self.url, timeout=self.timeout,  # noqa: S310
+                                                context=context) as r:  # fmt: skip
+                        ok = r.status == 200
+            except (urllib.error.URLError, OSError, ssl.SSLError, subprocess.TimeoutExpired):
                 ok = False
             took = time.monotonic() - began
             self.results.append((began, ok, took))

@@ -721,3 +721,30 @@ def test_the_exits_container_holds_the_socket_alone_and_the_controller_reads_its
     assert "variables.exits" not in str(
         off[("ValidatingAdmissionPolicy", "", "deathwatch-firewall-coverage")]
     )
+
+
+def test_every_liveness_probe_reads_its_processs_heartbeat_file_not_a_port() -> None:
+    """Issue #51: a port's probe could be starved by a neighbour on the kubelet's address.
+    Each container's exec probe is deathwatch._kube.ports.HEARTBEAT_PROBE for the file its
+    process is told to write, within that process's stall bound."""
+    from deathwatch._kube.ports import HEARTBEAT_PROBE
+
+    rendered = template()
+    bounds = {"controller": 30, "agent": 300, "exits": 60}
+    seen = set()
+    for (kind, _, _), obj in rendered.items():
+        if kind not in ("Deployment", "DaemonSet"):
+            continue
+        for c in obj["spec"]["template"]["spec"]["containers"]:
+            if c["name"] not in bounds:
+                continue
+            (flag,) = [a for a in c["args"] if a.startswith("--heartbeat-file=")]
+            path = flag.split("=", 1)[1]
+            command = c["livenessProbe"]["exec"]["command"]
+            assert command == [
+                "sh",
+                "-c",
+                HEARTBEAT_PROBE.format(path=path, seconds=bounds[c["name"]]),
+            ]
+            seen.add(c["name"])
+    assert seen == set(bounds)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import ssl
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from deathwatch._kube.ports import HEARTBEAT_PROBE
 from hack.localcluster import controlplane
 from hack.localcluster.attacks import Attack, Poller
 from hack.localcluster.controller_process import ControllerProcess, service_account_token
@@ -160,6 +162,44 @@ def test_the_controller_judges_every_death_under_each_attack_and_stays_live(env:
     print("\nports under attack:", json.dumps(report, indent=1))
     assert ctrl.proc is not None and ctrl.proc.poll() is None  # never restarted, never died
     assert "Traceback" not in ctrl.tail(400)
+
+
+def test_no_flood_from_the_kubelets_own_address_fails_the_liveness_probe(env: Env) -> None:
+    """Issue #51: a flood of keep-alive connections from the kubelet's own address (the
+    node's, which every hostNetwork pod shares) took the per-address cap the kubelet's HTTP
+    probe needed: /healthz failed 4 polls in a row. The liveness probe reads the heartbeat
+    file (the chart's exec probe, this very command): no port, so no flood can starve it."""
+    beats = env.tmp / "heartbeat"
+    ctrl = env.start_controller(extra=[f"--heartbeat-file={beats}"],
+                                open_files=CONTAINERD_OPEN_FILES)  # fmt: skip
+    exec_probe = ["sh", "-c", HEARTBEAT_PROBE.format(path=beats, seconds=30)]
+    wait_for(lambda: subprocess.run(exec_probe, check=False, timeout=10).returncode == 0,
+             what="the first beat")  # fmt: skip
+    env.deathwatch()
+    alive = env.alive_sandboxes(DEATHS_PER_PHASE, "k", first_exit_code=1)
+    report: dict[str, Any] = {}
+    with (
+        Poller(ctrl.health_url + "/healthz") as http,
+        Poller("", command=exec_probe) as liveness,
+        # from this host's own address, as the kubelet probes: no source of its own
+        Attack("flood", ctrl.health_url, 256, 0) as on_health,
+        Attack("flood", ctrl.url, 64, 0) as on_metrics,
+    ):
+        kill(env, alive)  # its work goes on meanwhile
+        # fifteen probes of each kind under the flood (the kubelet's period is 10 s: this is
+        # two and a half minutes of its probing, at once)
+        wait_for(lambda: len(liveness.results) >= 15 and len(http.results) >= 15, timeout=60,
+                 what="fifteen probes under the flood")  # fmt: skip
+    report = {"attacks": [on_health.said, on_metrics.said],
+              "http_probe": {"polls": len(http.results), "failures": http.failures,
+                             "longest_failing_run": http.longest_failing_run},
+              "exec_probe": {"polls": len(liveness.results), "failures": liveness.failures,
+                             "slowest_s": round(liveness.slowest, 3)}}  # fmt: skip
+    print("\nliveness under a flood from the kubelet's address:", json.dumps(report, indent=1))
+    assert liveness.failures == 0, report
+    assert ctrl.proc is not None and ctrl.proc.poll() is None
+    # the flood reached the health port from the probes' address (its cap for one address)
+    assert ctrl.metric("deathwatch_http_refused_total", listener="health") > 0, report
 
 
 @pytest.fixture

@@ -83,6 +83,7 @@ class Config:
     kubeconfig: str | None = None
     metrics_address: Address = ("0.0.0.0", 8443)  # noqa: S104 - HTTPS, /metrics authorized
     health_address: Address = ("0.0.0.0", 8081)  # noqa: S104 - HTTP, the kubelet's probes
+    heartbeat_file: Path | None = None  # the exec liveness probe's (written every beat)
     metrics_cert_dir: Path | None = None  # tls.crt and tls.key (cert-manager); None: self-signed
     port_limits: Limits = field(default_factory=Limits)  # what a client may hold of a port
     firewall_daemonset: str | None = None  # "namespace/name"
@@ -166,7 +167,7 @@ class App:
         self.supervisor = Supervisor(self.metrics)
         self.readiness = Readiness()
         self.streams = Streams(config.stream_stale_after)
-        self.heartbeat = Heartbeat()
+        self.heartbeat = Heartbeat(file=config.heartbeat_file)
         self.built = False
         self.started = False
         self.endpoints: Endpoints | None = None

@@ -46,6 +46,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="HTTP, for the kubelet: /healthz and /readyz, up or down (default :8081)",
     )
     ports.add_argument(
+        "--heartbeat-file",
+        default=None,
+        metavar="PATH",
+        help='write the heartbeat there every second ("ok", or why not), for an exec '
+        "liveness probe that no neighbour on the health port's address can starve (the chart's)",
+    )
+    ports.add_argument(
         "--metrics-cert-dir",
         default=None,
         metavar="DIR",
@@ -172,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
     import structlog
 
     from deathwatch._kube import logs
+    from deathwatch._kube.ports import heartbeat_file
     from deathwatch._kube.serving import Limits, connection_cap, raise_open_files
     from deathwatch._kube.tls import CertificateError
     from deathwatch._operator.app import App, Config, register
@@ -227,6 +235,8 @@ def run(args: argparse.Namespace) -> int:
         health_address = address(args.health_address)
         flag = "--max-connections"
         Limits(connections=args.max_connections)  # the value checked before anything starts
+        flag = "--heartbeat-file"
+        heartbeat = heartbeat_file(args.heartbeat_file) if args.heartbeat_file else None
     except ValueError as exc:
         print(f"deathwatch controller: {flag}: {exc}", file=sys.stderr)
         return EXIT_BAD_CONFIG
@@ -275,6 +285,7 @@ def run(args: argparse.Namespace) -> int:
         kubeconfig=args.kubeconfig,
         metrics_address=metrics_address,
         health_address=health_address,
+        heartbeat_file=heartbeat,
         metrics_cert_dir=Path(args.metrics_cert_dir) if args.metrics_cert_dir else None,
         port_limits=limits,
         firewall_daemonset=args.firewall_daemonset,

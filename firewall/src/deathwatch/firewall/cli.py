@@ -123,6 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
                 help="tls.crt and tls.key for the metrics port (default: self-signed)",
             )  # fmt: skip
             a.add_argument(
+                "--heartbeat-file", default=None, metavar="PATH",
+                help="write the heartbeat there at every turn of its loop, for an exec "
+                "liveness probe no neighbour on the node's addresses can starve",
+            )  # fmt: skip
+            a.add_argument(
                 "--log-level", default="info", choices=("debug", "info", "warning", "error")
             )
     return p
@@ -177,6 +182,9 @@ def _exits_parser(sub: Any) -> None:
         default=None,
         help="tls.crt and tls.key for the metrics port (default: self-signed)",
     )
+    a.add_argument("--heartbeat-file", default=None, metavar="PATH",
+                   help="write the heartbeat there every second, for an exec liveness probe "
+                   "no neighbour on the node's addresses can starve")  # fmt: skip
     a.add_argument("--log-level", default="info",
                    choices=("debug", "info", "warning", "error"))  # fmt: skip
 
@@ -292,7 +300,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _agent(args: argparse.Namespace) -> int:
     from deathwatch._kube import logs
-    from deathwatch._kube.ports import Heartbeat
+    from deathwatch._kube.ports import Heartbeat, heartbeat_file
     from deathwatch._kube.serving import Limits, connection_cap, raise_open_files
     from deathwatch._kube.tls import CertificateError
     from deathwatch.firewall.agent import Agent, ClusterLink
@@ -328,7 +336,12 @@ def _agent(args: argparse.Namespace) -> int:
         link = ClusterLink(api, args.node_name, args.identity, args.namespace,
                            args.remove_on_uninstall, args.lease_prefix)  # fmt: skip
     metrics = FirewallMetrics()
-    heartbeat = Heartbeat(stalled_after=300.0)
+    try:
+        beats = heartbeat_file(args.heartbeat_file) if args.heartbeat_file else None
+    except ValueError as exc:
+        print(f"deathwatch-firewall agent: --heartbeat-file: {exc}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    heartbeat = Heartbeat(stalled_after=300.0, file=beats)
     # a neighbour holding connections must not take the descriptors the API's calls need
     soft, _ = raise_open_files()
     # 512: a TLS connection is ~30 KiB held, ~65 KiB while a fleet churns it: 1,024 slots
@@ -366,7 +379,7 @@ def _agent(args: argparse.Namespace) -> int:
 
 def _exits(args: argparse.Namespace) -> int:
     from deathwatch._kube import logs
-    from deathwatch._kube.ports import Heartbeat
+    from deathwatch._kube.ports import Heartbeat, heartbeat_file
     from deathwatch._kube.serving import Limits
     from deathwatch._kube.tls import CertificateError
     from deathwatch.firewall.cgroups import OomKills
@@ -395,7 +408,12 @@ def _exits(args: argparse.Namespace) -> int:
         print(f"deathwatch-firewall exits: {exc}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     metrics = ExitsMetrics()
-    heartbeat = Heartbeat(stalled_after=60.0)
+    try:
+        beats = heartbeat_file(args.heartbeat_file) if args.heartbeat_file else None
+    except ValueError as exc:
+        print(f"deathwatch-firewall exits: --heartbeat-file: {exc}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    heartbeat = Heartbeat(stalled_after=60.0, file=beats)
     stop = threading.Event()
     publisher = Publisher(api, args.node_name, args.namespace, args.identity, args.lease_prefix)
     prefer = args.runtime_stream

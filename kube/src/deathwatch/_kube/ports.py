@@ -11,23 +11,32 @@ firewall agent (both reachable from every pod of the cluster):
   says, and nothing more.
 
 `health_port` serves the last two on a `Listener` of their own (a thread of its own with its
-own event loop), for the kubelet's probes: nothing on the other port, nor a busy event
-loop in the controller, can make a probe wait (ADR 0020). What it says comes from a
-`Heartbeat` the process's event loop beats every second: a loop that stops beating (blocked
-by a synchronous call, say) is what a liveness probe exists to catch, and it does.
+own event loop): nothing on the other port, nor a busy event loop in the controller, can
+make a request wait (ADR 0020). What it says comes from a `Heartbeat` the process's event
+loop beats every second: a loop that stops beating (blocked by a synchronous call, say) is
+what a liveness probe exists to catch, and it does.
+
+The liveness probe itself reads no port: the heartbeat is also a file (`HEARTBEAT_PROBE`,
+an exec probe of its age and word). A port can be starved by a neighbour sharing the
+kubelet's address (any hostNetwork pod on the node: the per-address cap that keeps other
+pods off took the kubelet for one of the flooders, issue #51); a file the kubelet reads
+through the runtime cannot.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import ssl
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
+import structlog
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -35,6 +44,7 @@ from deathwatch._kube.access import Access, Decision
 from deathwatch._kube.scrape import TIMEOUT_HEADER, Scrapes, deadline_of
 from deathwatch._kube.serving import Handler, Limits, Request, Response, Server
 
+_log = structlog.get_logger("deathwatch.ports")
 METRICS_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus text format
 Readiness = Callable[[], tuple[bool, Mapping[str, Any]]]
 
@@ -49,18 +59,65 @@ def refusal(decision: Decision) -> Response:
                     headers=(("Retry-After", "1"),))  # fmt: skip
 
 
+# The liveness probe of a process beating `Heartbeat(file=PATH)`: alive while the file says
+# "ok" and was written within `stalled_after` (the chart's exec probes: sh and coreutils,
+# which every Debian base has; a few milliseconds, no interpreter started).
+HEARTBEAT_PROBE: Final = (
+    'h={path}; [ "$(cat "$h")" = ok ] && [ $(($(date +%s) - $(stat -c %Y "$h"))) -le {seconds} ]'
+)
+
+
+def heartbeat_file(path: str) -> Path:
+    """The heartbeat file a flag names, written once to prove it can be: ValueError naming
+    why not (the probe would fail for ever: better a process that refuses to start)."""
+    file = Path(path)
+    try:
+        staged = file.with_name(file.name + ".new")
+        staged.write_text("starting\n")
+        os.replace(staged, file)
+    except OSError as exc:
+        raise ValueError(f"cannot write {path}: {exc.strerror or exc}") from None
+    return file
+
+
 class Heartbeat:
     """The process's pulse and what its probes say, as its event loop last said them: read
-    from any thread (plain attribute reads) without touching that loop."""
+    from any thread (plain attribute reads) without touching that loop; with `file`, also
+    written there at every beat ("ok", or why not), for the exec liveness probe."""
 
-    def __init__(self, stalled_after: float = 30.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        stalled_after: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+        file: Path | None = None,
+    ) -> None:
         self.stalled_after, self.clock = stalled_after, clock
         self._at = clock()  # the process has just started: alive until it fails to beat
         self._failing: tuple[str, ...] = ()
         self._ready = False
+        self.file = file
+        self.file_error: str | None = None  # the last write of the file failed: why
 
     def beat(self, failing: tuple[str, ...] = (), ready: bool = False) -> None:
         self._at, self._failing, self._ready = self.clock(), failing, ready
+        if self.file is not None:
+            self._write(self.file, "failing tasks: " + ", ".join(failing) if failing else "ok")
+
+    def _write(self, file: Path, said: str) -> None:
+        """Whole or not at all (a rename), on the memory volume the chart mounts: a few
+        microseconds on the beating loop. A failure is kept and said once per spell: the
+        probe then fails, as it should for a process that cannot say it lives."""
+        staged = file.with_name(file.name + ".new")
+        try:
+            staged.write_text(said + "\n")
+            os.replace(staged, file)
+        except OSError as exc:
+            if self.file_error is None:
+                _log.error("cannot write the heartbeat file: the liveness probe will fail",
+                           path=str(file), error=exc.strerror or str(exc))  # fmt: skip
+            self.file_error = exc.strerror or str(exc)
+            return
+        self.file_error = None
 
     def health(self) -> tuple[bool, str]:
         stalled = self.clock() - self._at
