@@ -47,7 +47,7 @@ from kubernetes import client, config
 
 from deathwatch.firewall.nft import SystemNft
 from hack.localcluster import cluster, netpol
-from hack.localcluster.agentpods import AGENT_PORT, EXEC_PROBE, agent_pod
+from hack.localcluster.agentpods import AGENT_PORT, EXEC_PROBE, OTHER_PORT, agent_pod
 from hack.localcluster.attacks import Attack
 from hack.localcluster.controller_process import service_account_token
 from hack.localcluster.controlplane import free_port
@@ -985,6 +985,116 @@ def test_helm_upgrade_with_new_values_rolls_the_agents_and_lets_nothing_through(
     config = yaml.safe_load(lane.core.read_namespaced_config_map(
         "deathwatch-firewall", SYSTEM, _request_timeout=10).data["config.yaml"])  # fmt: skip
     assert config["allowedSources"] == ["192.0.2.10/32"] and config["podCIDRs"] == []
+
+
+def test_a_second_release_with_its_own_table_ports_and_controller_is_in_force_beside_the_first(
+    lane: Lane,
+) -> None:
+    """Issue #51: a second release (another namespace, its own agent port) shared the table
+    inet deathwatch with the first, each replacing the other's at every resync, while both
+    verdicts said Shielded=True; its cleanup opened the first's port. Now each release owns
+    its table, host ports and DeathWatches (controller id): both firewalls in force, measured
+    from the host every few milliseconds over several resyncs of both agents, each verdict
+    true and written by its own release alone; the second's cleanup touches nothing of the
+    first's."""
+    second, sandboxes_b = "deathwatch-second", "sandboxes-b"
+    for ns in (second, sandboxes_b):
+        lane.c.kubectl("create", "namespace", ns)
+        lane.c.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=privileged")
+    wait_for(lambda: lane.core.read_namespaced_service_account("default", sandboxes_b,
+             _request_timeout=10), what="default ServiceAccount", ignore=(client.ApiException,))  # fmt: skip
+    a = lane.sandbox("first-release")
+    b = lane.sandbox("second-release", sandboxes_b, labels={"app": "second"})
+    wait_for(lambda: lane.state(a) == "Alive", timeout=60, what=f"{a} Alive")
+    ip_a = lane.core.read_namespaced_pod(a, NS, _request_timeout=10).status.pod_ip
+    ip_b = wait_for(lambda: lane.core.read_namespaced_pod(b, sandboxes_b, _request_timeout=10)
+                    .status.pod_ip, what=f"{b}'s address")  # fmt: skip
+    assert connect_once(ip_b, OTHER_PORT, 2)[0] == "connected"  # its port, open before
+    try:
+        _second_release_in_force(lane, second, sandboxes_b, a, b, ip_a, ip_b)
+    finally:
+        subprocess.run([str(helm_bin()), "--kubeconfig", str(lane.c.cp.kubeconfig), "uninstall",
+                        "second", "-n", second, "--wait", "--timeout=3m"], capture_output=True,
+                       timeout=300, check=False)  # fmt: skip
+        lane.core.delete_namespaced_pod(b, sandboxes_b, grace_period_seconds=0,
+                                        _request_timeout=10)  # fmt: skip
+
+
+def _second_release_in_force(lane: Lane, second: str, sandboxes_b: str, a: str, b: str,
+                             ip_a: str, ip_b: str) -> None:  # fmt: skip
+    lane.helm("install", "second", str(CHART), "-n", second, "-f",
+              str(values(lane.tmp, lane.c.cp.apiserver_port)), "--set", "controller.replicas=1",
+              # the lane's plugin is the first release's (its ConfigMap is in that namespace)
+              "--set-json", "controller.extraVolumes=[]", "--set-json",
+              "controller.extraVolumeMounts=[]", "--set-json", "controller.extraEnv=[]",
+              "--set", "controller.controllerId=second", "--set", "firewall.table=second",
+              "--set", "firewall.metricsPort=9111", "--set", "firewall.exits.metricsPort=9112",
+              "--set", f"firewall.agentPorts={{{OTHER_PORT}}}", "--set",
+              "firewall.sandboxSelector=app=second", "--wait", "--timeout=5m")  # fmt: skip
+    lane.c.kubectl("rollout", "status", "daemonset/second-deathwatch-firewall", "-n", second,
+                   "--timeout=5m", timeout=330)  # fmt: skip
+    lane.c.kubectl("apply", "-f", "-", input=json.dumps({
+        "apiVersion": "deathwatch.dev/v1alpha1", "kind": "DeathWatch",
+        "metadata": {"name": "sandboxes", "namespace": sandboxes_b,
+                     "annotations": {"deathwatch.dev/controller-id": "second"}},
+        "spec": {"podSelector": {"matchLabels": {"app": "second"}}, "agentPorts": [OTHER_PORT]},
+    }))  # fmt: skip
+
+    def shielded(name: str, ns: str) -> str | None:
+        try:
+            sv = client.CustomObjectsApi(lane.api).get_namespaced_custom_object(
+                "deathwatch.dev", "v1alpha1", ns, "sandboxverdicts", name, _request_timeout=10)  # fmt: skip
+        except client.ApiException:
+            return None
+        found = [c for c in sv.get("status", {}).get("conditions", []) if c["type"] == "Shielded"]
+        return f"{found[0]['status']} {found[0]['reason']}" if found else None
+
+    for name, ns in ((a, NS), (b, sandboxes_b)):
+        wait_for(lambda name=name, ns=ns: shielded(name, ns) == "True RuleInForce", timeout=90,  # type: ignore[misc]
+                 what=f"{name} shielded")  # fmt: skip
+    # both rules in force at once, over three resyncs of each agent: from the host, every
+    # few milliseconds, to each release's sandbox on its agent port; the verdicts sampled
+    outcomes = {"first": {"connected": 0, "refused": 0, "other": 0},
+                "second": {"connected": 0, "refused": 0, "other": 0}}  # fmt: skip
+    samples: list[tuple[str | None, str | None]] = []
+    deadline = time.monotonic() + 31
+    next_sample = 0.0
+    while time.monotonic() < deadline:
+        for which, ip, port in (("first", ip_a, AGENT_PORT), ("second", ip_b, OTHER_PORT)):
+            outcome = connect_once(ip, port, 0.5)[0]
+            outcomes[which][outcome if outcome in outcomes[which] else "other"] += 1
+        if time.monotonic() >= next_sample:
+            samples.append((shielded(a, NS), shielded(b, sandboxes_b)))
+            next_sample = time.monotonic() + 1
+        time.sleep(0.003)
+    table = SystemNft(table="second").list_table()
+    assert table is not None and SystemNft().list_table() is not None
+    RESULTS["two_releases"] = {"host_connections": outcomes, "shielded_samples": len(samples)}
+    for which in ("first", "second"):
+        assert outcomes[which]["connected"] == 0 and outcomes[which]["refused"] > 500, outcomes
+    assert all(s == ("True RuleInForce", "True RuleInForce") for s in samples), samples
+    # each verdict written by its own release's controller alone
+    said = {release: lane.c.kubectl("logs", "-n", ns, "-l",
+                                    "app.kubernetes.io/component=controller", "--tail=-1",
+                                    "--prefix", check=False).stdout
+            for release, ns in (("first", SYSTEM), ("second", second))}  # fmt: skip
+    assert f'"pod": "{b}"' not in said["first"], said["first"][-3000:]
+    assert f'"pod": "{a}"' not in said["second"] and f'"pod": "{b}"' in said["second"]
+    # the second's uninstall, then its cleanup exactly as its NOTES say: the first's rule
+    # stays in force throughout, and only the second's table goes
+    notes = lane.helm("get", "notes", "second", "-n", second)
+    command = next(line.split() for line in notes.splitlines() if "cleanup=true" in line)
+    assert "firewall.table=second" in command, command
+    args = [str(CHART) if x == "CHART" else x for x in command[1:]]
+    args = [x for i, x in enumerate(args) if x != "--version" and args[i - 1] != "--version"]
+    with Prober(ip_a) as held:
+        lane.helm("uninstall", "second", "-n", second, "--wait", "--timeout=3m")
+        lane.helm(*args, "--timeout=3m")
+        assert SystemNft(table="second").list_table() is None
+        lane.helm("uninstall", "second-cleanup", "-n", second, "--wait", "--timeout=3m")
+    assert held["connected"] == 0 and held["refused"] > 100, held
+    assert SystemNft().list_table() is not None
+    RESULTS["two_releases"]["first_held_through_the_seconds_cleanup"] = held.outcomes
 
 
 def test_a_config_the_agent_refuses_halts_the_roll_at_its_first_node_with_the_rule_kept(
