@@ -182,9 +182,12 @@ def sandbox_ready(pod: PodView, parts: Parts) -> bool:
     regular, sidecars = parts
     explained = False
     for c in regular:
-        if c.runs:
-            continue
-        if pod.completed(c):
+        t = c.terminated
+        if t is None:
+            if c.ready and c.running_since is not None:
+                continue  # runs ready
+            return False  # its own unreadiness (a failing probe, a restart): the sandbox's
+        if t.exit_code == 0 and pod.completed(c):
             explained = True
             continue
         return False
@@ -431,7 +434,10 @@ def step(
     if before is State.GONE:
         return Step(track)
     # the sandbox's containers, and whether it is Ready (not a helper's or a sidecar's drop)
-    parts = sandbox_of(pod, settings)
+    if settings.sandbox_containers or settings.vital_sidecars:
+        parts = sandbox_of(pod, settings)
+    else:  # the default, and nearly every pod: every regular container, no sidecar vital
+        parts = (pod.containers, ())
     ready = pod.ready or sandbox_ready(pod, parts)
 
     # 1-2. Terminal states are final; only the false-positive fact can still be learned: the
@@ -667,6 +673,10 @@ def _completed(pod: PodView, parts: Parts) -> bool:
     reports the phase Running until its pod worker has stopped the rest (1-7 s), and the
     node's exit comes before either: judged on the containers, both paths agree."""
     regular = parts[0]
+    for c in regular:  # the common case (one runs) answered without a call
+        t = c.terminated
+        if t is None or t.exit_code != 0:
+            return False
     return bool(regular) and all(pod.completed(c) for c in regular)
 
 
