@@ -74,7 +74,7 @@ def test_the_uninstall_step_is_valid_and_touches_only_the_table(path: str) -> No
         kubernetes_validate.validate(obj, K8S_SCHEMA_VERSION, strict=True)
     pod = by_kind(objs, "DaemonSet")["spec"]["template"]["spec"]
     (init,) = pod["initContainers"]
-    assert init["args"] == ["cleanup"]
+    assert init["args"] == ["cleanup", "--table=deathwatch"]  # its own table only
     assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN"]}
     assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
@@ -143,8 +143,10 @@ def test_controller_deployment_is_locked_down_and_probed_as_documented() -> None
         False,
         {"drop": ["ALL"]},
     )
-    # liveness on the health port, a listener of its own (ADR 0020); metrics on HTTPS
-    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    # liveness from the heartbeat file, no port a neighbour could starve (issue #51); the
+    # health port still answers /healthz for people (ADR 0020); metrics on HTTPS
+    assert c["livenessProbe"]["exec"]["command"][:2] == ["sh", "-c"]
+    assert "--heartbeat-file=/tmp/heartbeat" in c["args"]
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": 8443, "health": 8081}
     assert "--metrics-address=:8443" in c["args"] and "--health-address=:8081" in c["args"]
     assert "readinessProbe" not in c  # /readyz is for people (see the comment in the manifest)

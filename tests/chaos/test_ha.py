@@ -299,7 +299,7 @@ def test_a_late_joiner_holds_the_leaders_word_for_deletions_it_did_not_see(ha: H
     for s in doomed:
         gone = ha.env.wait_state(s.name, "Gone", timeout=30)["status"]
         assert gone["cause"] == "Deleted", gone
-    wait_for(lambda: late.process.log.read_text().count("a deletion this replica did not see")
+    wait_for(lambda: late.process.log.read_text().count("a final verdict the API holds and this replica")
              == len(doomed), timeout=30, what="the late joiner levelled")  # fmt: skip
     leader.process.stop(signal.SIGTERM)
     handed_at = datetime.now(UTC)

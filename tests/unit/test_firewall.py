@@ -317,6 +317,43 @@ def test_agent_applies_repairs_and_keeps_the_rule_on_a_bad_config(tmp_path: Path
     assert agent.metrics.rule_present._value.get() == 0
 
 
+@pytest.mark.parametrize("mode", ["enforce", "audit"])
+def test_every_mode_renders_the_releases_own_table(mode: str) -> None:
+    """A release's table is inet TABLE in either mode (the audit rules' own set names once
+    took its place)."""
+    config = parse_config({**GOOD, "mode": mode})
+    table = desired(config, [ip_address("10.244.1.2")], table="staging")
+    assert table.name == "staging"
+    assert script(table).startswith("table inet staging\ndelete table inet staging\n")
+
+
+def test_only_a_table_replaced_under_the_agent_is_a_repair_and_again_and_again_contested(
+    tmp_path: Path,
+) -> None:
+    """Issue #51: its own changes (new sandboxes, a new config) are applied, never counted as
+    repairs; the live table found otherwise than it last applied it is. Replaced three times
+    within the window (another writer of the same table): contested, until left alone."""
+    path = tmp_path / "fw.yaml"
+    path.write_text(json.dumps(GOOD))
+    nft = FakeNft()
+    agent = Agent(path, nft, sandboxes=[ip_address("10.244.1.2")])
+    agent.step()
+    for i in range(3, 8):  # sandboxes come and go: the agent's own changes
+        agent.sandboxes = (ip_address(f"10.244.1.{i}"),)
+        agent.step()
+    path.write_text(json.dumps({**GOOD, "agentPorts": [49983, 8000]}))
+    agent.step()
+    assert agent.repairs == 0 and not agent.contested
+    assert agent.metrics.syncs.labels("repaired")._value.get() == 0
+    assert agent.metrics.syncs.labels("applied")._value.get() == 7
+    for _ in range(3):  # another writer's table, each time
+        nft.table = desired(parse_config(GOOD), table="deathwatch")
+        agent.step()
+    assert agent.repairs == 3 and agent.contested
+    assert agent.metrics.table_replaced.labels("changed")._value.get() == 3
+    assert nft.table == agent._applied  # repaired each time all the same
+
+
 def test_agent_counts_refusals_across_replacements(tmp_path: Path) -> None:
     path = tmp_path / "fw.yaml"
     path.write_text(json.dumps(GOOD))

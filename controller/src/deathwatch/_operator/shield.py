@@ -1,7 +1,7 @@
 """Is this sandbox shielded? The firewall agents' coverage Leases joined with each sandbox's
 node, address and agent ports. Pure functions over plain data.
 
-Each firewall agent renews a Lease per node (deathwatch/firewall/coverage.py writes it;
+Each firewall agent renews a Lease per node (its format: deathwatch._kube.coverage;
 tests/netns/test_shield.py holds both sides to one format) saying which config it enforces, whether
 the table is in force, and for how long the claim holds. A sandbox is shielded when its node's
 claim is current, the rule is in force, the agent enforces the config it was given, and that
@@ -14,38 +14,18 @@ alive; the renewal's own age counts only at first sight, capped by how often Lea
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
-from deathwatch._engine.timeutil import parse_time
-from deathwatch._kube.selector import Selector, SelectorError, parse_selector
+from deathwatch._kube import coverage as wire
 from deathwatch._operator.resources import ConditionStatus
 
-PREFIX = "deathwatch.dev/"
-NODE, CONFIG, CONFIG_FILE, RULE = (
-    f"{PREFIX}{k}" for k in ("node", "config", "config-file", "rule")
-)
-POD_CIDRS, AGENT_PORTS, INBOUND = (f"{PREFIX}{k}" for k in ("pod-cidrs", "agent-ports", "inbound"))
-HOSTS_UNKNOWN = f"{PREFIX}hosts-unknown"  # nodes whose hosts' pod-range addresses are unknown
-# nodes with no spec.podCIDRs while podCIDRs is not configured ("*": not listed): the agent
-# then holds the inbound rule back (a range missing would refuse real pods)
-POD_RANGES_UNKNOWN = f"{PREFIX}pod-ranges-unknown"
-# the output rule as the agent measured it (verified, bypassed, inconclusive, none): a host
-# connection to a sandbox's agent port that got through unshields the node's sandboxes
-RULE_MEASURED = f"{PREFIX}rule-measured"
-# the node's mode: enforce (refuses), or audit (counts and lets through: shields nothing)
-MODE = f"{PREFIX}mode"
-# what the agent guards (ADR 0029): its table, the label selector that picks its node's
-# sandboxes, the addresses its inbound rule holds (absent: inbound not enforced), and how
-# often its table was replaced under it (RULE says "contested" while that keeps happening)
-TABLE, SANDBOX_SELECTOR, GUARDED = (f"{PREFIX}{k}" for k in ("table", "sandbox-selector",
-                                                             "guarded"))  # fmt: skip
-REPAIRS, REPAIRED_AT = f"{PREFIX}repairs", f"{PREFIX}repaired-at"
-SELECTOR = "app.kubernetes.io/component=firewall-coverage"
+# the one format of the agents' coverage Leases (the agents write it, this reads it)
+SELECTOR = wire.SELECTOR
+NodeCoverage = wire.Claim  # one node's claim, as its Lease says it
+read_lease = wire.read
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -69,95 +49,6 @@ class ShieldReason:
     # rule has not held the pod's address for a whole claim
     NOT_GUARDED = "NotGuarded"
     CONTESTED = "TableContested"  # its table is replaced under it again and again
-
-
-@dataclass(frozen=True, slots=True)
-class NodeCoverage:
-    """One node's claim, as its Lease says it."""
-
-    node: str
-    holder: str
-    renew_time: str  # as written: a change of it is a renewal
-    renewed_at: datetime | None
-    valid_for: float
-    config: str
-    config_file: str
-    rule_in_force: bool
-    pod_cidrs: tuple[Network, ...]
-    agent_ports: frozenset[int]
-    inbound: bool
-    # nodes whose hosts' addresses in the pod ranges the agent does not know ("*": nodes not
-    # listed at all): their hosts could pass the inbound rule from a tunnel address
-    hosts_unknown: str = ""
-    # nodes with no pod range while none is configured ("*": not listed): inbound waits
-    pod_ranges_unknown: str = ""
-    measured: str = ""  # the agent's self-check of its output rule ("": an older agent)
-    mode: str = "enforce"  # enforce, or audit ("enforce": an older agent, which only enforced)
-    table: str = "deathwatch"
-    selector: str | None = None  # its sandbox selector (None: an older agent said none)
-    guarded: frozenset[str] | None = None  # the inbound rule's addresses (None: not said)
-    repairs: int = 0  # times its table was replaced under it and repaired
-    repaired_at: str = ""  # when last ("": never)
-    contested: bool = False  # replaced again and again: another writer of the same table
-
-
-def read_lease(lease: Mapping[str, Any]) -> NodeCoverage | None:
-    """A coverage Lease read back; None when it is not one (or unreadable: then it counts as
-    no agent, which is what an unreadable claim is worth)."""
-    meta = lease.get("metadata") or {}
-    spec = lease.get("spec") or {}
-    notes = meta.get("annotations") or {}
-    node = notes.get(NODE)
-    if not node:
-        return None
-    try:
-        cidrs = tuple(
-            ipaddress.ip_network(c) for c in str(notes.get(POD_CIDRS, "")).split(",") if c
-        )
-        ports = frozenset(int(p) for p in str(notes.get(AGENT_PORTS, "")).split(",") if p)
-        valid_for = float(spec.get("leaseDurationSeconds") or 0)
-        repairs = int(notes.get(REPAIRS) or 0)
-        guarded = (
-            frozenset(str(ipaddress.ip_address(a)) for a in str(notes[GUARDED]).split(",") if a)
-            if GUARDED in notes
-            else None
-        )
-        selector = str(notes[SANDBOX_SELECTOR]) if SANDBOX_SELECTOR in notes else None
-        if selector is not None:
-            _selector(selector)  # a claim whose selector cannot be read is no claim
-    except (ValueError, SelectorError):
-        return None
-    renew = str(spec.get("renewTime") or "")
-    return NodeCoverage(
-        node=node,
-        holder=str(spec.get("holderIdentity") or ""),
-        renew_time=renew,
-        renewed_at=parse_time(renew) if renew else None,
-        valid_for=valid_for,
-        config=str(notes.get(CONFIG, "")),
-        config_file=str(notes.get(CONFIG_FILE, "")),
-        rule_in_force=notes.get(RULE) == "in-force",
-        pod_cidrs=cidrs,
-        agent_ports=ports,
-        inbound=notes.get(INBOUND) == "true",
-        hosts_unknown=str(notes.get(HOSTS_UNKNOWN, "")),
-        pod_ranges_unknown=str(notes.get(POD_RANGES_UNKNOWN, "")),
-        measured=str(notes.get(RULE_MEASURED, "")),
-        mode=str(notes.get(MODE) or "enforce"),
-        table=str(notes.get(TABLE) or "deathwatch"),
-        selector=selector,
-        guarded=guarded,
-        repairs=repairs,
-        repaired_at=str(notes.get(REPAIRED_AT, "")),
-        contested=notes.get(RULE) == "contested",
-    )
-
-
-@functools.lru_cache(maxsize=64)
-def _selector(text: str) -> Selector:
-    """An agent's sandbox selector, parsed once (a fleet's agents share one or a few); empty
-    selects every pod."""
-    return parse_selector(text) if text.strip() else Selector()
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,7 +247,7 @@ def _left_out(
     if (
         coverage.selector is not None
         and labels is not None
-        and not _selector(coverage.selector).matches(labels)
+        and not wire.selection(coverage.selector).matches(labels)
     ):
         chosen = f"{coverage.selector!r}" if coverage.selector else "every pod"
         return (

@@ -125,8 +125,7 @@ class Agent:
         self.wake = threading.Event()
         self._digest: str | None = None
         self._rejected_seen = 0
-        self._applied_once = False
-        self._config_changed = False  # the next apply is for a new config, not a repair
+        self._applied: Table | None = None  # what it last applied (or found in force)
         self._ranges_said: tuple[Network, ...] | None = None  # the pod ranges last logged
         self.daemonset: DaemonSetWatch | None = None  # with remove_on_uninstall: its own
         self.measured = Measured.NONE  # the output rule, as last measured (selfcheck.py)
@@ -184,9 +183,12 @@ class Agent:
         self._count_rejected(have)
         result = "unchanged"
         if diffs:
-            result = "repaired" if self._applied_once and not self._config_changed else "applied"
-            if result == "repaired":
-                self._repaired(diffs, have is None)
+            # replaced or removed under it: the live table is not what it last applied (a
+            # change of its own, a new sandbox or config or node label, is no repair)
+            drift = differences(self._applied, have) if self._applied is not None else []
+            result = "repaired" if drift else "applied"
+            if drift:
+                self._repaired(drift, have is None)
             for kind, port in audited(want):  # each series at 0 before it can count
                 self.metrics.audited.labels(str(port), kind)
             started = time.perf_counter()
@@ -198,8 +200,7 @@ class Agent:
                 raise NftError(f"the table differs right after applying it: {after}")
             self._rejected_seen = 0  # a replaced table starts its counters at zero
             self._audited_seen = {}
-        self._applied_once = True
-        self._config_changed = False
+        self._applied = want
         if self.contested and time.monotonic() - self._recent_repairs[-1] >= CONTEST_WINDOW:
             self.contested = False  # left alone for a whole window: no longer contested
             log.info("the table is no longer contested", table=self.nft.table_name)
@@ -430,8 +431,7 @@ class Agent:
     def step(self) -> None:
         """One resync: reload, list sandboxes, sync, publish, record the outcome. Never
         raises."""
-        if self.reload():
-            self._config_changed = True
+        self.reload()
         self.list_sandboxes()
         self.learn_hosts()
         if self._keeps_the_live_table():

@@ -79,9 +79,9 @@ def desired(
     config: FirewallConfig,
     sandboxes: Iterable[Address] = (),
     hosts: Iterable[Address] = (),
-    name: str = NAME,
+    table: str = NAME,
 ) -> Table:
-    """Table inet `name` for `config`, this node's `sandboxes` and every node's `hosts`
+    """Table inet `table` for `config`, this node's `sandboxes` and every node's `hosts`
     (their addresses inside the pod ranges)."""
     local, host = set(sandboxes), set(hosts)
     sets: list[Set] = []
@@ -134,7 +134,7 @@ def desired(
     chains = [Chain(CHAIN, "filter", "output", PRIORITY, "accept", tuple(output))]
     if config.inbound:
         chains.append(Chain(INBOUND_CHAIN, "filter", "forward", PRIORITY, "accept", tuple(inbound)))
-    return Table(tuple(sets), tuple(chains), name)
+    return Table(tuple(sets), tuple(chains), table)
 
 
 def _audit_set(name: str, kind: str) -> Set:
