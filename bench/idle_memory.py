@@ -41,7 +41,11 @@ STEPS: list[tuple[str, list[str]]] = [
     ("kopf", ["kopf"]),
     (
         "deathwatch's own",
-        ["deathwatch._cli", "deathwatch._operator.command", "deathwatch._operator.app"],
+        [
+            "deathwatch._cli",
+            "deathwatch._operator.process.command",
+            "deathwatch._operator.process.app",
+        ],
     ),
 ]
 _LADDER = """

@@ -48,7 +48,7 @@ from kubernetes import client, config
 from bench.controller_bench import NS, TIMEOUT, Watcher, create_ready, statuses, wait_alive
 from bench.controller_cluster import code_at, verdict_dead
 from bench.delivery_bench import cpu_seconds, namespace_ready, wait_until
-from deathwatch._operator.slots import assign, selector, slot_of
+from deathwatch._operator.shards.slots import assign, selector, slot_of
 from hack.localcluster import controlplane
 from hack.localcluster.controller_process import ControllerProcess, metrics_reader_token
 from hack.localcluster.procstat import rss_mib

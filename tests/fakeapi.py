@@ -26,7 +26,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from deathwatch._kube.errors import ApiError, Unreachable
+from deathwatch._kube.errors import ApiError, NoAnswer
 from deathwatch.firewall.kubeapi import query
 
 Key = tuple[str, str, str]  # (plural, namespace, name): "" for a cluster-scoped object
@@ -343,7 +343,7 @@ class FakeAgentApi:
     def _called(self, method: str, path: str) -> None:
         self.api.requests.append((method, path))
         if self.api.down:
-            raise Unreachable(f"{method} {path}: connection refused")
+            raise NoAnswer(f"{method} {path}: connection refused")
 
     def call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
         self._called(method, path)

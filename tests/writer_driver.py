@@ -7,10 +7,10 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from deathwatch._operator.documents import PodEvent
-from deathwatch._operator.metrics import Metrics
-from deathwatch._operator.resources import EventReason
-from deathwatch._operator.writer import Writer
+from deathwatch._api.resources import EventReason
+from deathwatch._operator.instruments.metrics import Metrics
+from deathwatch._operator.judging.documents import PodEvent
+from deathwatch._operator.writing.writer import Writer
 from tests.fakeapi import FakeApi, FakeTimers
 
 NS = "sandboxes"

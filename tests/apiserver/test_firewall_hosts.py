@@ -15,7 +15,7 @@ from kubernetes import client
 
 from deathwatch.firewall.config import parse_config
 from deathwatch.firewall.hosts import Hosts, NodeAddresses, host_addresses
-from deathwatch.firewall.kubeapi import ApiError, KubeApi, Unreachable
+from deathwatch.firewall.kubeapi import ApiError, KubeApi, NoAnswer
 from hack.localcluster import controlplane
 from hack.localcluster.controller_process import service_account_token
 from tests.kube import wait_for
@@ -97,8 +97,8 @@ def test_the_agents_calls_keep_one_connection_per_thread_and_make_it_again_when_
     with pytest.raises(ApiError) as refused:  # a refusal keeps the connection
         kube.call("PATCH", "/api/v1/nodes/none", {"metadata": {"labels": {"x": "y"}}})
     assert refused.value.status == 403 and kube._kept.connection is again
-    # nothing listens: Unreachable, named, never a hang
+    # nothing listens: NoAnswer, named, never a hang
     gone = KubeApi(f"https://127.0.0.1:{controlplane.free_port()}", firewall_token, None, timeout=2)
-    with pytest.raises(Unreachable) as unreachable:
+    with pytest.raises(NoAnswer) as unreachable:
         gone.call("GET", "/api/v1/nodes")
     assert "GET /api/v1/nodes" in str(unreachable.value)

@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from deathwatch._operator.slots import SLOTS, assign, parse, slot_of
+from deathwatch._operator.shards.slots import SLOTS, assign, parse, slot_of
 from hack.localcluster import agentsandbox, controlplane
 from hack.localcluster.controller_process import (
     ControllerProcess,

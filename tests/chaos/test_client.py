@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
+from deathwatch._api.kubeconfig import load
+from deathwatch._api.rest import Rest
 from deathwatch._kube.errors import ApiError
-from deathwatch._operator.kubeconfig import load
-from deathwatch._operator.rest import Rest
 from deathwatch.client import Change, Client, NeverReached, State, get_verdict, wait_for_verdict
 from hack.localcluster import controlplane
 from hack.localcluster.chaosproxy import ChaosProxy

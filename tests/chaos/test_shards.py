@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from deathwatch._operator.slots import assign, selector, slot_of
+from deathwatch._operator.shards.slots import assign, selector, slot_of
 from hack.localcluster import controlplane
 from hack.localcluster.replicas import AuditLog, Replica, Replicas
 from hack.localcluster.sandbox_script import SandboxScript

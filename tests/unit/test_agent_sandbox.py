@@ -10,13 +10,14 @@ from typing import Any
 
 import pytest
 
+from deathwatch._api.agent_sandbox import TRACKING_LABEL, read
+from deathwatch._api.resources import SANDBOX_LABEL, SandboxRef
+from deathwatch._api.rules import read_deathwatch
 from deathwatch._engine.contract import PolicySettings
 from deathwatch._engine.podview import read_pod
 from deathwatch._engine.verdict import Cause, State
-from deathwatch._operator.agent_sandboxes import TRACKING_LABEL, AgentSandboxes, read
-from deathwatch._operator.documents import verdict_object
-from deathwatch._operator.resources import SANDBOX_LABEL, SandboxRef
-from deathwatch._operator.rules import read_deathwatch
+from deathwatch._operator.judging.documents import verdict_object
+from deathwatch._operator.memory.agent_sandboxes import AgentSandboxes
 from deathwatch._policies import default_registry
 from tests.builders import at, pod, running, ts
 from tests.engine_driver import Pods
@@ -147,7 +148,7 @@ def test_a_deathwatch_of_agent_sandbox_selects_only_its_pods() -> None:
 
 
 def test_an_unknown_sandboxes_value_is_named() -> None:
-    from deathwatch._operator.rules import SpecError
+    from deathwatch._api.rules import SpecError
 
     with pytest.raises(SpecError, match=r"spec\.sandboxes"):
         read_deathwatch(

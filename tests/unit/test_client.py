@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from deathwatch._operator.resources import SandboxVerdictStatus
+from deathwatch._api.resources import SandboxVerdictStatus
 from deathwatch._verdicts import explain
 from deathwatch.client import State, Verdict, _resync, _transition
 

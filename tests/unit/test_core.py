@@ -21,13 +21,27 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from deathwatch._api.objects import (
+    DeathWatchObject,
+    EventType,
+    Undecodable,
+    Verdict,
+    decode_deathwatch,
+)
+from deathwatch._api.resources import DW_PLURAL, SV_PLURAL, to_document
 from deathwatch._engine import memory
 from deathwatch._engine.engine import Track
 from deathwatch._engine.nodeexit import NodeExit
 from deathwatch._engine.podview import read_pod
 from deathwatch._engine.verdict import Cause, Evidence, Observer, State
-from deathwatch._operator import (
-    documents,
+from deathwatch._operator.instruments.metrics import Metrics
+from deathwatch._operator.judging import documents
+from deathwatch._operator.judging.summary import Summaries
+from deathwatch._operator.memory.agent_sandboxes import AgentSandboxes
+from deathwatch._operator.memory.core import Core, Firewall
+from deathwatch._operator.memory.deathwatches import Change, DeathWatches
+from deathwatch._operator.memory.records import Records
+from deathwatch._operator.passes import (
     node_exits,
     owners,
     pods,
@@ -35,18 +49,8 @@ from deathwatch._operator import (
     retention,
     verdict_watch,
 )
-from deathwatch._operator.agent_sandboxes import AgentSandboxes
-from deathwatch._operator.core import Core, Firewall
-from deathwatch._operator.deathwatches import Change, DeathWatches
-from deathwatch._operator.metrics import Metrics
-from deathwatch._operator.records import Records
-from deathwatch._operator.reflector import EventType, Undecodable
-from deathwatch._operator.resources import DW_PLURAL, SV_PLURAL, to_document
-from deathwatch._operator.sinks import DeathWatchSink
-from deathwatch._operator.summary import Summaries
-from deathwatch._operator.verdict_watch import Verdict
-from deathwatch._operator.watched import DeathWatchObject, decode_deathwatch
-from deathwatch._operator.writer import Writer
+from deathwatch._operator.sources.sinks import DeathWatchSink
+from deathwatch._operator.writing.writer import Writer
 from deathwatch._policies import AUTO, PolicySettings, default_registry
 from tests.builders import T0, at, exec_probe, pod, running, terminated, waiting
 from tests.engine_driver import Pods

@@ -18,6 +18,8 @@ import pytest
 from cloudevents.v1.http import from_http
 from standardwebhooks.webhooks import Webhook
 
+from deathwatch._api.resources import DeliveryMark, DeliveryOutcome, SandboxVerdictStatus
+from deathwatch._api.verdict_document import VerdictDocument, document
 from deathwatch._engine.verdict import State
 from deathwatch._operator.delivery import config
 from deathwatch._operator.delivery.events import (
@@ -32,8 +34,6 @@ from deathwatch._operator.delivery.events import (
     retry_after,
 )
 from deathwatch._operator.delivery.outbox import Deliveries, SinkOutbox
-from deathwatch._operator.resources import DeliveryMark, DeliveryOutcome, SandboxVerdictStatus
-from deathwatch._operator.verdict_document import VerdictDocument, document
 
 NOW = datetime(2026, 12, 2, 10, 0, 0, tzinfo=UTC)
 KEY_A, KEY_B = b"a" * 32, b"b" * 32
@@ -281,19 +281,18 @@ def test_deliveries_owe_each_sink_what_it_wants_and_no_mark_covers(tmp_path: Pat
 
 # --- the controller's side: owed on a transition, built from the record, marked back ----------
 
+from deathwatch._api.objects import EventType, Verdict  # noqa: E402
+from deathwatch._api.resources import DW_PLURAL, SV_PLURAL  # noqa: E402
 from deathwatch._engine.podview import read_pod  # noqa: E402
-from deathwatch._operator import delivery_bridge, owners, pods, retention, verdict_watch  # noqa: E402
-from deathwatch._operator.agent_sandboxes import AgentSandboxes  # noqa: E402
-from deathwatch._operator.core import Core, Firewall  # noqa: E402
-from deathwatch._operator.deathwatches import DeathWatches  # noqa: E402
 from deathwatch._operator.delivery.outbox import Ended  # noqa: E402
-from deathwatch._operator.metrics import Metrics  # noqa: E402
-from deathwatch._operator.records import Records  # noqa: E402
-from deathwatch._operator.reflector import EventType  # noqa: E402
-from deathwatch._operator.resources import DW_PLURAL, SV_PLURAL  # noqa: E402
-from deathwatch._operator.summary import Summaries  # noqa: E402
-from deathwatch._operator.verdict_watch import Verdict  # noqa: E402
-from deathwatch._operator.writer import Writer  # noqa: E402
+from deathwatch._operator.instruments.metrics import Metrics  # noqa: E402
+from deathwatch._operator.judging.summary import Summaries  # noqa: E402
+from deathwatch._operator.memory.agent_sandboxes import AgentSandboxes  # noqa: E402
+from deathwatch._operator.memory.core import Core, Firewall  # noqa: E402
+from deathwatch._operator.memory.deathwatches import DeathWatches  # noqa: E402
+from deathwatch._operator.memory.records import Records  # noqa: E402
+from deathwatch._operator.passes import delivery_bridge, owners, pods, retention, verdict_watch  # noqa: E402
+from deathwatch._operator.writing.writer import Writer  # noqa: E402
 from deathwatch._policies import default_registry  # noqa: E402
 from tests.builders import at, pod, terminated  # noqa: E402
 from tests.fakeapi import FakeApi, FakeTimers  # noqa: E402
@@ -339,7 +338,7 @@ async def test_a_death_is_owed_built_from_the_record_and_its_mark_written_back()
         died(c, clock)
         ((uid, owed),) = box.owed.items()
         assert owed.state is State.DEAD and owed.sequence == 2  # Pending->Alive, Alive->Dead
-        out = delivery_bridge.outgoing(c, uid, "billing", owed)
+        out = delivery_bridge.compose(c, uid, "billing", owed)
         assert out is not None and out.id == f"{uid}/dead" and out.sequence == 2
         event = msgspec.json.decode(out.data, type=VerdictDocument)
         assert (event.state, event.cause, event.evidence.exit_code) == (State.DEAD,

@@ -17,12 +17,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from deathwatch._api.resources import to_document
 from deathwatch._engine import memory
 from deathwatch._engine.engine import SignalKind
 from deathwatch._engine.nodeexit import NodeExit
 from deathwatch._engine.verdict import Cause, State
-from deathwatch._operator import documents
-from deathwatch._operator.resources import to_document
+from deathwatch._operator.judging import documents
 from deathwatch._policies import AUTO
 from deathwatch._policies.builtin import BUILTIN_ORDER
 from tests.builders import at, exec_probe, pod, running, terminated, termination

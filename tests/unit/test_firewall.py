@@ -556,7 +556,7 @@ def test_the_pod_watch_survives_any_failure_counted_and_wakes_the_agent() -> Non
             watched = sum(method == "WATCH" for method, _ in self.api.requests)
             if watched == 0:
                 self.api.requests.append(("WATCH", path))
-                raise ValueError("a bug below the protocol")  # neither ApiError nor Unreachable
+                raise ValueError("a bug below the protocol")  # neither ApiError nor NoAnswer
             if watched == 1:
                 self.api.requests.append(("WATCH", path))
                 raise ApiError(500, "InternalError")  # the API's refusal: the protocol retries
@@ -568,7 +568,7 @@ def test_the_pod_watch_survives_any_failure_counted_and_wakes_the_agent() -> Non
     api.streams["/api/v1/pods"] = [[modified]]
     watcher = PodWatch(Flaky(api), "node-a", lambda: "app=sandbox", lambda: woken.append(1),
                        lambda: failed.append(1), stop)  # fmt: skip
-    with mock.patch("deathwatch.firewall.sandboxes.BACKOFF", (0.01,)):
+    with mock.patch("deathwatch._kube.backoff.NODE_WATCH", (0.01,)):
         thread = watcher.start()
         thread.join(10)
     assert not thread.is_alive()

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import structlog
 
+from deathwatch._api.kubeconfig import CredentialError, KubeconfigError, load
 from deathwatch._cli import main
-from deathwatch._operator.kubeconfig import CredentialError, KubeconfigError, load
 
 GOOD = """\
 apiVersion: v1

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from deathwatch._operator.kube import ApiWrites, Fenced
-from deathwatch._operator.leader import Elector, LeaseTimings
-from deathwatch._operator.metrics import Metrics
-from deathwatch._operator.resources import DW_PLURAL, SV_PLURAL
-from deathwatch._operator.writer import LOW, URGENT, Desired, Writer
+from deathwatch._api.resources import DW_PLURAL, SV_PLURAL
+from deathwatch._operator.instruments.metrics import Metrics
+from deathwatch._operator.leadership.leader import Elector, LeaseTimings
+from deathwatch._operator.writing.kube import ApiWrites, Fenced
+from deathwatch._operator.writing.writer import LOW, URGENT, Desired, Writer
 from tests.builders import T0
 from tests.fakeapi import FakeApi, FakeLease, FakeTimers, Link
 from tests.writer_driver import dead_event, until, workers

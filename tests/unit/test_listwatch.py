@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from deathwatch._kube.errors import ApiError, Unreachable, describe, label, retryable
+from deathwatch._kube.errors import ApiError, NoAnswer, describe, label, retryable
 from deathwatch._kube.listwatch import (
     Item,
     Listed,
@@ -142,8 +142,8 @@ async def test_a_continue_token_that_expired_lists_again_from_the_start() -> Non
 
 
 async def test_failures_back_off_and_the_count_resets_after_a_good_watch() -> None:
-    cut = Unreachable("connection reset")
-    t = Script(Unreachable("refused"), ApiError(503, "Unavailable"), listing(version="4"), [cut],
+    cut = NoAnswer("connection reset")
+    t = Script(NoAnswer("refused"), ApiError(503, "Unavailable"), listing(version="4"), [cut],
                [event("ADDED", obj("a", "5"))], [cut], [])  # fmt: skip
     got = await run(ListWatch(backoff=(1.0, 2.0, 5.0)), t)
     assert t.slept == [1.0, 2.0, 5.0, 1.0]
@@ -188,13 +188,13 @@ async def test_an_optional_collection_not_served_is_absent_until_it_is() -> None
 
 
 async def test_one_listing_with_limited_attempts() -> None:
-    t = Script(Unreachable("refused"), listing(obj("a", "1"), version="3", more="x"),
+    t = Script(NoAnswer("refused"), listing(obj("a", "1"), version="3", more="x"),
                listing(obj("b", "2"), version="3"))  # fmt: skip
     got = await run(ListWatch(follow=False, attempts=3), t)
     assert names(got) == [("LISTED", "a"), ("LISTED", "b")]
     assert not [verb for verb, _ in t.asked if verb == "WATCH"]
-    t = Script(Unreachable("refused"), Unreachable("refused"))
-    with pytest.raises(Unreachable):
+    t = Script(NoAnswer("refused"), NoAnswer("refused"))
+    with pytest.raises(NoAnswer):
         await run(ListWatch(follow=False, attempts=2), t)
 
 
@@ -215,7 +215,6 @@ def test_api_errors_say_what_the_server_said() -> None:
     assert ApiError(429).throttled and retryable(ApiError(429)) and retryable(ApiError(500))
     assert retryable(ApiError(403))  # a restarting API server, until its caches fill
     assert (
-        retryable(Unreachable("x", timeout=True))
-        and label(Unreachable("x", timeout=True)) == "timeout"
+        retryable(NoAnswer("x", timeout=True)) and label(NoAnswer("x", timeout=True)) == "timeout"
     )
     assert not retryable(KeyError("x")) and label(KeyError("x")) == "KeyError"

@@ -12,7 +12,7 @@ import msgspec.inspect as mi
 import pytest
 import yaml
 
-from deathwatch._operator.resources import (
+from deathwatch._api.resources import (
     DeathWatchSpec,
     DeathWatchStatus,
     SandboxVerdictSpec,

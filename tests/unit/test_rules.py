@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deathwatch._operator.rules import MAX_RETENTION, Rules, SpecError, read_deathwatch
+from deathwatch._api.rules import MAX_RETENTION, Rules, SpecError, read_deathwatch
 from deathwatch._policies import default_registry
 from tests.examples import examples
 

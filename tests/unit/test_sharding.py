@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deathwatch._operator import slots
+from deathwatch._operator.shards import slots
 
 # `go run` of hash/fnv.New64a over these strings (tests/apiserver/test_shards.py runs it live)
 GO_FNV1A64 = {
@@ -76,7 +76,7 @@ def test_a_bad_slot_description_names_the_part() -> None:
 
 # --- who owns which slots: the shards' Leases (slot_claims.py) -----------------------------------
 
-from deathwatch._operator.slot_claims import (  # noqa: E402
+from deathwatch._operator.shards.slot_claims import (  # noqa: E402
     ALL,
     Claim,
     Spec,
@@ -175,18 +175,19 @@ def assign_all(i: int, n: int) -> frozenset[int]:
 
 import asyncio  # noqa: E402
 
+from deathwatch._api.objects import EventType  # noqa: E402
+from deathwatch._api.resources import DW_PLURAL, SV_PLURAL  # noqa: E402
 from deathwatch._engine.podview import read_pod  # noqa: E402
-from deathwatch._operator import owners, pods, publishing  # noqa: E402
-from deathwatch._operator.agent_sandboxes import AgentSandboxes  # noqa: E402
-from deathwatch._operator.core import Core, Firewall, ShardFilter  # noqa: E402
-from deathwatch._operator.deathwatches import DeathWatches  # noqa: E402
-from deathwatch._operator.metrics import Metrics  # noqa: E402
-from deathwatch._operator.records import Records  # noqa: E402
-from deathwatch._operator.reflector import EventType  # noqa: E402
-from deathwatch._operator.resources import DW_PLURAL, SV_PLURAL  # noqa: E402
-from deathwatch._operator.slots import assign, slot_of  # noqa: E402
-from deathwatch._operator.summary import Summaries  # noqa: E402
-from deathwatch._operator.writer import Writer  # noqa: E402
+from deathwatch._operator.instruments.metrics import Metrics  # noqa: E402
+from deathwatch._operator.judging.summary import Summaries  # noqa: E402
+from deathwatch._operator.memory.agent_sandboxes import AgentSandboxes  # noqa: E402
+from deathwatch._operator.memory.core import Core, Firewall  # noqa: E402
+from deathwatch._operator.memory.deathwatches import DeathWatches  # noqa: E402
+from deathwatch._operator.memory.records import Records  # noqa: E402
+from deathwatch._operator.passes import owners, pods, publishing  # noqa: E402
+from deathwatch._operator.shards.filter import ShardFilter  # noqa: E402
+from deathwatch._operator.shards.slots import assign, slot_of  # noqa: E402
+from deathwatch._operator.writing.writer import Writer  # noqa: E402
 from deathwatch._policies import default_registry  # noqa: E402
 from tests.builders import at, pod  # noqa: E402
 from tests.fakeapi import FakeApi, FakeTimers  # noqa: E402

@@ -8,8 +8,8 @@ import asyncio
 import pytest
 import structlog
 
-from deathwatch._operator.metrics import Metrics
-from deathwatch._operator.supervisor import Supervisor
+from deathwatch._operator.instruments.metrics import Metrics
+from deathwatch._operator.instruments.supervisor import Supervisor
 
 
 def errors(metrics: Metrics, name: str) -> float:

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from deathwatch._operator.resources import DW_PLURAL, SV_PLURAL
-from deathwatch._operator.writer import BACKOFF, LOW, NORMAL, URGENT, Desired
+from deathwatch._api.resources import DW_PLURAL, SV_PLURAL
+from deathwatch._kube.backoff import WRITE
+from deathwatch._operator.writing.writer import LOW, NORMAL, URGENT, Desired
 from tests.writer_driver import NS, dead_event, running, settle, until
 
 
@@ -119,7 +120,7 @@ async def test_backoff_is_kept_across_merges_and_newer_desires_wait_it_out() -> 
             await until(lambda: timers.waiting == 1 or not api.fail["replace_status"])
             await asyncio.sleep(0.01)
         await settle(writer)
-    assert timers.delays == list(BACKOFF[:3])  # 0.2, 0.5, 1.0: never reset by the merges
+    assert timers.delays == list(WRITE[:3])  # 0.2, 0.5, 1.0: never reset by the merges
     assert api.operations(key("a")) == ["create", *["replace_status"] * 4]
     assert api.status(*key("a"))["flaps"] == 3  # type: ignore[index]
 
@@ -322,12 +323,12 @@ async def test_a_refused_status_is_logged_once_and_not_sent_again_until_it_chang
 
 
 def test_failures_are_labelled_by_kind() -> None:
-    """What the network does becomes Unreachable in the API client (rest.py); each failure
+    """What the network does becomes NoAnswer in the API client (rest.py); each failure
     is labelled for the metrics by kind, and only the API's and the network's may pass."""
     import aiohttp
 
+    from deathwatch._api.rest import _unreachable
     from deathwatch._kube.errors import ApiError, label, retryable
-    from deathwatch._operator.rest import _unreachable
 
     def no_answer(exc: BaseException) -> BaseException:
         return _unreachable("GET", "/api/v1/pods", exc)

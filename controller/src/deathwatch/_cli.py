@@ -27,7 +27,7 @@ def _version() -> str:
 # of it; with no command named (`--help`), every one.
 COMMANDS: dict[str, str] = {
     "replay": "deathwatch._replay.command",
-    "controller": "deathwatch._operator.command",
+    "controller": "deathwatch._operator.process.command",
     "wait": "deathwatch._verdicts.command",
     "explain": "deathwatch._verdicts.command",
     "preflight": "deathwatch._preflight.command",

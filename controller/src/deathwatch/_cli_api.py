@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
-    from deathwatch._operator.kubeconfig import Loaded
+    from deathwatch._api.kubeconfig import Loaded
 
 # 3 the network (the address), 4 the kubeconfig (the file), 5 the credentials (the plugin, or
 # a 401), 6 the API server's refusal (docs/adr/0022)
@@ -16,8 +16,8 @@ EXIT_UNREACHABLE, EXIT_KUBECONFIG, EXIT_CREDENTIALS, EXIT_REFUSED = 3, 4, 5, 6
 
 def load(command: str, kubeconfig: str | None, context: str | None, err: TextIO) -> Loaded | int:
     """Where the API server is and who we are, or the exit code of why not (said)."""
-    from deathwatch._operator.kubeconfig import CredentialError, KubeconfigError
-    from deathwatch._operator.kubeconfig import load as load_kubeconfig
+    from deathwatch._api.kubeconfig import CredentialError, KubeconfigError
+    from deathwatch._api.kubeconfig import load as load_kubeconfig
 
     try:
         return load_kubeconfig(kubeconfig, context)
@@ -41,7 +41,7 @@ def cannot_ask(
     """One line for what the API server or the network did, and its exit code. `forbidden`
     and `missing_resource` say a 403 and a 404 for an unserved resource in the command's
     words."""
-    from deathwatch._kube.errors import ApiError, Unreachable
+    from deathwatch._kube.errors import ApiError, NoAnswer
 
     say = f"deathwatch {command}:"
     at = f"the API server at {loaded.server} ({loaded.source})"
@@ -56,6 +56,6 @@ def cannot_ask(
         else:
             err.write(f"{say} {at} refused ({exc.status}): {exc.message}\n")
         return EXIT_REFUSED
-    reason = exc.reason if isinstance(exc, Unreachable) else (str(exc) or type(exc).__name__)
+    reason = exc.reason if isinstance(exc, NoAnswer) else (str(exc) or type(exc).__name__)
     err.write(f"{say} cannot reach {at}: {reason}\n")
     return EXIT_UNREACHABLE

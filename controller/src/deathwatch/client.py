@@ -47,17 +47,9 @@ from typing import Any, Final, TypeVar
 import msgspec
 import structlog
 
-from deathwatch._engine.verdict import Cause, Origin, State
-from deathwatch._kube.errors import ApiError, describe
-from deathwatch._kube.errors import Unreachable as NoAnswer
-from deathwatch._kube.listwatch import LISTED, Item, Listed, Listing, ListWatch, outputs
-from deathwatch._operator.kubeconfig import (
-    CredentialError,
-    KubeconfigError,
-    Loaded,
-)
-from deathwatch._operator.kubeconfig import load as load_kubeconfig
-from deathwatch._operator.resources import (
+from deathwatch._api.kubeconfig import CredentialError, KubeconfigError, Loaded
+from deathwatch._api.kubeconfig import load as load_kubeconfig
+from deathwatch._api.resources import (
     GROUP,
     SANDBOX_LABEL,
     SV_PLURAL,
@@ -67,8 +59,12 @@ from deathwatch._operator.resources import (
     DisruptionStatus,
     SandboxVerdictStatus,
 )
-from deathwatch._operator.rest import Rest
-from deathwatch._operator.verdict_document import VerdictDocument
+from deathwatch._api.rest import Rest
+from deathwatch._api.verdict_document import VerdictDocument
+from deathwatch._engine.verdict import Cause, Origin, State
+from deathwatch._kube import backoff
+from deathwatch._kube.errors import ApiError, NoAnswer, describe
+from deathwatch._kube.listwatch import LISTED, Item, Listed, Listing, ListWatch, outputs
 
 __all__ = [
     "FINAL",
@@ -95,15 +91,14 @@ __all__ = [
 
 FINAL: Final = frozenset({State.DEAD, State.GONE})  # a pod's verdict never leaves these
 WATCH_INACTIVITY = 70.0  # seconds: above the API server's bookmark interval (about 60 s)
-BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0)  # seconds between reconnects, the last repeated
 log = structlog.get_logger("deathwatch.client")
 T = TypeVar("T")
 
 
 class NeverReached(Exception):
     """The verdict is final and not what was waited for (a Gone pod can never be Dead).
-    Called `Unreachable` before 0.x (an alias is kept): that name is the API error of a call
-    that got no answer (`deathwatch._kube.errors.Unreachable`), a different thing."""
+    Called `Unreachable` before 0.x (an alias is kept, and means only this); a call that got
+    no answer from the API server is `NoAnswer`, a different thing."""
 
     def __init__(self, verdict: Verdict, wanted: Collection[State]) -> None:
         want = "|".join(sorted(s.value for s in wanted))
@@ -321,7 +316,7 @@ class Client:
         seen: dict[tuple[str, str], tuple[str | None, State]] = {}  # (ns, pod) -> (uid, state)
         protocol = ListWatch(
             label_selector=label_selector, field_selector=field_selector, server_timeout=300,
-            backoff=BACKOFF, fatal=_refused,
+            backoff=backoff.RECONNECT, fatal=_refused,
         )  # fmt: skip
         transport = self._rest.transport(_path(namespace), WATCH_INACTIVITY)
         listed: list[Verdict] = []

@@ -16,8 +16,8 @@ from typing import Any, Final
 
 import yaml
 
+from deathwatch._api.rules import Rules, SpecError, read_deathwatch
 from deathwatch._engine.podview import MalformedPod, PodView, read_pod
-from deathwatch._operator.rules import Rules, SpecError, read_deathwatch
 from deathwatch._policies import default_registry
 
 # the Kubernetes minors the lanes run (hack/versions.env: K8S_VERSION, K8S_MATRIX); the oldest

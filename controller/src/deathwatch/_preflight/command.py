@@ -42,9 +42,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    from deathwatch._api.rest import Rest
     from deathwatch._cli_api import cannot_ask, load
     from deathwatch._kube.errors import KubeError
-    from deathwatch._operator.rest import Rest
     from deathwatch._preflight.checks import Level, findings
 
     out, err = out or sys.stdout, err or sys.stderr

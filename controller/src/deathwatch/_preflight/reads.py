@@ -8,9 +8,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from deathwatch._api.resources import DW_PLURAL, GROUP, VERSION
+from deathwatch._api.rest import Rest
 from deathwatch._kube.errors import ApiError
-from deathwatch._operator.resources import DW_PLURAL, GROUP, VERSION
-from deathwatch._operator.rest import Rest
 from deathwatch._preflight.checks import DEATHWATCH_CRD, SANDBOX_CRD, Cluster
 
 PAGE = 500

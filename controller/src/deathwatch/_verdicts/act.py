@@ -11,17 +11,11 @@ from typing import Any, TextIO
 
 import structlog
 
+from deathwatch._api.kubeconfig import Loaded
+from deathwatch._api.resources import GROUP, VERSION
 from deathwatch._cli_api import cannot_ask, load
-from deathwatch._operator.kubeconfig import Loaded
-from deathwatch._operator.resources import GROUP, VERSION
 from deathwatch._verdicts import explain as explaining
-from deathwatch._verdicts.command import (
-    EXIT_BAD_INPUT,
-    EXIT_NOT_REACHED,
-    EXIT_OK,
-    FOR,
-    _target,
-)
+from deathwatch._verdicts.asking import EXIT_BAD_INPUT, EXIT_NOT_REACHED, EXIT_OK, FOR, target
 from deathwatch.client import ApiError, Client, NeverReached, NoAnswer, Verdict
 
 
@@ -48,7 +42,7 @@ def _prepare(
 ) -> tuple[str, str, Loaded, Client] | int:
     """The target and a client, or the exit code of what stopped it (said in one line)."""
     try:
-        _target(args)  # the names first: a typo is bad input whatever the kubeconfig says
+        target(args)  # the names first: a typo is bad input whatever the kubeconfig says
     except ValueError as exc:
         err.write(f"deathwatch {command}: {exc}\n")
         return EXIT_BAD_INPUT
@@ -60,7 +54,7 @@ def _prepare(
     loaded = load(command, args.kubeconfig, args.context, err)
     if isinstance(loaded, int):
         return loaded
-    namespace, pod = _target(args, loaded.namespace)
+    namespace, pod = target(args, loaded.namespace)
     return namespace, pod, loaded, Client.from_loaded(loaded)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from deathwatch._operator import verdict_document
+from deathwatch._api import verdict_document
 from deathwatch.client import Verdict
 
 

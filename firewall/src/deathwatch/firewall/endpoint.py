@@ -25,7 +25,7 @@ from typing import Any, Final
 from prometheus_client import CollectorRegistry, generate_latest
 
 from deathwatch._kube.access import Access
-from deathwatch._kube.errors import Unreachable
+from deathwatch._kube.errors import NoAnswer
 from deathwatch._kube.ports import Heartbeat, Listener, MetricsPort, PortsCollector, Readiness
 from deathwatch._kube.scrape import Scrapes
 from deathwatch._kube.serving import Limits, Request, Response
@@ -88,7 +88,7 @@ def listener(
                 asyncio.to_thread(api.call, "POST", path, dict(body)), REVIEW_DEADLINE
             )
         except TimeoutError:
-            raise Unreachable(f"POST {path}: no answer in {REVIEW_DEADLINE} s",
+            raise NoAnswer(f"POST {path}: no answer in {REVIEW_DEADLINE} s",
                               timeout=True) from None  # fmt: skip
         return answer
 

@@ -23,6 +23,7 @@ from typing import Any, Final
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from deathwatch._kube import backoff
 from deathwatch._kube.errors import ApiError, KubeError, describe
 from deathwatch._kube.exits import (
     ANNOTATION,
@@ -42,7 +43,6 @@ from deathwatch.firewall.kubeapi import Api
 from deathwatch.firewall.runtime import ContainerdStream, RuntimeUnreadable, Stream, connect
 
 log = structlog.get_logger("deathwatch.firewall.exits")
-BACKOFF: Final = (0.5, 1.0, 2.0, 5.0, 10.0)
 LABELS: Final = {"app.kubernetes.io/name": "deathwatch", "app.kubernetes.io/component": COMPONENT}
 WRITE_BUCKETS: Final = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 OOM_GAP_BUCKETS: Final = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
@@ -242,7 +242,7 @@ class Observer:
             self.heartbeat.beat(ready=self.connected and written)
             if not written:
                 failures += 1
-                self.stop.wait(BACKOFF[min(failures, len(BACKOFF)) - 1])
+                self.stop.wait(backoff.delay(backoff.PUBLISH, failures))
                 continue
             failures = 0
         if self.stream is not None:
@@ -334,7 +334,7 @@ class Observer:
         self.connected = False
         self.metrics.connected.set(0)
         self.metrics.reconnects.inc()
-        wait = BACKOFF[min(failures, len(BACKOFF)) - 1]
+        wait = backoff.delay(backoff.PUBLISH, failures)
         log.error("cannot read the runtime's exits; the kubelet's reports judge deaths "
                   "meanwhile", error=error[:300], retry_in=wait)  # fmt: skip
         self.stop.wait(wait)

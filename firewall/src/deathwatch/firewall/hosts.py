@@ -25,6 +25,7 @@ from typing import Any
 
 import structlog
 
+from deathwatch._kube import backoff
 from deathwatch._kube.errors import describe
 from deathwatch._kube.listwatch import LISTED, Item, Listed, Listing, ListWatch, Noted, Output
 from deathwatch.firewall.config import Address, FirewallConfig, Network
@@ -32,7 +33,6 @@ from deathwatch.firewall.kubeapi import Api, ThreadTransport, follow
 
 log = structlog.get_logger("deathwatch.firewall")
 WATCH_SECONDS = 300
-BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0)
 
 
 @dataclass(frozen=True)
@@ -160,12 +160,12 @@ class NodeAddresses:
         transport = ThreadTransport(self.api, "/api/v1/nodes", self.stop, WATCH_SECONDS + 30)
         while not self.stop.is_set():
             try:
-                follow(ListWatch(server_timeout=WATCH_SECONDS, backoff=BACKOFF), transport,
-                       self._handle)  # fmt: skip
+                protocol = ListWatch(server_timeout=WATCH_SECONDS, backoff=backoff.NODE_WATCH)
+                follow(protocol, transport, self._handle)
             except Exception:  # a bug: counted, logged with its traceback, started again
                 self.failed()
                 log.exception("node watch failed; starting it again")
-                self.stop.wait(BACKOFF[-1])
+                self.stop.wait(backoff.NODE_WATCH[-1])
 
     def _handle(self, out: Output) -> bool:
         if isinstance(out, Item):

@@ -8,7 +8,7 @@ is read again for each call, because projected ServiceAccount tokens rotate. A c
 thread's connection open for the next (an exits write is then one round trip, not a TCP and
 TLS handshake and a CA load first: ADR 0028); a watch has a connection of its own. Failures raise
 the errors every part of deathwatch shares (deathwatch._kube.errors): `ApiError` for the
-API's refusal, `Unreachable` when no answer came; `collection(path)` is one collection's side
+API's refusal, `NoAnswer` when no answer came; `collection(path)` is one collection's side
 of the list/watch protocol (deathwatch._kube.listwatch), run in the agent's own thread.
 """
 
@@ -29,13 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from deathwatch._kube.errors import ApiError, Unreachable
+from deathwatch._kube.errors import ApiError, NoAnswer
 from deathwatch._kube.listwatch import ListWatch, Output, outputs
 
 TIMEOUT = 30.0
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
-__all__ = ["ApiError", "NotInCluster", "Unreachable"]
+__all__ = ["ApiError", "NoAnswer", "NotInCluster"]
 
 
 class NotInCluster(Exception):
@@ -84,7 +84,7 @@ class KubeApi:
         try:
             token = self.token_file.read_text().strip()
         except OSError as exc:
-            raise Unreachable(f"cannot read the token {self.token_file}: {exc.strerror}") from None
+            raise NoAnswer(f"cannot read the token {self.token_file}: {exc.strerror}") from None
         if not self.server.startswith("https://"):
             raise NotInCluster(f"{self.server}: only https is spoken to the API")
         return {
@@ -130,11 +130,11 @@ class KubeApi:
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
                 self._drop(connection)
                 if new:
-                    raise Unreachable(f"{method} {path}: {exc}") from None
+                    raise NoAnswer(f"{method} {path}: {exc}") from None
                 continue
             except (OSError, http.client.HTTPException) as exc:  # ssl.SSLError is an OSError
                 self._drop(connection)
-                raise Unreachable(f"{method} {path}: {exc}",
+                raise NoAnswer(f"{method} {path}: {exc}",
                                   timeout=isinstance(exc, TimeoutError)) from None  # fmt: skip
             if response.will_close:
                 self._drop(connection)
@@ -157,7 +157,7 @@ class KubeApi:
             raise ApiError(exc.code, str(exc.reason or ""), exc.read()[:4096]) from None
         except (urllib.error.URLError, OSError, ssl.SSLError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise Unreachable(f"{method} {path}: {reason}", timeout=isinstance(
+            raise NoAnswer(f"{method} {path}: {reason}", timeout=isinstance(
                 reason, TimeoutError)) from None  # fmt: skip
 
     def call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
@@ -165,7 +165,7 @@ class KubeApi:
         try:
             return json.loads(answer)
         except ValueError as exc:
-            raise Unreachable(f"{method} {path}: unreadable answer: {exc}") from None
+            raise NoAnswer(f"{method} {path}: unreadable answer: {exc}") from None
 
     def get(self, path: str, params: Mapping[str, str | int]) -> bytes:
         return self._exchange("GET", path + query(**params), None, self.timeout)
@@ -184,7 +184,7 @@ def _read_lines(response: Any, path: str) -> Iterator[bytes]:
     try:
         yield from response
     except (OSError, ValueError) as exc:  # a cut chunked read, a timeout
-        raise Unreachable(f"watch {path}: {exc}") from None
+        raise NoAnswer(f"watch {path}: {exc}") from None
 
 
 def query(**params: str | int) -> str:

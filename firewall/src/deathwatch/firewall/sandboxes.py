@@ -21,6 +21,7 @@ from typing import Any
 
 import structlog
 
+from deathwatch._kube import backoff
 from deathwatch._kube.errors import describe
 from deathwatch._kube.listwatch import Item, Listed, ListWatch, Noted, Output
 from deathwatch.firewall.kubeapi import Api, ThreadTransport, follow
@@ -28,7 +29,6 @@ from deathwatch.firewall.ruleset import Address
 
 log = structlog.get_logger("deathwatch.firewall")
 WATCH_SECONDS = 300
-BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0)
 
 
 PODS = "/api/v1/pods"
@@ -90,7 +90,7 @@ class PodWatch:
             protocol = ListWatch(
                 label_selector=str(params.get("labelSelector") or "") or None,
                 field_selector=str(params["fieldSelector"]),
-                server_timeout=WATCH_SECONDS, backoff=BACKOFF,
+                server_timeout=WATCH_SECONDS, backoff=backoff.NODE_WATCH,
             )  # fmt: skip
 
             def handle(out: Output, selector: str = selector) -> bool:
@@ -107,4 +107,4 @@ class PodWatch:
             except Exception:  # a bug: counted, logged with its traceback, started again
                 self.failed()
                 log.exception("pod watch failed; starting it again")
-                self.stop.wait(BACKOFF[-1])
+                self.stop.wait(backoff.NODE_WATCH[-1])

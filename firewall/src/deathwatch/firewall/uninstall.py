@@ -31,13 +31,13 @@ from typing import Any
 
 import structlog
 
+from deathwatch._kube import backoff
 from deathwatch._kube.errors import ApiError, KubeError, describe
 from deathwatch._kube.listwatch import Item, Listed, ListWatch, Noted, Output
 from deathwatch.firewall.kubeapi import Api, ThreadTransport, follow
 
 log = structlog.get_logger("deathwatch.firewall")
 WATCH_SECONDS = 300
-BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0)
 
 
 @dataclass(frozen=True)
@@ -79,14 +79,14 @@ class DaemonSetWatch:
     def run(self) -> None:
         transport = ThreadTransport(self.api, _path(self.namespace), self.stop, WATCH_SECONDS + 30)
         protocol = ListWatch(field_selector=f"metadata.name={self.name}",
-                             server_timeout=WATCH_SECONDS, backoff=BACKOFF)  # fmt: skip
+                             server_timeout=WATCH_SECONDS, backoff=backoff.NODE_WATCH)  # fmt: skip
         while not self.stop.is_set():
             try:
                 follow(protocol, transport, self.handle)
             except Exception:  # a bug: counted, logged with its traceback, started again
                 self.failed()
                 log.exception("daemonset watch failed; starting it again")
-                self.stop.wait(BACKOFF[-1])
+                self.stop.wait(backoff.NODE_WATCH[-1])
 
     def handle(self, out: Output) -> bool:
         if isinstance(out, Item):

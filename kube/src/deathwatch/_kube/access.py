@@ -46,7 +46,7 @@ ACCESS_REVIEWS: Final = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 Post = Callable[[str, Mapping[str, Any]], Awaitable[Mapping[str, Any]]]
 
 
-class Decision(enum.Enum):
+class Grant(enum.Enum):
     ALLOWED = 200
     UNAUTHENTICATED = 401
     FORBIDDEN = 403
@@ -56,7 +56,7 @@ class Decision(enum.Enum):
     @property
     def status(self) -> int:
         """The HTTP status to answer with."""
-        return 503 if self in (Decision.BUSY, Decision.UNAVAILABLE) else self.value
+        return 503 if self in (Grant.BUSY, Grant.UNAVAILABLE) else self.value
 
 
 def bearer(authorization: str | None) -> str | None:
@@ -126,8 +126,8 @@ class Access:
     ) -> None:
         self.post, self.verb, self.clock = post, verb, clock
         self.allowed_for, self.refused_for, self.entries = allowed_for, refused_for, entries
-        self._cache: OrderedDict[tuple[bytes, str], tuple[Decision, float]] = OrderedDict()
-        self._pending: dict[tuple[bytes, str], asyncio.Future[Decision]] = {}
+        self._cache: OrderedDict[tuple[bytes, str], tuple[Grant, float]] = OrderedDict()
+        self._pending: dict[tuple[bytes, str], asyncio.Future[Grant]] = {}
         self._shared = _Budget(concurrent, per_second, burst, clock)
         self._renewals = _Budget(1, renewals, max(1, int(renewals * 4)), clock)
         # known readers: when each was last allowed by a review
@@ -137,16 +137,16 @@ class Access:
         self.decisions: Counter[str] = Counter()  # by outcome, and `reviewed` per review made
         self.last_failure: str | None = None  # the last review the API did not answer, said
 
-    async def check(self, authorization: str | None, path: str) -> Decision:
+    async def check(self, authorization: str | None, path: str) -> Grant:
         """May the bearer of this Authorization header `verb` the URL `path`?"""
         decision = await self._decide(authorization, path)
         self.decisions[decision.name.lower()] += 1
         return decision
 
-    async def _decide(self, authorization: str | None, path: str) -> Decision:
+    async def _decide(self, authorization: str | None, path: str) -> Grant:
         token = bearer(authorization)
         if token is None:
-            return Decision.UNAUTHENTICATED
+            return Grant.UNAUTHENTICATED
         key = (hashlib.sha256(token.encode()).digest(), path)
         cached = self._cache.get(key)
         if cached is not None:
@@ -159,14 +159,14 @@ class Access:
         if allowed_at is not None and self.clock() < allowed_at + self.allowed_for + self.stale_for:
             self._renew(token, key, path)
             self.decisions["stale"] += 1
-            return Decision.ALLOWED
+            return Grant.ALLOWED
         pending = self._pending.get(key)
         if pending is not None:
             return await asyncio.shield(pending)
         budget = self._shared
         if not budget.spend():
-            return Decision.BUSY
-        future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+            return Grant.BUSY
+        future: asyncio.Future[Grant] = asyncio.get_running_loop().create_future()
         self._pending[key] = future
         try:
             decision = await self._review(token, path)
@@ -177,7 +177,7 @@ class Access:
         finally:
             budget.done()
             del self._pending[key]
-        if decision is not Decision.UNAVAILABLE:
+        if decision is not Grant.UNAVAILABLE:
             self._remember(key, decision)
         future.set_result(decision)
         return decision
@@ -191,11 +191,11 @@ class Access:
         """Review a known reader again in the background, one at a time, from its budget."""
         if key in self._pending or not self._renewals.spend():
             return
-        future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Grant] = asyncio.get_running_loop().create_future()
         self._pending[key] = future
 
         async def renew() -> None:
-            decision = Decision.UNAVAILABLE
+            decision = Grant.UNAVAILABLE
             try:
                 decision = await self._review(token, path)
             except Exception as exc:  # a bug: counted and said (/readyz), the allowance kept
@@ -204,7 +204,7 @@ class Access:
             finally:  # cancelled too: whoever waits on it is answered
                 self._renewals.done()
                 del self._pending[key]
-                if decision is not Decision.UNAVAILABLE:
+                if decision is not Grant.UNAVAILABLE:
                     self._remember(key, decision)
                 future.set_result(decision)
 
@@ -212,25 +212,25 @@ class Access:
         self._renewing.add(task)
         task.add_done_callback(self._renewing.discard)
 
-    async def _review(self, token: str, path: str) -> Decision:
+    async def _review(self, token: str, path: str) -> Grant:
         self.decisions["reviewed"] += 1
         try:
             user = authenticated(await self.post(TOKEN_REVIEWS, token_review(token)))
             if user is None:
-                return Decision.UNAUTHENTICATED
+                return Grant.UNAUTHENTICATED
             answer = await self.post(ACCESS_REVIEWS, access_review(user, path, self.verb))
         except KubeError as exc:
             self.last_failure = describe(exc)
-            return Decision.UNAVAILABLE
-        return Decision.ALLOWED if allowed(answer) else Decision.FORBIDDEN
+            return Grant.UNAVAILABLE
+        return Grant.ALLOWED if allowed(answer) else Grant.FORBIDDEN
 
-    def _remember(self, key: tuple[bytes, str], decision: Decision) -> None:
-        ttl = self.allowed_for if decision is Decision.ALLOWED else self.refused_for
+    def _remember(self, key: tuple[bytes, str], decision: Grant) -> None:
+        ttl = self.allowed_for if decision is Grant.ALLOWED else self.refused_for
         self._cache[key] = (decision, self.clock() + ttl)
         self._cache.move_to_end(key)
         while len(self._cache) > self.entries:
             self._cache.popitem(last=False)
-        if decision is Decision.ALLOWED:
+        if decision is Grant.ALLOWED:
             self._readers[key] = self.clock()
             self._readers.move_to_end(key)
             while len(self._readers) > self.readers:

@@ -4,7 +4,7 @@ Two kinds, and nothing else (httpx's shape: one hierarchy, predicates to ask it)
 
 - `ApiError`: the API server answered with a refusal (an HTTP status of 400 or more), its
   Status object's reason and message;
-- `Unreachable`: no answer came (refused, reset, timed out, a TLS failure, a stream cut in
+- `NoAnswer`: no answer came (refused, reset, timed out, a TLS failure, a stream cut in
   the middle).
 
 Each transport (the controller's aiohttp client, the firewall agent's urllib one) raises only
@@ -121,7 +121,7 @@ class ApiError(KubeError):
         return str(self.status)
 
 
-class Unreachable(KubeError):
+class NoAnswer(KubeError):
     """No answer: the connection was refused, reset or cut, or a deadline passed."""
 
     def __init__(self, what: str, *, timeout: bool = False, reason: str = "") -> None:

@@ -25,10 +25,10 @@ from typing import Final, Protocol
 
 import msgspec
 
-from deathwatch._kube.errors import ApiError, Unreachable, retryable
+from deathwatch._kube.backoff import WATCH
+from deathwatch._kube.errors import ApiError, NoAnswer, retryable
 
 LISTED: Final = "LISTED"  # the type of an item a listing showed (it exists now)
-BACKOFF: Final = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 PAGE: Final = 500
 Params = dict[str, str | int]
 
@@ -183,7 +183,7 @@ class ListWatch:
         shard_selector: str | None = None,
         page_size: int = PAGE,
         server_timeout: int = 240,
-        backoff: tuple[float, ...] = BACKOFF,
+        backoff: tuple[float, ...] = WATCH,
         optional: bool = False,
         absent_retry: float = 10.0,
         follow: bool = True,
@@ -290,7 +290,7 @@ class ListWatch:
             try:
                 event = _event(line)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                raise Unreachable(f"a watch line that is not an event: {exc}") from None
+                raise NoAnswer(f"a watch line that is not an event: {exc}") from None
             if event.type == "BOOKMARK":
                 self.version = version_of(event.object) or self.version
             elif event.type == "ERROR":
@@ -308,7 +308,7 @@ class ListWatch:
 
 class Transport(Protocol):
     """How one side talks to the API about one collection. Failures raise errors.ApiError
-    (a refusal) or errors.Unreachable (no answer), nothing else but a bug."""
+    (a refusal) or errors.NoAnswer (no answer), nothing else but a bug."""
 
     async def get(self, params: Mapping[str, str | int]) -> bytes: ...
 

@@ -40,7 +40,7 @@ import structlog
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from deathwatch._kube.access import Access, Decision
+from deathwatch._kube.access import Access, Grant
 from deathwatch._kube.scrape import TIMEOUT_HEADER, Scrapes, deadline_of
 from deathwatch._kube.serving import Handler, Limits, Request, Response, Server
 
@@ -49,11 +49,11 @@ METRICS_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus t
 Readiness = Callable[[], tuple[bool, Mapping[str, Any]]]
 
 
-def refusal(decision: Decision) -> Response:
-    if decision is Decision.UNAUTHENTICATED:
+def refusal(decision: Grant) -> Response:
+    if decision is Grant.UNAUTHENTICATED:
         return Response(401, b"unauthorized: a bearer token is needed\n",
                         headers=(("WWW-Authenticate", 'Bearer realm="deathwatch"'),))  # fmt: skip
-    if decision is Decision.FORBIDDEN:
+    if decision is Grant.FORBIDDEN:
         return Response.text(403, "forbidden")
     return Response(503, b"authorization not available now: try again\n",
                     headers=(("Retry-After", "1"),))  # fmt: skip
@@ -163,7 +163,7 @@ class MetricsPort:
     async def handle(self, request: Request) -> Response:
         if request.path == "/metrics":
             decision = await self.access.check(request.header("authorization"), "/metrics")
-            if decision is not Decision.ALLOWED:
+            if decision is not Grant.ALLOWED:
                 return refusal(decision)
             within = deadline_of(request.header(TIMEOUT_HEADER), self.answer_within)
             page = await self.scrapes.page(within)
@@ -175,7 +175,7 @@ class MetricsPort:
             if authorization is None:
                 return health_answer(self.heartbeat, "/readyz") or Response.text(404, "")
             decision = await self.access.check(authorization, "/metrics")
-            if decision is not Decision.ALLOWED:
+            if decision is not Grant.ALLOWED:
                 return refusal(decision)
             ok, report = self.readiness()
             body = json.dumps(report, indent=1, sort_keys=True, default=str).encode() + b"\n"

@@ -33,8 +33,8 @@ from enum import StrEnum
 
 import msgspec
 
+from deathwatch._api.verdict_document import VerdictDocument
 from deathwatch._engine.verdict import State
-from deathwatch._operator.verdict_document import VerdictDocument
 
 SPEC_VERSION = "1.0"
 TYPES = {state: f"dev.deathwatch.sandbox.{state.value.lower()}" for state in State}

@@ -31,10 +31,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from deathwatch._api.resources import DeathWatchKey, DeliveryMark
 from deathwatch._engine.verdict import State
 from deathwatch._operator.delivery.config import LATE_AFTER, DeliveryConfig, Sink
 from deathwatch._operator.delivery.events import Answer, backoff, event_id
-from deathwatch._operator.resources import DeathWatchKey, DeliveryMark
 
 
 @dataclass(frozen=True, slots=True)

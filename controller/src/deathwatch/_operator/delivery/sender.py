@@ -30,11 +30,11 @@ from pathlib import Path
 import aiohttp
 import structlog
 
+from deathwatch._api.resources import DeliveryMark, DeliveryOutcome
 from deathwatch._operator.delivery import config as sink_config
 from deathwatch._operator.delivery.events import Answer, Outcome, Outgoing, read_answer, request
 from deathwatch._operator.delivery.outbox import Deliveries, Ended, Owed, SinkOutbox
-from deathwatch._operator.metrics import Metrics
-from deathwatch._operator.resources import DeliveryMark, DeliveryOutcome
+from deathwatch._operator.instruments.metrics import Metrics
 
 log = structlog.get_logger("deathwatch.delivery")
 READ_LIMIT = 64 * 1024  # of a receiver's answer: enough for its error, never its whole body

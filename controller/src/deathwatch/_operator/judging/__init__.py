@@ -1,0 +1,3 @@
+"""Pure judgements over plain data: what an engine step means for the outside world
+(`decisions`), every document the controller writes (`documents`), a DeathWatch's counts kept
+by difference (`summary`), and whether a sandbox is Shielded (`shield`). No I/O, no clock."""

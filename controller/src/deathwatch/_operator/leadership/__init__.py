@@ -1,0 +1,1 @@
+"""Who may write: the leader's Lease, elected and fenced (`leader`)."""

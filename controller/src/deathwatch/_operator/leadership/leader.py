@@ -1,0 +1,301 @@
+"""Leader election on a coordination.k8s.io/v1 Lease: asyncio-native, every call with a
+deadline, released on shutdown. client-go's algorithm with controller-runtime's defaults:
+
+- `lease_duration` (15 s): a candidate takes over a lease whose record has not changed for
+  this long, measured on its own monotonic clock from when it last saw the record change
+  (no trust in anyone's wall clock);
+- `renew_deadline` (10 s): a leader that has not renewed for this long, on its own monotonic
+  clock, stops writing (`may_write()` is False from that instant, whatever its loop is doing)
+  and stands by: it has stopped before anyone else can take over (15 s);
+- `retry_period` (2 s): how often a candidate tries, and a leader renews;
+- on shutdown the leader clears the holder and sets a 1 s duration: a standby takes over on its
+  next try (within `retry_period`).
+
+The kubernetes client's `leaderelection` package is synchronous (threads and sleeps), has no
+per-call deadline of its own and does not release on cancel; see docs/adr/0011.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+import structlog
+
+from deathwatch._engine.timeutil import UTC, format_time
+from deathwatch._kube.errors import ApiError, describe, label
+from deathwatch._operator.instruments.metrics import Metrics
+
+log = structlog.get_logger("deathwatch.leader")
+
+MIN_PAUSE = 0.05  # seconds between two tries, at the least
+
+
+@dataclass(frozen=True)
+class LeaseTimings:
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.retry_period < self.renew_deadline < self.lease_duration:
+            raise ValueError(
+                "lease timings: need 0 < retry period < renew deadline < lease duration, got "
+                f"{self.retry_period}s, {self.renew_deadline}s, {self.lease_duration}s"
+            )
+
+
+class LeaseApi(Protocol):
+    """The three calls on the one Lease; `replace` must fail (409) if the resourceVersion in
+    the body is no longer current. Each raises errors.ApiError on refusal, NoAnswer when no
+    answer came."""
+
+    async def get(self) -> dict[str, Any] | None: ...
+
+    async def create(self, body: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def replace(self, body: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def watch(self, seen: Callable[[str, dict[str, Any] | None], None]) -> None:
+        """Follow the Lease for a while (a minute): `seen(event type, lease)` on the event
+        loop for its current state, then for every change; returns when the watch ends."""
+
+
+class Elector:
+    def __init__(
+        self,
+        api: LeaseApi,
+        identity: str,
+        name: str,
+        namespace: str,
+        metrics: Metrics,
+        timings: LeaseTimings | None = None,
+        on_change: Callable[[bool], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+        claim: Callable[[], tuple[dict[str, str], dict[str, str]]] | None = None,
+    ) -> None:
+        """`claim()`: the labels and annotations written on the Lease with each acquisition
+        and renewal (a shard's slots: slot_claims.py)."""
+        self.api = api
+        self.claim = claim
+        self.identity = identity
+        self.name, self.namespace = name, namespace
+        self.metrics = metrics
+        self.timings = timings or LeaseTimings()
+        self.on_change = on_change or (lambda leading: None)
+        self.clock, self.wall = clock, wall
+        self.is_leader = False
+        self.leader: str | None = None  # the holder as last observed
+        self.transitions = 0
+        # This replica's term: the Lease's leaseTransitions when it last took the lease. Every
+        # acquisition by this process (not a renewal) starts a new term, so no two spells of
+        # writing share one; the writer stamps each status with it (writer.py, ADR 0011).
+        self.term = 0
+        self._renewed_at = float("-inf")  # monotonic: the last successful acquire or renew
+        self._observed: Mapping[str, Any] | None = None  # the lease spec as last seen
+        self._observed_version: str | None = None  # ... and its resourceVersion
+        self._observed_at = float("-inf")  # when we saw it change, on our clock
+        self._wake = asyncio.Event()  # the watch saw the lease change
+        metrics.leader.labels(identity).set(0)
+
+    # --- what the writer asks ----------------------------------------------------------
+
+    def may_write(self) -> bool:
+        """Leader, and provably so: renewed within the renew deadline, on our own clock."""
+        return self.is_leader and self.clock() < self._renewed_at + self.timings.renew_deadline
+
+    # --- the loop -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Try to acquire or renew every retry period, forever (supervised)."""
+        while True:
+            # the renewal counts from when it was sent: the API server may have applied it
+            # at any moment after that, and others time the lease from when they saw it
+            sent = self.clock()
+            failed = False
+            try:
+                holds = await asyncio.wait_for(self._try(), self.timings.renew_deadline / 2)
+            except Exception as exc:  # the API: counted, logged, and just not renewed
+                self.metrics.api_errors.labels("lease", label(exc)).inc()
+                log.warning("lease not renewed", error=describe(exc)[:200], leader=self.is_leader)
+                holds, failed = False, True
+            now = self.clock()
+            if holds:
+                self._renewed_at = sent
+                if not self.is_leader:
+                    self._set(True, "acquired the lease")
+                # stop at the deadline itself, even if this loop is stuck in a call by then
+                deadline = sent + self.timings.renew_deadline - now
+                asyncio.get_running_loop().call_later(deadline, self._fence_if_overdue)
+            elif self.is_leader and self.leader not in (None, self.identity):
+                self._set(False, f"the lease is held by {self.leader}: stopped writing")
+            elif self.is_leader and now >= self._renewed_at + self.timings.renew_deadline:
+                self._set(False, "renew deadline passed: stopped writing")
+            await self._pause(failed)
+
+    async def _pause(self, failed: bool) -> None:
+        """Until the next try. A leader renews every retry period. A standby tries again
+        after a retry period, or sooner, the moment the lease can be taken: released or
+        deleted (seen on the watch), or expired on its own clock (timed from when the watch
+        showed the holder's last renewal, not from our next poll)."""
+        if self.is_leader or failed:
+            await asyncio.sleep(self.timings.retry_period)
+            return
+        until = self.clock() + self.timings.retry_period
+        waited = False
+        while True:
+            self._wake.clear()
+            wait = min(until, self._takeable_at()) - self.clock()
+            if wait <= 0:
+                break
+            waited = True
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), wait)
+        if not waited:  # takeable already, yet the last try did not take it: never a busy loop
+            await asyncio.sleep(MIN_PAUSE)
+
+    def _takeable_at(self) -> float:
+        """When, on our clock, the lease as last seen may be taken by us."""
+        spec = self._observed or {}
+        holder = spec.get("holderIdentity") or None
+        if self._observed is None or holder in (None, self.identity):
+            return float("-inf")
+        duration = float(spec.get("leaseDurationSeconds") or self.timings.lease_duration)
+        return self._observed_at + duration
+
+    async def watch(self) -> None:
+        """Follow the Lease as it changes (supervised, alongside `run`): a standby sees a
+        release at once, and times the holder from its actual renewals. Without the watch
+        (it fails, or RBAC lacks it) the elector still works, polling every retry period."""
+        while True:
+            try:
+                await self.api.watch(self.seen)
+            except Exception as exc:
+                self.metrics.api_errors.labels("lease_watch", label(exc)).inc()
+                log.warning("lease watch failed; polling every retry period until it is back",
+                            error=describe(exc)[:200])  # fmt: skip
+                await asyncio.sleep(self.timings.retry_period)
+
+    def seen(self, event_type: str, lease: Mapping[str, Any] | None) -> None:
+        """A watch event: what the Lease is now."""
+        self._observe(None if event_type == "DELETED" else lease)
+        if self.is_leader and self.leader not in (None, self.identity):
+            self._set(False, f"the lease is held by {self.leader}: stopped writing")
+        self._wake.set()
+
+    def _fence_if_overdue(self) -> None:
+        if self.is_leader and not self.may_write():
+            self._set(False, "renew deadline passed: stopped writing")
+
+    def _set(self, leading: bool, why: str) -> None:
+        self.is_leader = leading
+        if leading:
+            self.leader = self.identity
+            self.transitions += 1
+        self.metrics.leader.labels(self.identity).set(int(leading))
+        log.warning(why, identity=self.identity, lease=f"{self.namespace}/{self.name}")
+        self.on_change(leading)
+
+    async def _try(self) -> bool:
+        """One attempt: True if we hold the lease afterwards (acquired or renewed)."""
+        lease = await self.api.get()
+        now = format_time(self.wall())
+        self._observe(lease)
+        if lease is None:
+            try:
+                created = await self.api.create(self._body(None, {
+                    "holderIdentity": self.identity,
+                    "leaseDurationSeconds": int(self.timings.lease_duration),
+                    "acquireTime": now, "renewTime": now, "leaseTransitions": 0,
+                }))  # fmt: skip
+            except Exception as exc:
+                if isinstance(exc, ApiError) and exc.conflict:
+                    return False  # someone else created it first
+                raise
+            self._observe(created)
+            self.term = 0
+            return True
+        spec = lease.get("spec") or {}
+        holder = spec.get("holderIdentity") or None
+        duration = float(spec.get("leaseDurationSeconds") or self.timings.lease_duration)
+        if holder not in (None, self.identity) and self.clock() < self._observed_at + duration:
+            return False  # someone else's, and alive as far as we can tell
+        # a renewal continues the term; anything else (taking it over, or taking back a
+        # lease still in our name after we stopped writing, or after a restart) starts one
+        renewing = holder == self.identity and self.is_leader
+        transitions = int(spec.get("leaseTransitions") or 0) + (0 if renewing else 1)
+        new = {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": int(self.timings.lease_duration),
+            "acquireTime": spec.get("acquireTime") if renewing else now,
+            "renewTime": now,
+            "leaseTransitions": transitions,
+        }
+        try:
+            replaced = await self.api.replace(self._body(lease, new))
+        except Exception as exc:
+            if isinstance(exc, ApiError) and exc.conflict:
+                return False  # someone else wrote it first
+            raise
+        self._observe(replaced)
+        self.term = transitions
+        return True
+
+    def _observe(self, lease: Mapping[str, Any] | None) -> None:
+        """The lease as read, written or watched. Its record changed if its resourceVersion
+        did (every write changes it; no comparing timestamps that two sources format
+        differently); `_observed_at` is when we first saw this version."""
+        version = None if lease is None else (lease.get("metadata") or {}).get("resourceVersion")
+        if lease is None or version != self._observed_version:
+            self._observed = None if lease is None else dict(lease.get("spec") or {})
+            self._observed_version = version
+            self._observed_at = self.clock()
+        self.leader = (self._observed or {}).get("holderIdentity") or None
+
+    def _body(self, lease: Mapping[str, Any] | None, spec: dict[str, Any]) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        if self.claim is not None:
+            meta["labels"], meta["annotations"] = self.claim()
+        if lease is not None:
+            meta["resourceVersion"] = lease["metadata"]["resourceVersion"]
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta,
+                "spec": spec}  # fmt: skip
+
+    async def release(self) -> None:
+        """Give the lease up (shutdown): holder cleared, duration 1 s, so a standby takes over
+        on its next try. Only while still ours; errors are logged, never raised."""
+        if not self.is_leader:
+            return
+        self._set(False, "releasing the lease")
+        try:
+            lease = await asyncio.wait_for(self.api.get(), self.timings.renew_deadline / 2)
+            if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+                return
+            spec = dict(lease["spec"])
+            spec.update(holderIdentity=None, leaseDurationSeconds=1,
+                        renewTime=format_time(self.wall()))  # fmt: skip
+            await asyncio.wait_for(
+                self.api.replace(self._body(lease, spec)), self.timings.renew_deadline / 2
+            )
+        except Exception as exc:
+            log.warning("lease not released; a standby takes over when it expires",
+                        error=describe(exc)[:200])  # fmt: skip
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "identity": self.identity,
+            "leader": self.leader,
+            "is_leader": self.is_leader,
+            "may_write": self.may_write(),
+            "term": self.term,
+            "lease": f"{self.namespace}/{self.name}",
+            "seconds_since_renew": None
+            if self._renewed_at == float("-inf")
+            else round(self.clock() - self._renewed_at, 1),
+        }

@@ -1,0 +1,323 @@
+"""`deathwatch controller`: run the operator."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+import sys
+from pathlib import Path
+
+EXIT_BAD_CONFIG = 2
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "controller",
+        help="run the operator: watch sandbox pods, publish SandboxVerdicts",
+        description="Watch sandbox pods selected by DeathWatch objects and publish their verdicts.",
+    )
+    p.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="a namespace to serve (repeatable); default: all namespaces",
+    )
+    p.add_argument(
+        "--kubeconfig", default=None, help="kubeconfig (default: in-cluster, else $KUBECONFIG)"
+    )
+    ports = p.add_argument_group(
+        "ports", "what the controller serves, to whom, and what a client may hold (ADR 0020)"
+    )
+    ports.add_argument(
+        "--metrics-address",
+        default=":8443",
+        metavar="HOST:PORT",
+        help="HTTPS: /metrics to whom RBAC lets get it (TokenReview + SubjectAccessReview), "
+        "/readyz (its details to the same), /healthz (default :8443)",
+    )
+    ports.add_argument(
+        "--health-address",
+        default=":8081",
+        metavar="HOST:PORT",
+        help="HTTP, for the kubelet: /healthz and /readyz, up or down (default :8081)",
+    )
+    ports.add_argument(
+        "--heartbeat-file",
+        default=None,
+        metavar="PATH",
+        help='write the heartbeat there every second ("ok", or why not), for an exec '
+        "liveness probe that no neighbour on the health port's address can starve (the chart's)",
+    )
+    ports.add_argument(
+        "--metrics-cert-dir",
+        default=None,
+        metavar="DIR",
+        help="tls.crt and tls.key for the metrics port (e.g. a cert-manager Secret), read again "
+        "when they change; default: a self-signed certificate made at start",
+    )
+    ports.add_argument(
+        "--max-connections",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="connections the metrics port holds at once, at most half the open-files limit "
+        "(raised to its hard limit at start), 64 from one address; past it, the address "
+        "holding the most makes room, else one that has waited 2 s unanswered is closed for "
+        "the newcomer, else the newcomer is (default 1024)",
+    )
+    p.add_argument(
+        "--firewall-daemonset",
+        default=None,
+        metavar="NS/NAME",
+        help="the firewall DaemonSet whose coverage DeathWatch status reports; its "
+        "namespace holds the agents' coverage Leases, from which every verdict gets Shielded",
+    )
+    p.add_argument(
+        "--coverage-interval",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="how often the firewall coverage Leases are listed (default 5)",
+    )
+    p.add_argument(
+        "--watch-open-deadline",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="a watched collection not listed this long after its watch began is named in "
+        "/readyz (watches_not_open), the deathwatch_watch_not_open metric and a log line; "
+        "start-up keeps waiting for it (default 30: one API call's cap)",
+    )
+    p.add_argument(
+        "--pod-label-selector",
+        default=None,
+        metavar="SELECTOR",
+        help="only watch pods matching this label selector (server-side), e.g. app=sandbox",
+    )
+    p.add_argument(
+        "--controller-id",
+        default="",
+        metavar="ID",
+        help="serve only the DeathWatches annotated deathwatch.dev/controller-id=ID (default: "
+        "those without it): a second release in one cluster serves its own; whichever serves "
+        "them, the oldest DeathWatch in a namespace that selects a pod judges it",
+    )
+    p.add_argument(
+        "--agent-sandbox",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="watch agent-sandbox's Sandboxes (read-only; none installed is fine, and they are "
+        "picked up once installed): verdicts name their Sandbox and claim, and say Suspended "
+        "or Expired (default on)",
+    )
+    p.add_argument(
+        "--node-exits",
+        default=None,
+        metavar="NAMESPACE",
+        help="watch the node agents' exits Leases in NAMESPACE (deathwatch-firewall exits): a "
+        "container's exit heard on its node is judged at once, before the kubelet's next "
+        "relist (ADR 0028); default off",
+    )
+    p.add_argument(
+        "--delivery-config",
+        default=None,
+        metavar="FILE",
+        help="the sinks verdicts are delivered to, as signed CloudEvents (YAML: cluster, sinks; "
+        "docs/delivery.md); read at start, each sink's keys at every send",
+    )
+    shards = p.add_argument_group(
+        "shards",
+        "past one replica pair: N shards, each a leader and a hot standby on a Lease "
+        "of its own, each judging the pods of its slots (ADR 0025)",
+    )
+    shards.add_argument("--shards", type=int, default=1, metavar="N",
+                        help="how many shards judge the cluster's sandboxes (1-64; default 1: "
+                        "this process's pair judges all of them, as ever)")  # fmt: skip
+    shards.add_argument("--shard", type=int, default=0, metavar="I",
+                        help="which of them this process is (0 .. N-1)")  # fmt: skip
+    shards.add_argument("--shard-epoch", type=int, default=0, metavar="E",
+                        help="the configuration's epoch: a reshard must come with a higher one "
+                        "(the chart: the release's revision); the older shards give up the "
+                        "slots the newer ones are assigned")  # fmt: skip
+    election = p.add_argument_group(
+        "leader election", "replicas elect one writer on a Lease; the others stand by, hot"
+    )
+    election.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="elect a leader (default); --no-leader-elect: this process is the only writer",
+    )
+    election.add_argument(
+        "--identity",
+        default=os.environ.get("POD_NAME") or os.environ.get("HOSTNAME") or socket.gethostname(),
+        help="this replica's name on the Lease and as field manager (default: $POD_NAME)",
+    )
+    election.add_argument("--lease-name", default="deathwatch-controller")
+    election.add_argument(
+        "--lease-namespace", default=os.environ.get("POD_NAMESPACE") or "deathwatch-system"
+    )
+    for flag, default, what in (
+        ("--lease-duration", 15.0, "a standby takes over a lease unchanged this long"),
+        ("--renew-deadline", 10.0, "a leader unable to renew this long stops writing"),
+        ("--retry-period", 2.0, "how often to try to acquire or renew"),
+    ):
+        election.add_argument(flag, type=float, default=default, metavar="SECONDS", help=what)
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio  # here, not at the top: `deathwatch replay` and `--help` never need it
+    import logging
+
+    import kopf
+    import structlog
+
+    from deathwatch._api.kubeconfig import CredentialError, KubeconfigError
+    from deathwatch._api.kubeconfig import load as load_kubeconfig
+    from deathwatch._kube import logs
+    from deathwatch._kube.ports import heartbeat_file
+    from deathwatch._kube.serving import Limits, connection_cap, raise_open_files
+    from deathwatch._kube.tls import CertificateError
+    from deathwatch._operator.leadership.leader import LeaseTimings
+    from deathwatch._operator.ports.endpoints import address
+    from deathwatch._operator.process.app import App, Config, register
+
+    if args.firewall_daemonset is not None and args.firewall_daemonset.count("/") != 1:
+        print(
+            "deathwatch controller: --firewall-daemonset: expected NS/NAME, "
+            f"got {args.firewall_daemonset!r}",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_CONFIG
+    if args.controller_id and not re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?",
+                                               args.controller_id):  # fmt: skip
+        print(
+            "deathwatch controller: --controller-id: expected a label value (up to 63 letters, "
+            f"digits, - _ ., beginning and ending alphanumeric), got {args.controller_id!r}",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_CONFIG
+    if not 0.1 <= args.coverage_interval <= 300:
+        print(
+            "deathwatch controller: --coverage-interval: expected seconds in [0.1, 300], "
+            f"got {args.coverage_interval}",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_CONFIG
+    if not 1 <= args.watch_open_deadline <= 3600:
+        print(
+            "deathwatch controller: --watch-open-deadline: expected seconds in [1, 3600], "
+            f"got {args.watch_open_deadline}",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_CONFIG
+    from deathwatch._operator.shards.slot_claims import Spec
+
+    try:
+        shard = Spec(args.shard, args.shards, args.shard_epoch)
+    except ValueError as exc:
+        print(f"deathwatch controller: --shards/--shard/--shard-epoch: {exc}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    if shard.sharded and not args.leader_elect:
+        print("deathwatch controller: --shards above 1 needs --leader-elect: a shard's slots "
+              "are claimed on its Lease", file=sys.stderr)  # fmt: skip
+        return EXIT_BAD_CONFIG
+    try:
+        flag = "--metrics-address"
+        metrics_address = address(args.metrics_address)
+        flag = "--health-address"
+        health_address = address(args.health_address)
+        flag = "--max-connections"
+        Limits(connections=args.max_connections)  # the value checked before anything starts
+        flag = "--heartbeat-file"
+        heartbeat = heartbeat_file(args.heartbeat_file) if args.heartbeat_file else None
+    except ValueError as exc:
+        print(f"deathwatch controller: {flag}: {exc}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    if args.metrics_cert_dir is not None and not os.path.isdir(args.metrics_cert_dir):
+        print(f"deathwatch controller: --metrics-cert-dir: no such directory: "
+              f"{args.metrics_cert_dir}", file=sys.stderr)  # fmt: skip
+        return EXIT_BAD_CONFIG
+    try:
+        # before anything starts or logs: the file, context and field, in one line
+        load_kubeconfig(args.kubeconfig)
+    except (KubeconfigError, CredentialError) as exc:
+        print(f"deathwatch controller: {exc}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig  # for kopf's own login as well
+    try:
+        timings = LeaseTimings(args.lease_duration, args.renew_deadline, args.retry_period)
+    except ValueError as exc:
+        print(f"deathwatch controller: {exc}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    if not args.identity:
+        print("deathwatch controller: --identity: empty", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    delivery = None
+    if args.delivery_config is not None:
+        from deathwatch._operator.delivery import config as delivery_config
+
+        try:
+            delivery = delivery_config.load(args.delivery_config)
+            for sink in delivery.sinks:  # a sink that cannot sign is refused now, not at a death
+                delivery_config.keys(sink)
+        except delivery_config.ConfigError as exc:
+            print(f"deathwatch controller: --delivery-config: {exc}", file=sys.stderr)
+            return EXIT_BAD_CONFIG
+    # kopf's per-object chatter at INFO is one line per handler call: kept at WARNING
+    logs.configure(args.log_level, quiet={"kopf": logging.WARNING, "urllib3": logging.ERROR,
+                                          "aiohttp.access": logging.WARNING})  # fmt: skip
+    # as Go's runtime does: containerd 2.x leaves a Python process 1,024 descriptors, which a
+    # neighbour holding connections to our ports would take from the API's (ADR 0020)
+    soft, hard = raise_open_files()
+    limits = Limits(connections=connection_cap(args.max_connections, soft), evict_after=2.0)
+    structlog.get_logger("deathwatch").info("open files", limit=soft, hard_limit=hard,
+                                            metrics_connections=limits.connections)  # fmt: skip
+    config = Config(
+        namespaces=tuple(dict.fromkeys(args.namespace)),
+        kubeconfig=args.kubeconfig,
+        metrics_address=metrics_address,
+        health_address=health_address,
+        heartbeat_file=heartbeat,
+        metrics_cert_dir=Path(args.metrics_cert_dir) if args.metrics_cert_dir else None,
+        port_limits=limits,
+        firewall_daemonset=args.firewall_daemonset,
+        coverage_interval=args.coverage_interval,
+        watch_open_deadline=args.watch_open_deadline,
+        pod_label_selector=args.pod_label_selector,
+        controller_id=args.controller_id,
+        agent_sandbox=args.agent_sandbox,
+        leader_elect=args.leader_elect,
+        identity=args.identity,
+        lease_name=args.lease_name,
+        lease_namespace=args.lease_namespace,
+        lease_timings=timings,
+        delivery=delivery,
+        shard=shard,
+        node_exits_namespace=args.node_exits,
+    )
+    try:
+        app = App(config)
+        app.build()
+    except CertificateError as exc:
+        print(f"deathwatch controller: metrics TLS: {exc}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+
+    registry = kopf.OperatorRegistry()
+    register(registry, app)
+    asyncio.run(
+        kopf.operator(
+            registry=registry,
+            clusterwide=not config.namespaces,
+            namespaces=list(config.namespaces),
+            standalone=True,
+        )
+    )
+    return 0
