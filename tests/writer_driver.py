@@ -10,7 +10,8 @@ from contextlib import asynccontextmanager
 from deathwatch._api.resources import EventReason
 from deathwatch._operator.instruments.metrics import Metrics
 from deathwatch._operator.judging.documents import PodEvent
-from deathwatch._operator.writing.writer import Writer
+from deathwatch._operator.leadership.group import Leadership
+from deathwatch._operator.writing.writer import ObjectKey, Writer
 from tests.fakeapi import FakeApi, FakeTimers
 
 NS = "sandboxes"
@@ -18,6 +19,26 @@ NS = "sandboxes"
 
 def dead_event(name: str) -> PodEvent:
     return PodEvent(NS, name, f"uid-{name}", EventReason.SANDBOX_DEAD, "Sandbox dead")
+
+
+def standing_by(metrics: Metrics, fence: Callable[[], bool] | None = None) -> Leadership:
+    """A replica's Leadership that waits to be elected (`fence`: the elector's may_write)."""
+    leadership = Leadership(metrics, "test", elected=True)
+    if fence is not None:
+        leadership.fenced_by(fence)
+    return leadership
+
+
+def lead(writer: Writer, term: int | None = None) -> list[ObjectKey]:
+    """What the elector does when it takes the Lease, for the writer alone: it leads, and
+    returns what it owes (passes/takeover.py says each again)."""
+    writer.leadership.lead(term, "test: took the lease")
+    return writer.take_over(term)
+
+
+def fence(writer: Writer) -> None:
+    """The elector's renew deadline passed."""
+    writer.leadership.standby("test: fenced")
 
 
 @asynccontextmanager

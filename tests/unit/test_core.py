@@ -25,7 +25,7 @@ from deathwatch._api.objects import (
     DeathWatchObject,
     EventType,
     Undecodable,
-    Verdict,
+    VerdictObject,
     decode_deathwatch,
 )
 from deathwatch._api.resources import DW_PLURAL, SV_PLURAL, to_document
@@ -36,20 +36,13 @@ from deathwatch._engine.podview import read_pod
 from deathwatch._engine.verdict import Cause, Evidence, Observer, State
 from deathwatch._operator.instruments.metrics import Metrics
 from deathwatch._operator.judging import documents
-from deathwatch._operator.judging.summary import Summaries
-from deathwatch._operator.memory.agent_sandboxes import AgentSandboxes
-from deathwatch._operator.memory.core import Core, Firewall
-from deathwatch._operator.memory.deathwatches import Change, DeathWatches
-from deathwatch._operator.memory.records import Records
+from deathwatch._operator.memory.core import Core
+from deathwatch._operator.memory.deathwatches import DeathWatches, Revised
 from deathwatch._operator.passes import (
-    node_exits,
-    owners,
-    pods,
     publishing,
-    retention,
-    verdict_watch,
 )
-from deathwatch._operator.sources.sinks import DeathWatchSink
+from deathwatch._operator.passes.wiring import Passes
+from deathwatch._operator.sources.receivers import DeathWatchReceiver, Malformed
 from deathwatch._operator.writing.writer import Writer
 from deathwatch._policies import AUTO, PolicySettings, default_registry
 from tests.builders import T0, at, exec_probe, pod, running, terminated, waiting
@@ -57,7 +50,7 @@ from tests.engine_driver import Pods
 from tests.examples import examples
 from tests.fakeapi import FakeApi, FakeTimers
 from tests.lifecycles import lifecycle, observation, probes
-from tests.writer_driver import workers
+from tests.writer_driver import lead, standing_by, workers
 
 NS = "sandboxes"
 
@@ -94,35 +87,33 @@ class Clock:
 LIVENESS = publishing.Liveness(fresh=lambda: None, stale_after=90.0)
 
 
-def core(writer: Writer, clock: Clock, metrics: Metrics) -> Core:
+def core(writer: Writer, clock: Clock, metrics: Metrics) -> Passes:
+    """The controller's passes on a fresh memory, as the app wires them."""
     registry = default_registry()
-    return Core(
-        deathwatches=DeathWatches(registry), records=Records(), policies=registry,
-        summaries=Summaries(), writer=writer, metrics=metrics, firewall=Firewall(None, None),
-        agent_sandboxes=AgentSandboxes(), clock=clock,
-    )  # fmt: skip
+    return Passes(Core(DeathWatches(registry)), writer=writer, metrics=metrics,
+                  policies=registry, clock=clock)  # fmt: skip
 
 
 @dataclass
 class Harness:
     api: FakeApi
     clock: Clock
-    controller: Core
+    controller: Passes
     writer: Writer
 
     def deathwatch(self, **spec: Any) -> None:
-        owners.on_deathwatch(
-            self.controller, EventType.LISTED, as_deathwatch(deathwatch_body(**spec))
+        self.controller.owners.on_deathwatch(
+            EventType.LISTED, as_deathwatch(deathwatch_body(**spec))
         )
 
     def pod(
         self, body: dict[str, Any], seconds: float, event: EventType = EventType.MODIFIED
     ) -> None:
         self.clock.now = at(seconds)
-        pods.on_pod(self.controller, event, read_pod(body))
+        self.controller.pods.on_pod(event, read_pod(body))
 
     async def settle(self) -> None:
-        publishing.publish(self.controller, LIVENESS)
+        self.controller.status.publish(LIVENESS)
         await asyncio.wait_for(self.writer.idle(), 5)
 
     def sv(self, name: str = "sbx-1") -> dict[str, Any] | None:
@@ -185,11 +176,11 @@ async def test_a_sandbox_lifecycle_ending_in_death() -> None:
     assert "deathwatch.dev/origin" not in (h.api.labels(SV_PLURAL, NS, "sbx-1") or {})
     assert (dead["origin"], dw["deaths"]["workload"]) == ("Workload", 1)
     # and the writer taking over (a restart, a new leader) says it again: a 409, not a second
-    (lost,) = publishing.unannounced_deaths(h.controller)
+    (lost,) = h.controller.status.unannounced_deaths()
     assert lost.name == "sbx-1.uid-1.sandboxdead"
     h.clock.now = at(60 * 60)
     assert (
-        publishing.unannounced_deaths(h.controller) == []
+        h.controller.status.unannounced_deaths() == []
     )  # past the Event TTL: no old death as news
 
 
@@ -206,7 +197,7 @@ async def test_an_exit_heard_on_the_node_is_dead_at_once_and_a_kubelet_that_disa
         await h.settle()
         h.clock.now = at(50.2)
         heard = NodeExit(cid, 3, False, at(50.1), "node-1")
-        assert node_exits.exited(h.controller, heard, read_pod(live), "9") == "judged"
+        assert h.controller.node_exits.exited(heard, read_pod(live), "9") == "judged"
         await h.settle()
         dead = h.sv()
         assert dead is not None
@@ -214,7 +205,7 @@ async def test_an_exit_heard_on_the_node_is_dead_at_once_and_a_kubelet_that_disa
                 dead["containerID"]) == ("Dead", "ContainerExited", 3, "node", cid)  # fmt: skip
         assert "heard on its node" in next(iter(h.api.events.values()))["message"]
         # the same exit again (the Lease read again after a restart): the verdict is final
-        assert node_exits.exited(h.controller, heard, read_pod(live), "9") == "kubelet"
+        assert h.controller.node_exits.exited(heard, read_pod(live), "9") == "kubelet"
         writes = len(h.api.writes)
         report = pod(ready=False, ready_at=51, node="node-1",
                      containers=[terminated(code=3, finished=50, cid=cid)])  # fmt: skip
@@ -234,7 +225,7 @@ async def test_an_exit_heard_on_the_node_is_dead_at_once_and_a_kubelet_that_disa
     assert sample("deathwatch_node_exit_disputes_total", {"policy": "no-probe"}) == 1
     # an exit of a pod no record tracks, or of an instance its status does not name
     unknown = pod(uid="uid-2", name="sbx-2", containers=[running(cid=cid)])
-    assert node_exits.exited(h.controller, heard, read_pod(unknown), "3") == "not-watched"
+    assert h.controller.node_exits.exited(heard, read_pod(unknown), "3") == "not-watched"
 
 
 async def test_deletion_is_gone_and_the_verdict_retires_after_its_retention() -> None:
@@ -247,9 +238,9 @@ async def test_deletion_is_gone_and_the_verdict_retires_after_its_retention() ->
         gone = h.sv()
         assert gone is not None and (gone["state"], gone["cause"]) == ("Gone", "Deleted")
         h.clock.now = at(11 + 29)
-        assert retention.retire(h.controller) == 0
+        assert h.controller.retention.retire() == 0
         h.clock.now = at(11 + 31)
-        assert retention.retire(h.controller) == 1
+        assert h.controller.retention.retire() == 1
         await h.settle()
     assert (SV_PLURAL, NS, "sbx-1") not in h.api.objects
     dw = h.api.status(DW_PLURAL, NS, "sandboxes")
@@ -285,11 +276,11 @@ async def test_an_exec_probe_window_closes_on_the_clock_not_on_the_next_event() 
         await h.settle()
         suspect = h.sv()
         assert suspect is not None and suspect["state"] == "Suspect"
-        assert pods.next_deadline(h.controller) == at(14)
+        assert h.controller.pods.next_deadline() == at(14)
         h.clock.now = at(13.9)
-        pods.expire(h.controller)
+        h.controller.pods.expire()
         h.clock.now = at(14)
-        pods.expire(h.controller)
+        h.controller.pods.expire()
         await h.settle()
     dead = h.sv()
     assert dead is not None and (dead["state"], dead["cause"]) == ("Dead", "Unresponsive")
@@ -297,8 +288,7 @@ async def test_an_exec_probe_window_closes_on_the_clock_not_on_the_next_event() 
 
 async def test_an_invalid_deathwatch_says_which_field_on_its_status() -> None:
     async with harness() as h:
-        owners.on_deathwatch(
-            h.controller,
+        h.controller.owners.on_deathwatch(
             EventType.LISTED,
             as_deathwatch(deathwatch_body(podSelector={"matchLabels": {"a b": "x"}})),
         )
@@ -321,9 +311,9 @@ async def test_a_restarted_controller_rewrites_nothing_it_already_published() ->
     async with harness(api) as h2:
         h2.deathwatch()
         listed = [o for k, o in api.objects.items() if k[0] == SV_PLURAL]
-        assert [
-            verdict_watch.restore(h2.controller, as_verdict(copy.deepcopy(o))) for o in listed
-        ] == [True]
+        assert [h2.controller.verdicts.restore(as_verdict(copy.deepcopy(o))) for o in listed] == [
+            True
+        ]
         h2.pod(body, 3)
         await h2.settle()
     new = api.calls[writes:]
@@ -358,20 +348,22 @@ async def test_a_late_joiner_takes_the_verdict_of_a_deletion_it_did_not_see(
     assert (final["status"]["state"], final["status"]["cause"]) == expected
     writes = len(api.calls)
     clock, metrics = Clock(at(7)), Metrics()
-    writer = Writer(api, metrics, schedule=FakeTimers(), clock=clock, leading=False)
+    writer = Writer(
+        api, metrics, schedule=FakeTimers(), clock=clock, leadership=standing_by(metrics)
+    )
     late = core(writer, clock, metrics)
     async with workers(writer):
-        owners.on_deathwatch(late, EventType.LISTED, as_deathwatch(deathwatch_body()))
-        assert [verdict_watch.restore(late, as_verdict(o)) for o in alive] == [True]
-        pods.listing(late, None)
-        pods.listed(late, None)  # the pod is not in the listing
-        record = late.records.named(NS, "sbx-1")
+        late.owners.on_deathwatch(EventType.LISTED, as_deathwatch(deathwatch_body()))
+        assert [late.verdicts.restore(as_verdict(o)) for o in alive] == [True]
+        late.pods.listing(None)
+        late.pods.listed(None)  # the pod is not in the listing
+        record = late.core.records.named(NS, "sbx-1")
         assert record is not None and record.track is not None
         assert (record.track.state, record.track.cause) == (State.GONE, Cause.UNOBSERVED)
-        verdict_watch.on_verdict(late, EventType.MODIFIED, as_verdict(copy.deepcopy(final)))
+        late.verdicts.on_verdict(EventType.MODIFIED, as_verdict(copy.deepcopy(final)))
         assert record.track is not None
         assert (str(record.track.state), str(record.track.cause)) == expected
-        verdict_watch.republish(late, writer.lead(2))
+        late.verdicts.republish(lead(writer, 2))
         await asyncio.wait_for(writer.idle(), 5)
     assert [k[0] for _, k in api.calls[writes:]] == []  # nothing written over the leader's
 
@@ -394,31 +386,31 @@ async def test_two_controllers_each_judge_only_what_the_oldest_deathwatch_of_the
         clock, metrics = Clock(), Metrics()
         writer = Writer(api, metrics, schedule=FakeTimers(), clock=clock)
         c = core(writer, clock, metrics)
-        c.deathwatches.controller_id = name
+        c.core.deathwatches.controller_id = name
         controllers[name] = (c, writer, clock)
     both = pod(uid="uid-both", name="both", labels={"app": "sandbox", "tier": "staging"})
     theirs = pod(uid="uid-staging", name="staging-only", labels={"tier": "staging"})
     for c, writer, clock in controllers.values():
         async with workers(writer):
             for body in (older, newer):
-                owners.on_deathwatch(c, EventType.LISTED, as_deathwatch(body))
+                c.owners.on_deathwatch(EventType.LISTED, as_deathwatch(body))
             clock.now = at(2)
             for p in (both, theirs):
-                pods.on_pod(c, EventType.ADDED, read_pod(p))
+                c.pods.on_pod(EventType.ADDED, read_pod(p))
             await asyncio.wait_for(writer.idle(), 5)
     default, staging = controllers[""][0], controllers["staging"][0]
-    assert default.records.named(NS, "both") is not None  # the older DeathWatch's
-    assert staging.records.named(NS, "both") is None
-    assert staging.records.named(NS, "staging-only") is not None
-    assert default.records.named(NS, "staging-only") is None
+    assert default.core.records.named(NS, "both") is not None  # the older DeathWatch's
+    assert staging.core.records.named(NS, "both") is None
+    assert staging.core.records.named(NS, "staging-only") is not None
+    assert default.core.records.named(NS, "staging-only") is None
     writers = {(k[2], k[1]) for _, k in api.calls if k[0] == SV_PLURAL}
     assert {name for name, _ in writers} == {"both", "staging-only"}
     # the default DeathWatch handed to staging: the default controller lets its pods go
     moved = copy.deepcopy(older)
     moved["metadata"]["annotations"] = {"deathwatch.dev/controller-id": "staging"}
-    owners.on_deathwatch(default, EventType.MODIFIED, as_deathwatch(moved))
-    assert default.records.named(NS, "both") is None
-    assert list(default.deathwatches) == []
+    default.owners.on_deathwatch(EventType.MODIFIED, as_deathwatch(moved))
+    assert default.core.records.named(NS, "both") is None
+    assert list(default.core.deathwatches) == []
 
 
 async def test_a_standby_holds_the_fate_the_leader_wrote_and_a_takeover_writes_no_other() -> None:
@@ -438,21 +430,23 @@ async def test_a_standby_holds_the_fate_the_leader_wrote_and_a_takeover_writes_n
     assert (final["status"]["state"], final["status"]["cause"]) == ("Gone", "Completed")
     writes = len(api.calls)
     clock, metrics = Clock(at(6)), Metrics()
-    writer = Writer(api, metrics, schedule=FakeTimers(), clock=clock, leading=False)
+    writer = Writer(
+        api, metrics, schedule=FakeTimers(), clock=clock, leadership=standing_by(metrics)
+    )
     standby = core(writer, clock, metrics)
     async with workers(writer):
-        owners.on_deathwatch(standby, EventType.LISTED, as_deathwatch(deathwatch_body()))
-        pods.on_pod(standby, EventType.ADDED, read_pod(body))
-        pods.on_pod(standby, EventType.MODIFIED, read_pod(
+        standby.owners.on_deathwatch(EventType.LISTED, as_deathwatch(deathwatch_body()))
+        standby.pods.on_pod(EventType.ADDED, read_pod(body))
+        standby.pods.on_pod(EventType.MODIFIED, read_pod(
             pod(ready=False, ready_at=5, restart_policy="Never",
                 containers=[terminated(code=1, finished=5)])))  # fmt: skip
-        record = standby.records.named(NS, "sbx-1")
+        record = standby.core.records.named(NS, "sbx-1")
         assert record is not None and record.track is not None
         assert record.track.state is State.DEAD
-        verdict_watch.on_verdict(standby, EventType.MODIFIED, as_verdict(copy.deepcopy(final)))
+        standby.verdicts.on_verdict(EventType.MODIFIED, as_verdict(copy.deepcopy(final)))
         assert (record.track.state, record.track.cause) == (State.GONE, Cause.COMPLETED)
         assert metrics.standby_disagreements._value.get() == 1
-        verdict_watch.republish(standby, writer.lead(2))
+        standby.verdicts.republish(lead(writer, 2))
         await asyncio.wait_for(writer.idle(), 5)
     assert [k for _, k in api.calls[writes:] if k[0] == SV_PLURAL] == []
 
@@ -473,10 +467,10 @@ async def test_a_restored_record_is_judged_with_its_deathwatchs_settings(
     async with harness(h.api) as h2:
         if deathwatch_first:
             h2.deathwatch(agentPorts=[1234], execProbe={"windowMultiplier": 3})
-        assert [
-            verdict_watch.restore(h2.controller, as_verdict(copy.deepcopy(o))) for o in listed
-        ] == [True]
-        record = h2.controller.records.named(NS, "sbx-1")
+        assert [h2.controller.verdicts.restore(as_verdict(copy.deepcopy(o))) for o in listed] == [
+            True
+        ]
+        record = h2.controller.core.records.named(NS, "sbx-1")
         assert record is not None and record.memory is not None
         if not deathwatch_first:
             assert record.memory.settings is None  # not known yet: nothing guessed
@@ -494,46 +488,52 @@ async def test_a_status_write_of_a_deathwatch_reads_its_status_only(
     process: one that is not a new revision of the spec is never decoded whole."""
     async with harness() as h:
         h.deathwatch()
-        rules = h.controller.deathwatches.get((NS, "sandboxes"))
+        rules = h.controller.core.deathwatches.get((NS, "sandboxes"))
 
         def whole(self: DeathWatchObject) -> dict[str, Any]:
             raise AssertionError("a status write decoded whole")
 
         monkeypatch.setattr(DeathWatchObject, "body", whole)
         written = {**deathwatch_body(), "status": {"tracked": 3, "conditions": []}}
-        change = owners.on_deathwatch(h.controller, EventType.MODIFIED, as_deathwatch(written))
+        change = h.controller.owners.on_deathwatch(EventType.MODIFIED, as_deathwatch(written))
         assert change is None
-        assert h.controller.deathwatches.get((NS, "sandboxes")) is rules
+        assert h.controller.core.deathwatches.get((NS, "sandboxes")) is rules
         edited = as_deathwatch(deathwatch_body(generation=2, agentPorts=[1234]))
         with pytest.raises(AssertionError, match="decoded whole"):  # an edit is read whole
-            owners.on_deathwatch(h.controller, EventType.MODIFIED, edited)
+            h.controller.owners.on_deathwatch(EventType.MODIFIED, edited)
 
 
 async def test_a_relisting_without_a_deathwatch_forgets_it_and_its_sandboxes() -> None:
     """Deleted while the watch was down: the next complete listing does not show it."""
     async with harness() as h:
-        sink = DeathWatchSink(h.controller, Metrics())
+        sink = DeathWatchReceiver(
+            h.controller.owners, h.controller.core.deathwatches, Malformed(), Metrics()
+        )
         sink.listing(NS)
         sink.event(EventType.LISTED, as_deathwatch(deathwatch_body()), 0.0, "1")
         sink.listed(NS)
         h.pod(pod(), 2)
-        assert len(h.controller.records) == 1
-        other = DeathWatchSink(h.controller, Metrics())  # another namespace's reflector
+        assert len(h.controller.core.records) == 1
+        other = DeathWatchReceiver(
+            h.controller.owners, h.controller.core.deathwatches, Malformed(), Metrics()
+        )  # another namespace's reflector
         other.listing("elsewhere")  # its listing, empty, leaves this one's DeathWatch alone
         other.listed("elsewhere")
-        assert h.controller.deathwatches.get((NS, "sandboxes")) is not None
+        assert h.controller.core.deathwatches.get((NS, "sandboxes")) is not None
         sink.listing(NS)
         sink.listed(NS)
-    assert h.controller.deathwatches.get((NS, "sandboxes")) is None
-    assert len(h.controller.records) == 0
+    assert h.controller.core.deathwatches.get((NS, "sandboxes")) is None
+    assert len(h.controller.core.records) == 0
 
 
 async def test_a_deathwatch_adopts_its_pods_only_after_the_first_listing() -> None:
     """The first listing comes before the pods' own (they need no adoption); after it, a new
     selection is adopted, a status write or a deletion is not."""
     async with harness() as h:
-        sink = DeathWatchSink(h.controller, Metrics())
-        adopted: list[Change] = []
+        sink = DeathWatchReceiver(
+            h.controller.owners, h.controller.core.deathwatches, Malformed(), Metrics()
+        )
+        adopted: list[Revised] = []
         sink.listing(NS)
         sink.event(EventType.LISTED, as_deathwatch(deathwatch_body()), 0.0, "1")
         sink.listed(NS)
@@ -546,7 +546,7 @@ async def test_a_deathwatch_adopts_its_pods_only_after_the_first_listing() -> No
         assert [c.rules.generation if c.rules else None for c in adopted] == [2]
         gone = as_deathwatch(reselected)
         sink.event(EventType.DELETED, gone, 0.0, "4")
-        assert len(adopted) == 1 and h.controller.deathwatches.get(gone.key) is None
+        assert len(adopted) == 1 and h.controller.core.deathwatches.get(gone.key) is None
 
 
 def test_a_deathwatch_that_cannot_be_read_is_named() -> None:
@@ -565,17 +565,17 @@ async def test_a_new_deathwatch_adopts_its_idle_pods_whatever_comes_between_the_
     compared by identity, and adopted nothing (300 of 300 sandboxes with no verdict)."""
     async with harness() as h:
         c = h.controller
-        change = owners.on_deathwatch(c, EventType.LISTED, as_deathwatch(deathwatch_body()))
+        change = c.owners.on_deathwatch(EventType.LISTED, as_deathwatch(deathwatch_body()))
         assert change is not None and change.rules is not None
         rules = change.rules
         idle = [read_pod(pod(uid=f"u{i}", name=f"idle-{i}")) for i in range(600)]
-        assert pods.adopt(c, rules.key, rules.revision, idle[:500]) == 500  # the first page
+        assert c.pods.adopt(rules.key, rules.revision, idle[:500]) == 500  # the first page
         h.pod(pod(uid="other", name="web", labels={"app": "web"}), 3)  # the namespace churns
         assert (
-            owners.on_deathwatch(c, EventType.MODIFIED, as_deathwatch(deathwatch_body())) is None
+            c.owners.on_deathwatch(EventType.MODIFIED, as_deathwatch(deathwatch_body())) is None
         )  # read again: same one
         h.pod(pod(uid="u7", name="idle-7", ready=False, ready_at=4), 4)  # one dies meanwhile
-        assert pods.adopt(c, rules.key, rules.revision, idle[500:]) == 100  # the second page
+        assert c.pods.adopt(rules.key, rules.revision, idle[500:]) == 100  # the second page
         await h.settle()
         states = Counter(str((h.sv(f"idle-{i}") or {}).get("state")) for i in range(600))
     assert states == {"Alive": 599, "Dead": 1}
@@ -585,24 +585,24 @@ async def test_a_new_deathwatch_adopts_its_idle_pods_whatever_comes_between_the_
 async def test_an_adoption_for_a_superseded_version_adopts_nothing_and_the_newer_one_does() -> None:
     async with harness() as h:
         c = h.controller
-        first = owners.on_deathwatch(c, EventType.LISTED, as_deathwatch(deathwatch_body()))
+        first = c.owners.on_deathwatch(EventType.LISTED, as_deathwatch(deathwatch_body()))
         assert first is not None and first.rules is not None
         listed = [read_pod(pod(uid="u1", name="sbx-1", labels={"tier": "b"}))]
-        newer = owners.on_deathwatch(c, EventType.MODIFIED, as_deathwatch(deathwatch_body(
+        newer = c.owners.on_deathwatch(EventType.MODIFIED, as_deathwatch(deathwatch_body(
             generation=2, podSelector={"matchLabels": {"tier": "b"}})))  # fmt: skip
         assert newer is not None and newer.rules is not None
-        assert pods.adopt(c, first.key, first.rules.revision, listed) == 0  # for generation 1
-        assert pods.adopt(c, newer.key, newer.rules.revision, listed) == 1
+        assert c.pods.adopt(first.key, first.rules.revision, listed) == 0  # for generation 1
+        assert c.pods.adopt(newer.key, newer.rules.revision, listed) == 1
 
 
 async def test_a_pod_deleted_while_it_was_being_listed_is_not_adopted() -> None:
     async with harness() as h:
         c = h.controller
-        change = owners.on_deathwatch(c, EventType.LISTED, as_deathwatch(deathwatch_body()))
+        change = c.owners.on_deathwatch(EventType.LISTED, as_deathwatch(deathwatch_body()))
         assert change is not None and change.rules is not None
         listed = read_pod(pod())
         h.pod(pod(deletion_at=3), 4, event=EventType.DELETED)  # its DELETED came before the page
-        assert pods.adopt(c, change.key, change.rules.revision, [listed]) == 0
+        assert c.pods.adopt(change.key, change.rules.revision, [listed]) == 0
 
 
 async def test_an_older_event_behind_a_newer_listing_is_not_judged() -> None:
@@ -612,21 +612,21 @@ async def test_an_older_event_behind_a_newer_listing_is_not_judged() -> None:
     under load). Each pod's newest state judged is kept; an older one comes to nothing."""
     async with harness() as h:
         c = h.controller
-        change = owners.on_deathwatch(c, EventType.LISTED, as_deathwatch(deathwatch_body()))
+        change = c.owners.on_deathwatch(EventType.LISTED, as_deathwatch(deathwatch_body()))
         assert change is not None and change.rules is not None
         listed = read_pod(pod())
-        assert pods.adopt(c, change.key, change.rules.revision, [listed], {"uid-1": "12"}) == 1
+        assert c.pods.adopt(change.key, change.rules.revision, [listed], {"uid-1": "12"}) == 1
         created = pod(ready=None, phase="Pending", containers=[])
-        pods.on_pod(c, EventType.ADDED, read_pod(created), None, "10")
-        pods.on_pod(c, EventType.MODIFIED, read_pod(pod()), None, "11")
+        c.pods.on_pod(EventType.ADDED, read_pod(created), None, "10")
+        c.pods.on_pod(EventType.MODIFIED, read_pod(pod()), None, "11")
         await h.settle()
         assert (h.sv() or {}).get("state") == "Alive"
-        pods.on_pod(
-            c, EventType.MODIFIED, read_pod(pod()), None, "12"
+        c.pods.on_pod(
+            EventType.MODIFIED, read_pod(pod()), None, "12"
         )  # the same state: changes nothing
         h.clock.now = at(50)
         dies = pod(ready=False, ready_at=50, phase="Failed", containers=[terminated(code=3)])
-        pods.on_pod(c, EventType.MODIFIED, read_pod(dies), None, "13")
+        c.pods.on_pod(EventType.MODIFIED, read_pod(dies), None, "13")
         await h.settle()
         assert ((h.sv() or {}).get("state"), (h.sv() or {}).get("cause")) == (
             "Dead",
@@ -659,29 +659,31 @@ async def test_a_standby_owes_digests_and_a_takeover_says_only_what_differs() ->
     api = FakeApi()
     api.objects[(DW_PLURAL, NS, "sandboxes")] = deathwatch_body()
     clock, metrics = Clock(), Metrics()
-    writer = Writer(api, metrics, schedule=FakeTimers(), clock=clock, leading=False)
+    writer = Writer(
+        api, metrics, schedule=FakeTimers(), clock=clock, leadership=standing_by(metrics)
+    )
     c = core(writer, clock, metrics)
     async with workers(writer):
-        owners.on_deathwatch(c, EventType.LISTED, as_deathwatch(deathwatch_body()))
+        c.owners.on_deathwatch(EventType.LISTED, as_deathwatch(deathwatch_body()))
         for i in range(3):
             clock.now = at(2)
-            pods.on_pod(c, EventType.MODIFIED, read_pod(pod(uid=f"u{i}", name=f"sbx-{i}")))
+            c.pods.on_pod(EventType.MODIFIED, read_pod(pod(uid=f"u{i}", name=f"sbx-{i}")))
         # the leader wrote sbx-0 and sbx-1 as we judge them (but for its own times)
         for i in (0, 1):
             status = api.objects[(SV_PLURAL, NS, f"sbx-{i}")] = {
                 "metadata": {"name": f"sbx-{i}"}, "status": {},
             }  # fmt: skip
-            record = c.records.get(f"u{i}")
+            record = c.core.records.get(f"u{i}")
             track = record.track if record else None
             assert record is not None and track is not None
             written = documents.verdict_status(track, None, transitions=record.transitions)
             status["status"] = {**to_document(written), "term": 1}
-            verdict_watch.on_verdict(c, EventType.MODIFIED, Verdict(NS, f"sbx-{i}", api.version(SV_PLURAL, NS, f"sbx-{i}"),
+            c.verdicts.on_verdict(EventType.MODIFIED, VerdictObject(NS, f"sbx-{i}", api.version(SV_PLURAL, NS, f"sbx-{i}"),
                                                  "sandboxes", {}, status["status"]))  # fmt: skip
         assert api.calls == []  # a standby sends nothing
-        owed = writer.lead(2)
+        owed = lead(writer, 2)
         assert [k[2] for k in owed] == ["sbx-2"]
-        verdict_watch.republish(c, owed)
+        c.verdicts.republish(owed)
         await asyncio.wait_for(writer.idle(), 5)
     assert [(op, k[2]) for op, k in api.calls] == [("create", "sbx-2"), ("replace_status", "sbx-2")]
 
@@ -723,15 +725,15 @@ def test_counts_kept_by_difference_equal_a_recount(script: list[tuple[int, str]]
                 elif what == "delete":
                     h.pod(pod(uid=uid, name=name, deletion_at=t), t, event=EventType.DELETED)
                 else:
-                    record = h.controller.records.get(uid)
+                    record = h.controller.core.records.get(uid)
                     if record is not None:
-                        pods.gone(h.controller, record, at(t))
+                        h.controller.pods.gone(record, at(t))
                 if i == 0 and what == "gone":
                     h.clock.now = at(t + 7200)
-                    retention.retire(h.controller)
+                    h.controller.retention.retire()
             c = h.controller
-            summary = c.summaries[(NS, "sandboxes")]
-            tracks = [r.track for r in c.records if r.track is not None]
+            summary = c.core.summaries[(NS, "sandboxes")]
+            tracks = [r.track for r in c.core.records if r.track is not None]
             assert dict(+summary.counts) == dict(+Counter(tr.state for tr in tracks))
             assert summary.flaps == sum(tr.flaps for tr in tracks)
             assert summary.false_positives == sum(tr.false_positive for tr in tracks)
@@ -740,15 +742,15 @@ def test_counts_kept_by_difference_equal_a_recount(script: list[tuple[int, str]]
                 key=lambda e: (e.declared_at, e.name), reverse=True,
             )  # fmt: skip
             assert [e.pod_uid for e in summary.last_deaths()] == [e.pod_uid for e in deaths][:20]
-            assert c.summaries.states == Counter(tr.state for tr in tracks) + Counter()
+            assert c.core.summaries.states == Counter(tr.state for tr in tracks) + Counter()
 
     asyncio.run(run())
 
 
-def as_verdict(obj: dict[str, Any]) -> Verdict:
+def as_verdict(obj: dict[str, Any]) -> VerdictObject:
     """A SandboxVerdict as the verdict reflector decodes it."""
     meta = obj["metadata"]
-    return Verdict(meta["namespace"], meta["name"], meta["resourceVersion"],
+    return VerdictObject(meta["namespace"], meta["name"], meta["resourceVersion"],
                    obj["spec"]["deathWatch"], meta.get("labels") or {}, obj.get("status"))  # fmt: skip
 
 

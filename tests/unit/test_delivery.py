@@ -281,45 +281,38 @@ def test_deliveries_owe_each_sink_what_it_wants_and_no_mark_covers(tmp_path: Pat
 
 # --- the controller's side: owed on a transition, built from the record, marked back ----------
 
-from deathwatch._api.objects import EventType, Verdict  # noqa: E402
+from deathwatch._api.objects import EventType, VerdictObject  # noqa: E402
 from deathwatch._api.resources import DW_PLURAL, SV_PLURAL  # noqa: E402
 from deathwatch._engine.podview import read_pod  # noqa: E402
 from deathwatch._operator.delivery.outbox import Ended  # noqa: E402
 from deathwatch._operator.instruments.metrics import Metrics  # noqa: E402
-from deathwatch._operator.judging.summary import Summaries  # noqa: E402
-from deathwatch._operator.memory.agent_sandboxes import AgentSandboxes  # noqa: E402
-from deathwatch._operator.memory.core import Core, Firewall  # noqa: E402
+from deathwatch._operator.memory.core import Core  # noqa: E402
 from deathwatch._operator.memory.deathwatches import DeathWatches  # noqa: E402
-from deathwatch._operator.memory.records import Records  # noqa: E402
-from deathwatch._operator.passes import delivery_bridge, owners, pods, retention, verdict_watch  # noqa: E402
+from deathwatch._operator.passes.wiring import Passes  # noqa: E402
 from deathwatch._operator.writing.writer import Writer  # noqa: E402
 from deathwatch._policies import default_registry  # noqa: E402
 from tests.builders import at, pod, terminated  # noqa: E402
 from tests.fakeapi import FakeApi, FakeTimers  # noqa: E402
 from tests.unit.test_core import NS, Clock, as_deathwatch, deathwatch_body  # noqa: E402
-from tests.writer_driver import workers  # noqa: E402
+from tests.writer_driver import fence, standing_by, workers  # noqa: E402
 
 
-def controller(writer: Writer, clock: Clock, metrics: Metrics, max_age: float = 3600.0) -> Core:
+def controller(writer: Writer, clock: Clock, metrics: Metrics, max_age: float = 3600.0) -> Passes:
     registry = default_registry()
     sinks = config.DeliveryConfig("prod", (
         config.Sink("billing", "https://b", Path("/"), frozenset({State.DEAD}), "structured",
                     frozenset(), 30.0, 2, max_age),
     ))  # fmt: skip
-    return Core(
-        deathwatches=DeathWatches(registry), records=Records(), policies=registry,
-        summaries=Summaries(), writer=writer, metrics=metrics, firewall=Firewall(None, None),
-        agent_sandboxes=AgentSandboxes(), clock=clock,
-        deliveries=Deliveries(sinks),
-    )  # fmt: skip
+    return Passes(Core(DeathWatches(registry)), writer=writer, metrics=metrics,
+                  policies=registry, deliveries=Deliveries(sinks), clock=clock)  # fmt: skip
 
 
-def died(c: Core, clock: Clock) -> None:
-    owners.on_deathwatch(c, EventType.LISTED, as_deathwatch(deathwatch_body()))
+def died(c: Passes, clock: Clock) -> None:
+    c.owners.on_deathwatch(EventType.LISTED, as_deathwatch(deathwatch_body()))
     clock.now = at(2)
-    pods.on_pod(c, EventType.MODIFIED, read_pod(pod(ready=True, ready_at=2, node="n1")))
+    c.pods.on_pod(EventType.MODIFIED, read_pod(pod(ready=True, ready_at=2, node="n1")))
     clock.now = at(50)
-    pods.on_pod(c, EventType.MODIFIED, read_pod(pod(ready=False, ready_at=50, phase="Failed",
+    c.pods.on_pod(EventType.MODIFIED, read_pod(pod(ready=False, ready_at=50, phase="Failed",
                                               containers=[terminated(code=7)], node="n1")))  # fmt: skip
 
 
@@ -330,15 +323,15 @@ async def test_a_death_is_owed_built_from_the_record_and_its_mark_written_back()
     writer = Writer(api, metrics, schedule=FakeTimers(), clock=clock)
     async with workers(writer):
         c = controller(writer, clock, metrics)
-        owners.on_deathwatch(c, EventType.LISTED, as_deathwatch(deathwatch_body()))
+        c.owners.on_deathwatch(EventType.LISTED, as_deathwatch(deathwatch_body()))
         clock.now = at(2)
-        pods.on_pod(c, EventType.MODIFIED, read_pod(pod(ready=True, ready_at=2, node="n1")))
+        c.pods.on_pod(EventType.MODIFIED, read_pod(pod(ready=True, ready_at=2, node="n1")))
         box = c.deliveries.sinks["billing"]
         assert box.owed == {}  # Alive: this sink wants Dead only
         died(c, clock)
         ((uid, owed),) = box.owed.items()
         assert owed.state is State.DEAD and owed.sequence == 2  # Pending->Alive, Alive->Dead
-        out = delivery_bridge.compose(c, uid, "billing", owed)
+        out = c.bridge.compose(uid, "billing", owed)
         assert out is not None and out.id == f"{uid}/dead" and out.sequence == 2
         event = msgspec.json.decode(out.data, type=VerdictDocument)
         assert (event.state, event.cause, event.evidence.exit_code) == (State.DEAD,
@@ -347,7 +340,7 @@ async def test_a_death_is_owed_built_from_the_record_and_its_mark_written_back()
         await asyncio.wait_for(writer.idle(), 5)
         mark = DeliveryMark(sink="billing", id=out.id, sequence=2, state=State.DEAD,
                             outcome=DeliveryOutcome.DELIVERED, at=clock.now)  # fmt: skip
-        delivery_bridge.delivered(c, Ended(uid, mark))
+        c.bridge.delivered(Ended(uid, mark))
         await asyncio.wait_for(writer.idle(), 5)
         assert box.owed == {} and not c.deliveries.owes(uid)
     written = api.status(SV_PLURAL, NS, "sbx-1")
@@ -356,19 +349,21 @@ async def test_a_death_is_owed_built_from_the_record_and_its_mark_written_back()
         ("billing", f"{uid}/dead", "Delivered")]  # fmt: skip
     # a restart: restored from the verdict, nothing is owed; without the mark, it would be
     api2 = FakeApi()
-    writer2 = Writer(api2, Metrics(), schedule=FakeTimers(), clock=clock, leading=False)
+    writer2 = Writer(
+        api2, Metrics(), schedule=FakeTimers(), clock=clock, leadership=standing_by(Metrics())
+    )
     c2 = controller(writer2, clock, Metrics())
-    assert verdict_watch.restore(c2, Verdict(NS, "sbx-1", "5", "sandboxes", {}, written))
+    assert c2.verdicts.restore(VerdictObject(NS, "sbx-1", "5", "sandboxes", {}, written))
     assert not c2.deliveries.owes(uid)
     unmarked = {k: v for k, v in written.items() if k != "delivery"}
     c3 = controller(Writer(FakeApi(), Metrics(), schedule=FakeTimers(), clock=clock), clock,
                     Metrics())  # fmt: skip
-    assert verdict_watch.restore(c3, Verdict(NS, "sbx-1", "5", "sandboxes", {}, unmarked))
+    assert c3.verdicts.restore(VerdictObject(NS, "sbx-1", "5", "sandboxes", {}, unmarked))
     assert c3.deliveries.owes(uid)
     # a standby owing it levels with the leader's mark as its watch shows it
-    c3.writer.standby()
-    verdict_watch.on_verdict(
-        c3, EventType.MODIFIED, Verdict(NS, "sbx-1", "6", "sandboxes", {}, written)
+    fence(c3.writer)
+    c3.verdicts.on_verdict(
+        EventType.MODIFIED, VerdictObject(NS, "sbx-1", "6", "sandboxes", {}, written)
     )
     assert not c3.deliveries.owes(uid)
 
@@ -384,19 +379,19 @@ async def test_a_verdict_owed_to_a_sink_outlives_its_retention_until_the_sinks_m
         c = controller(writer, clock, metrics, max_age=7200.0)
         died(c, clock)
         clock.now = at(60)
-        pods.on_pod(c, EventType.DELETED, read_pod(pod(ready=False, ready_at=50, phase="Failed",
+        c.pods.on_pod(EventType.DELETED, read_pod(pod(ready=False, ready_at=50, phase="Failed",
                                                  containers=[terminated(code=7)], node="n1")))  # fmt: skip
         await asyncio.wait_for(writer.idle(), 5)
         clock.now = at(60 + 3600 + 1)  # past the retention (1 h): still owed, kept
-        assert retention.retire(c) == 0 and api.status(SV_PLURAL, NS, "sbx-1") is not None
+        assert c.retention.retire() == 0 and api.status(SV_PLURAL, NS, "sbx-1") is not None
         clock.now = at(50 + 7200 + 1)  # past the sink's maxAge: given up, said, counted
-        assert retention.retire(c) == 0
+        assert c.retention.retire() == 0
         await asyncio.wait_for(writer.idle(), 5)
         written = api.status(SV_PLURAL, NS, "sbx-1")
         assert written is not None
         assert [(m["sink"], m["outcome"]) for m in written["delivery"]] == [("billing", "Expired")]
         expired = {"sink": "billing", "outcome": "expired"}
         assert metrics.registry.get_sample_value("deathwatch_delivery_events_total", expired) == 1
-        assert retention.retire(c) == 1
+        assert c.retention.retire() == 1
         await asyncio.wait_for(writer.idle(), 5)
     assert api.status(SV_PLURAL, NS, "sbx-1") is None

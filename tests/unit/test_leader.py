@@ -15,12 +15,13 @@ import pytest
 
 from deathwatch._api.resources import DW_PLURAL, SV_PLURAL
 from deathwatch._operator.instruments.metrics import Metrics
+from deathwatch._operator.leadership.group import Leadership
 from deathwatch._operator.leadership.leader import Elector, LeaseTimings
 from deathwatch._operator.writing.kube import ApiWrites, Fenced
 from deathwatch._operator.writing.writer import LOW, URGENT, Desired, Writer
 from tests.builders import T0
 from tests.fakeapi import FakeApi, FakeLease, FakeTimers, Link
-from tests.writer_driver import dead_event, until, workers
+from tests.writer_driver import dead_event, fence, lead, standing_by, until, workers
 
 NS = "sandboxes"
 
@@ -37,13 +38,29 @@ class Clock:
         return self.t
 
 
+class Told:
+    """A follower of the elector's Leadership: what it was told, in order."""
+
+    def __init__(self, changes: list[bool]) -> None:
+        self.changes = changes
+
+    def lead(self, term: int | None) -> None:
+        self.changes.append(True)
+
+    def standby(self) -> None:
+        self.changes.append(False)
+
+
 def elector(
     lease: FakeLease, identity: str, clock: Clock, changes: list[bool] | None = None
 ) -> Elector:
+    metrics = Metrics()
+    leadership = Leadership(metrics, identity, elected=True)
+    if changes is not None:
+        leadership.follow(Told(changes))
     return Elector(
-        lease, identity, "deathwatch-controller", "deathwatch-system", Metrics(),
-        on_change=(changes.append if changes is not None else None), clock=clock,
-        wall=lambda: T0 + timedelta(seconds=clock.t),
+        lease, identity, "deathwatch-controller", "deathwatch-system", metrics,
+        leadership=leadership, clock=clock, wall=lambda: T0 + timedelta(seconds=clock.t),
     )  # fmt: skip
 
 
@@ -244,7 +261,9 @@ def verdict(name: str, state: str, declared: str = "2026-11-29T10:00:05Z", **kw:
 
 @asynccontextmanager
 async def standby_writer(api: Any, may_write: Any = lambda: True) -> AsyncIterator[Writer]:
-    writer = Writer(api, Metrics(), schedule=FakeTimers(), leading=False, may_write=may_write)
+    writer = Writer(
+        api, Metrics(), schedule=FakeTimers(), leadership=standing_by(Metrics(), may_write)
+    )
     async with workers(writer):
         yield writer
 
@@ -283,7 +302,7 @@ async def test_a_standby_writes_nothing_and_on_takeover_only_what_differs() -> N
         )
         leader_wrote(api, w, "b", {"state": "Alive", "podUID": "uid-b"})
         assert w.backlog == 1  # only b is still owed (kept as a digest, not a document)
-        owed = w.lead()  # the leader is gone: take over
+        owed = lead(w)  # the leader is gone: take over
         assert owed == [(SV_PLURAL, NS, "b")]
         w.want(verdict("b", "Dead"))  # what the controller does with it: says it again
         await asyncio.wait_for(w.idle(), 5)
@@ -299,7 +318,7 @@ async def test_a_new_leader_posts_the_event_the_old_one_may_have_missed() -> Non
         dead.events = [dead_event("a")]
         w.want(dead)
         leader_wrote(api, w, "a", {"state": "Alive", "podUID": "uid-a"})  # not yet Dead
-        assert w.lead() == [(SV_PLURAL, NS, "a")]
+        assert lead(w) == [(SV_PLURAL, NS, "a")]
         w.want(verdict("a", "Dead"))  # said again by the controller; the Event waited for it
         await asyncio.wait_for(w.idle(), 5)
     assert sorted(op for op, _ in api.calls) == ["create_event", "replace_status"]
@@ -322,7 +341,7 @@ async def test_a_new_leader_posts_the_event_lost_between_the_old_ones_two_writes
         )  # its own time
         assert w.backlog == 0  # settled by what the old leader wrote
         w.reconcile([dead_event("a")])  # what App does on takeover (controller.unannounced_deaths)
-        w.lead()
+        lead(w)
         await asyncio.wait_for(w.idle(), 5)
     assert [op for op, _ in api.calls] == ["create_event"]
     assert list(api.events) == [(NS, "a.uid-a.sandboxdead")]
@@ -331,7 +350,10 @@ async def test_a_new_leader_posts_the_event_lost_between_the_old_ones_two_writes
 async def test_a_fenced_leader_sends_nothing_more_and_keeps_its_queue() -> None:
     api, allowed = FakeApi(), [True]
     api.objects[(SV_PLURAL, NS, "a")] = {"metadata": {"name": "a"}}
-    writer = Writer(api, Metrics(), schedule=FakeTimers(), may_write=lambda: allowed[0])
+    writer = Writer(
+        api, Metrics(), schedule=FakeTimers(), leadership=Leadership(Metrics(), "a", elected=False)
+    )
+    writer.leadership.fenced_by(lambda: allowed[0])
     async with workers(writer):
         writer.want(verdict("a", "Alive"))
         await asyncio.wait_for(writer.idle(), 5)
@@ -382,7 +404,7 @@ async def test_a_leader_that_never_saw_an_object_reads_its_version_before_writin
     api = FakeApi()
     api.objects[(DW_PLURAL, NS, "sandboxes")] = {"metadata": {"name": "sandboxes"}, "spec": {}}
     async with standby_writer(api) as w:
-        w.lead(1)
+        lead(w, 1)
         w.want(dw({"tracked": 0, "leader": "a"}))
         await asyncio.wait_for(w.idle(), 5)
     assert [op for op, _ in api.calls] == ["read_status", "replace_status"]
@@ -396,16 +418,16 @@ async def test_a_held_first_write_of_the_old_leader_cannot_land_over_the_new_lea
     key = (DW_PLURAL, NS, "sandboxes")
     api.objects[key] = {"metadata": {"name": "sandboxes"}, "spec": {}}
     link_a = Link(api)
-    a = Writer(link_a, Metrics(), schedule=FakeTimers(), leading=False)
-    b = Writer(api, Metrics(), schedule=FakeTimers(), leading=False)
+    a = Writer(link_a, Metrics(), schedule=FakeTimers(), leadership=standing_by(Metrics()))
+    b = Writer(api, Metrics(), schedule=FakeTimers(), leadership=standing_by(Metrics()))
     async with workers(a), workers(b):
-        a.lead(1)  # a leads before its watch showed it the DeathWatch
+        lead(a, 1)  # a leads before its watch showed it the DeathWatch
         link_a.partition()
         a.want(dw({"tracked": 2, "alive": 2, "leader": "a"}))
         await until(lambda: link_a.waiting == 1)  # a's write (or its read) is in flight
-        a.standby()  # fenced at its renew deadline
+        fence(a)  # fenced at its renew deadline
         b.observed(DW_PLURAL, NS, "sandboxes", {}, api.version(*key))  # b watched it
-        b.lead(2)
+        lead(b, 2)
         b.want(dw({"tracked": 2, "dead": 2, "leader": "b"}))
         await asyncio.wait_for(b.idle(), 5)
         link_a.heal()
@@ -426,7 +448,7 @@ async def test_a_new_terms_first_write_moves_the_version_even_if_it_says_nothing
         # what b believes differs from what the API holds (a lagging or lossy view): the
         # write it sends says exactly what the object already says
         b.knows(SV_PLURAL, NS, "a", {"state": "Suspect", "podUID": "uid-a"}, old)
-        b.lead(2)
+        lead(b, 2)
         b.want(verdict("a", "Alive"))
         await asyncio.wait_for(b.idle(), 5)
     assert api.version(*key) != old  # moved: a held write with precondition `old` is refused
@@ -438,7 +460,7 @@ async def test_a_write_of_another_term_seen_while_leading_is_counted_and_taken_a
     version = api.put(SV_PLURAL, NS, "a", {"state": "Alive", "podUID": "uid-a", "term": 2})
     async with standby_writer(api) as w:
         w.observed(SV_PLURAL, NS, "a", {"state": "Alive", "podUID": "uid-a", "term": 2}, version)
-        w.lead(2)
+        lead(w, 2)
         w.observed(SV_PLURAL, NS, "a", {"state": "Alive", "podUID": "uid-a", "term": 2}, version)
         assert w.metrics.foreign_writes.labels(SV_PLURAL)._value.get() == 0  # our own
         late = api.put(SV_PLURAL, NS, "a", {"state": "Suspect", "podUID": "uid-a", "term": 1})

@@ -179,12 +179,10 @@ from deathwatch._api.objects import EventType  # noqa: E402
 from deathwatch._api.resources import DW_PLURAL, SV_PLURAL  # noqa: E402
 from deathwatch._engine.podview import read_pod  # noqa: E402
 from deathwatch._operator.instruments.metrics import Metrics  # noqa: E402
-from deathwatch._operator.judging.summary import Summaries  # noqa: E402
-from deathwatch._operator.memory.agent_sandboxes import AgentSandboxes  # noqa: E402
-from deathwatch._operator.memory.core import Core, Firewall  # noqa: E402
+from deathwatch._operator.memory.core import Core  # noqa: E402
 from deathwatch._operator.memory.deathwatches import DeathWatches  # noqa: E402
-from deathwatch._operator.memory.records import Records  # noqa: E402
-from deathwatch._operator.passes import owners, pods, publishing  # noqa: E402
+from deathwatch._operator.passes import publishing  # noqa: E402
+from deathwatch._operator.passes.wiring import Passes  # noqa: E402
 from deathwatch._operator.shards.filter import ShardFilter  # noqa: E402
 from deathwatch._operator.shards.slots import assign, slot_of  # noqa: E402
 from deathwatch._operator.writing.writer import Writer  # noqa: E402
@@ -207,18 +205,14 @@ def uids_in(slots: frozenset[int], n: int) -> list[str]:
     return found
 
 
-def shard_controller(api: FakeApi, index: int, count: int, clock: Clock) -> tuple[Core, Writer]:
+def shard_controller(api: FakeApi, index: int, count: int, clock: Clock) -> tuple[Passes, Writer]:
     spec = Spec(index, count, 3)
     owned = spec.slots
     writer = Writer(api, Metrics(), schedule=FakeTimers(), clock=clock,
                     owns=lambda slot: slot is None or slot in owned)  # fmt: skip
     registry = default_registry()
-    c = Core(
-        deathwatches=DeathWatches(registry), records=Records(), policies=registry,
-        summaries=Summaries(), writer=writer, metrics=Metrics(), firewall=Firewall(None, None),
-        agent_sandboxes=AgentSandboxes(), clock=clock,
-        shards=ShardFilter(spec, lambda: owned),
-    )  # fmt: skip
+    c = Passes(Core(DeathWatches(registry), shards=ShardFilter(spec, lambda: owned)),
+               writer=writer, metrics=Metrics(), policies=registry, clock=clock)  # fmt: skip
     return c, writer
 
 
@@ -229,13 +223,13 @@ async def test_each_shard_judges_its_slots_labels_its_verdicts_and_shard_0_sums_
     mine0, mine1 = uids_in(assign(0, 2), 3), uids_in(assign(1, 2), 2)
     async with workers(w0), workers(w1):
         for c in (c0, c1):
-            owners.on_deathwatch(c, EventType.LISTED, as_deathwatch(deathwatch_body()))
+            c.owners.on_deathwatch(EventType.LISTED, as_deathwatch(deathwatch_body()))
         clock.now = at(2)
         for i, uid in enumerate(mine0 + mine1):
             for c in (c0, c1):  # every shard's watch, as if the server filtered nothing
-                pods.on_pod(c, EventType.MODIFIED, read_pod(pod(uid=uid, name=f"sbx-{i}")))
-        assert {r.uid for r in c0.records} == set(mine0)
-        assert {r.uid for r in c1.records} == set(mine1)
+                c.pods.on_pod(EventType.MODIFIED, read_pod(pod(uid=uid, name=f"sbx-{i}")))
+        assert {r.uid for r in c0.core.records} == set(mine0)
+        assert {r.uid for r in c1.core.records} == set(mine1)
         assert c0.metrics.registry.get_sample_value("deathwatch_shard_filtered_total",
                                                     {"where": "pods"}) == 2  # fmt: skip
         await asyncio.wait_for(asyncio.gather(w0.idle(), w1.idle()), 5)
@@ -243,14 +237,13 @@ async def test_each_shard_judges_its_slots_labels_its_verdicts_and_shard_0_sums_
             labels = api.labels(SV_PLURAL, NS, f"sbx-{i}")
             assert labels["deathwatch.dev/slot"] == str(slot_of(uid)), labels
         # each its part; shard 0 the totals, from the part shard 1 wrote (as kopf shows it)
-        publishing.publish(c1, publishing.Liveness(leader=lambda: "pod-1"))
+        c1.status.publish(publishing.Liveness(leader=lambda: "pod-1"))
         await asyncio.wait_for(w1.idle(), 5)
-        owners.on_deathwatch(
-            c0,
+        c0.owners.on_deathwatch(
             EventType.LISTED,
             as_deathwatch({**deathwatch_body(), "status": api.status(DW_PLURAL, NS, "sandboxes")}),
         )
-        publishing.publish(c0, publishing.Liveness(leader=lambda: "pod-0"))
+        c0.status.publish(publishing.Liveness(leader=lambda: "pod-0"))
         await asyncio.wait_for(w0.idle(), 5)
     status = api.status(DW_PLURAL, NS, "sandboxes")
     assert status is not None
@@ -275,17 +268,17 @@ async def test_a_shards_counts_are_written_at_most_every_part_every_and_its_lead
         return sum(1 for op, k in api.calls if op == "apply_status" and k[0] == DW_PLURAL)
 
     async def publish(leader: str = "pod-1") -> int:
-        publishing.publish(c1, publishing.Liveness(leader=lambda: leader))
+        c1.status.publish(publishing.Liveness(leader=lambda: leader))
         await asyncio.wait_for(w1.idle(), 5)
         return writes()
 
     async with workers(w1):
-        owners.on_deathwatch(c1, EventType.LISTED, as_deathwatch(deathwatch_body()))
+        c1.owners.on_deathwatch(EventType.LISTED, as_deathwatch(deathwatch_body()))
         clock.now = at(2)
 
         def one_more() -> None:
             i, uid = next(uids)
-            pods.on_pod(c1, EventType.MODIFIED, read_pod(pod(uid=uid, name=f"sbx-{i}")))
+            c1.pods.on_pod(EventType.MODIFIED, read_pod(pod(uid=uid, name=f"sbx-{i}")))
 
         one_more()
         assert await publish() == 1

@@ -14,7 +14,7 @@ import pytest
 from deathwatch._api.resources import DW_PLURAL, SV_PLURAL
 from deathwatch._kube.backoff import WRITE
 from deathwatch._operator.writing.writer import LOW, NORMAL, URGENT, Desired
-from tests.writer_driver import NS, dead_event, running, settle, until
+from tests.writer_driver import NS, dead_event, fence, running, settle, until
 
 
 def sv(name: str, state: str = "Alive", priority: int = NORMAL, **kw: Any) -> Desired:
@@ -275,7 +275,7 @@ async def test_a_late_write_of_a_replica_that_lost_the_lease_is_refused() -> Non
         writer.want(sv("a", state="Alive", flaps=1))  # in flight, held in the network...
         await until(lambda: len(api.calls) == 3)
         api.put(SV_PLURAL, NS, "a", {"state": "Dead", "podUID": "uid-a"})  # ...the new leader
-        writer.standby()  # and we are fenced meanwhile
+        fence(writer)  # and we are fenced meanwhile
         api.hold.set()
         await asyncio.sleep(0.05)
     assert api.status(*key("a")) == {"state": "Dead", "podUID": "uid-a"}  # not undone

@@ -1,7 +1,7 @@
 """The objects of deathwatch's watches, each decoded once from its bytes into just what the
 controller reads (msgspec, in C, only the fields declared), and what a watch says of them:
 
-- SandboxVerdicts into `Verdict` (name, version, DeathWatch, labels, status);
+- SandboxVerdicts into `VerdictObject` (name, version, DeathWatch, labels, status);
 - DeathWatches into `DeathWatchObject` (who and which revision, its status still in bytes,
   the whole object decoded only when its spec is a new revision);
 - pods straight into the engine's `PodView`, agent-sandbox's Sandboxes into `SandboxObject`;
@@ -42,7 +42,7 @@ class Undecodable(ValueError):
         self.problem = problem
 
 
-class Verdict:
+class VerdictObject:
     """A SandboxVerdict as its watch shows it: just what the controller reads."""
 
     __slots__ = ("deathwatch", "labels", "name", "namespace", "status", "version")
@@ -141,13 +141,13 @@ def decode_pod_view(raw: msgspec.Raw) -> PodView:
         raise Undecodable(who(raw), str(exc)) from None
 
 
-def decode_verdict(raw: msgspec.Raw) -> Verdict:
+def decode_verdict(raw: msgspec.Raw) -> VerdictObject:
     try:
         v = _verdict(raw)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise Undecodable(who(raw), str(exc)) from None
     m = v.metadata
-    return Verdict(m.namespace, m.name, m.resource_version, v.spec.death_watch, m.labels,
+    return VerdictObject(m.namespace, m.name, m.resource_version, v.spec.death_watch, m.labels,
                    v.status)  # fmt: skip
 
 

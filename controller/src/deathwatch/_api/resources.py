@@ -136,7 +136,7 @@ class ExecProbeSettings(_Object, frozen=True):
     window_multiplier: Annotated[float, msgspec.Meta(gt=0, le=100)] = 2.0
 
 
-DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a container's name
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # RFC 1123: a container's name, a sink's
 ContainerName = Annotated[str, msgspec.Meta(min_length=1, max_length=63, pattern=DNS_LABEL)]
 
 

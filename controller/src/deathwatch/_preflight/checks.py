@@ -17,14 +17,13 @@ from typing import Any, Final
 import yaml
 
 from deathwatch._api.rules import Rules, SpecError, read_deathwatch
-from deathwatch._engine.podview import MalformedPod, PodView, read_pod
+from deathwatch._engine.podview import NETWORK_PROBES, MalformedPod, PodView, read_pod
 from deathwatch._policies import default_registry
 
 # the Kubernetes minors the lanes run (hack/versions.env: K8S_VERSION, K8S_MATRIX); the oldest
 # is the oldest supported (the chart's kubeVersion): DisruptionTarget is GA from 1.31 (ADR 0018)
 TESTED: Final = ((1, 33), (1, 37))
 SHOWN: Final = 5  # objects named in one finding; more are counted
-NETWORK_PROBES: Final = ("tcpSocket", "httpGet", "grpc")
 SANDBOX_CRD: Final = "sandboxes.agents.x-k8s.io"
 DEATHWATCH_CRD: Final = "deathwatches.deathwatch.dev"
 
@@ -338,7 +337,7 @@ def _network_probes(pod: Mapping[str, Any]) -> Iterable[tuple[str, int]]:
         named = {p.get("name"): p.get("containerPort") for p in container.get("ports") or []}
         for kind in ("readinessProbe", "livenessProbe", "startupProbe"):
             probe = container.get(kind) or {}
-            for how in NETWORK_PROBES:
+            for how in sorted(NETWORK_PROBES):
                 handler = probe.get(how)
                 if not isinstance(handler, dict):
                     continue

@@ -17,7 +17,6 @@ import sys
 from typing import Any, TextIO
 
 EXIT_OK, EXIT_FAILED = 0, 1  # and deathwatch._cli_api's, when the API cannot be asked
-PAGE = 500
 
 
 def _port(text: str) -> int:

@@ -35,11 +35,11 @@ from typing import Annotated, Any, Literal
 import msgspec
 import yaml
 
+from deathwatch._api.resources import DNS_LABEL
 from deathwatch._engine.verdict import State
 
 MAX_TIMEOUT = 30.0  # the field notes' cap on every call
 KEY_PREFIX = "whsec_"
-DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # a transition owed longer than this makes the Delivered condition False: a receiver that
 # answers is told in milliseconds, so 5 s is a sink falling behind, said within 10 s (#43)
 LATE_AFTER = 5.0

@@ -35,6 +35,7 @@ from deathwatch._operator.delivery import config as sink_config
 from deathwatch._operator.delivery.events import Answer, Outcome, Outgoing, read_answer, request
 from deathwatch._operator.delivery.outbox import Deliveries, Ended, Owed, SinkOutbox
 from deathwatch._operator.instruments.metrics import Metrics
+from deathwatch._operator.leadership.group import Leadership
 
 log = structlog.get_logger("deathwatch.delivery")
 READ_LIMIT = 64 * 1024  # of a receiver's answer: enough for its error, never its whole body
@@ -52,31 +53,31 @@ class Sender:
         report: Report,
         metrics: Metrics,
         *,
-        may_send: Callable[[], bool],
+        leadership: Leadership,
         user_agent: str,
         clock: Callable[[], datetime],
         rand: Callable[[], float] = random.random,
         sendable: Callable[[str], bool] | None = None,
     ) -> None:
-        """`sendable(uid)`: sharded, whether this shard writes that sandbox's slot now."""
+        """`leadership`: whether this replica sends, followed (`lead`, `standby`) and asked
+        right before each request; `sendable(uid)`: sharded, whether this shard writes that
+        sandbox's slot now."""
         self.deliveries, self.compose, self.report = deliveries, compose, report
-        self.metrics, self.may_send, self.user_agent = metrics, may_send, user_agent
+        self.metrics, self.leadership, self.user_agent = metrics, leadership, user_agent
         self.clock, self.rand, self.sendable = clock, rand, sendable
         self.wake = deliveries.wake  # something became owed, or an attempt ended
-        self._leading = asyncio.Event()
         self._attempts: set[asyncio.Task[None]] = set()
         self._sessions: dict[str, tuple[aiohttp.ClientSession, float | None]] = {}
         self._broken: dict[str, str] = {}  # sink -> why its keys cannot be used (said once)
 
     # --- leading --------------------------------------------------------------------------
 
-    def lead(self) -> None:
-        self._leading.set()
+    def lead(self, term: int | None = None) -> None:
+        """What the old leader left undelivered, then what comes."""
         self.wake.set()
 
     def standby(self) -> None:
         """Stop sending: what is in flight is cancelled and stays owed."""
-        self._leading.clear()
         for task in list(self._attempts):
             task.cancel()
         for box in self.deliveries.sinks.values():
@@ -95,7 +96,7 @@ class Sender:
         sink's concurrency and backoff allow."""
         box = self.deliveries.sinks[name]
         while True:
-            await self._leading.wait()
+            await self.leadership.wait()
             taken = box.take(time.monotonic(), self.sendable)
             if taken is None:
                 # nothing to take now: until the pause ends, or something changes (a new
@@ -143,7 +144,7 @@ class Sender:
             return
         self._broken.pop(sink.name, None)
         headers, body = request(out, sink.mode, keys, int(time.time()), self.user_agent)
-        if not self.may_send():
+        if not self.leadership.leading or not self.leadership.may_write():
             box.put_back(uid)  # fenced between take and now: owed again, by the next leader
             return
         session = await self._session(box)

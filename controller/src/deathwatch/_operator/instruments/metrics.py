@@ -195,6 +195,12 @@ class Metrics:
         "1 while this replica holds the Lease and may write, else 0",
         labels=("identity",),
     )
+    leader_transitions: Counter = counter(
+        "deathwatch_leader_transitions",
+        "This replica's leadership transitions, by what it became (leading, standby): a count "
+        "that rises steadily is a Lease changing hands",
+        labels=("to",),
+    )
     watch_connections: Counter = counter(
         "deathwatch_watch_connections",
         "Watch requests made per resource (one per server timeout, more after faults)",

@@ -51,9 +51,8 @@ from deathwatch._operator.judging.shield import Shield
 if TYPE_CHECKING:
     from deathwatch._operator.delivery.outbox import Backlog
     from deathwatch._operator.judging.decisions import Announcement
-from deathwatch._operator.judging.summary import Summary
+from deathwatch._operator.judging.summary import LAST_DEATHS, Summary
 
-LAST_DEATHS = 20
 PROBE_BLOCKED_MESSAGE = (
     "a tcpSocket/httpGet/grpc readiness probe targets an agent port; kubelet probes from the "
     "host, which the node firewall refuses, so it can never pass: use an exec probe"

@@ -30,6 +30,7 @@ import structlog
 from deathwatch._engine.timeutil import UTC, format_time
 from deathwatch._kube.errors import ApiError, describe, label
 from deathwatch._operator.instruments.metrics import Metrics
+from deathwatch._operator.leadership.group import Leadership
 
 log = structlog.get_logger("deathwatch.leader")
 
@@ -75,20 +76,25 @@ class Elector:
         namespace: str,
         metrics: Metrics,
         timings: LeaseTimings | None = None,
-        on_change: Callable[[bool], None] | None = None,
+        leadership: Leadership | None = None,
+        term_of: Callable[[int], int] = lambda term: term,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
         claim: Callable[[], tuple[dict[str, str], dict[str, str]]] | None = None,
     ) -> None:
         """`claim()`: the labels and annotations written on the Lease with each acquisition
-        and renewal (a shard's slots: slot_claims.py)."""
+        and renewal (a shard's slots: slot_claims.py). `leadership`: told of every transition,
+        and fenced by `may_write`; `term_of(term)`: the term it is told (a shard's, unique
+        across the shards' Leases)."""
         self.api = api
         self.claim = claim
         self.identity = identity
         self.name, self.namespace = name, namespace
         self.metrics = metrics
         self.timings = timings or LeaseTimings()
-        self.on_change = on_change or (lambda leading: None)
+        self.leadership = leadership or Leadership(metrics, identity, elected=True)
+        self.leadership.fenced_by(self.may_write)
+        self.term_of = term_of
         self.clock, self.wall = clock, wall
         self.is_leader = False
         self.leader: str | None = None  # the holder as last observed
@@ -198,9 +204,9 @@ class Elector:
         if leading:
             self.leader = self.identity
             self.transitions += 1
-        self.metrics.leader.labels(self.identity).set(int(leading))
-        log.warning(why, identity=self.identity, lease=f"{self.namespace}/{self.name}")
-        self.on_change(leading)
+            self.leadership.lead(self.term_of(self.term), f"{why} {self.namespace}/{self.name}")
+        else:
+            self.leadership.standby(f"{why} ({self.namespace}/{self.name})")
 
     async def _try(self) -> bool:
         """One attempt: True if we hold the lease afterwards (acquired or renewed)."""

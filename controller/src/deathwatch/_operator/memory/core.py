@@ -1,49 +1,23 @@
-"""The controller's one memory and the one tail every input ends in (docs/architecture.md).
-
-As kopf's engines sit around one ResourceMemory, each of the controller's inputs is a module
-of free functions working on this `Core` (pods.py, node_exits.py, verdict_watch.py,
-owners.py, shielding.py, retention.py, publishing.py, delivery_bridge.py): `Core` holds what
-they share (the records by pod uid, the DeathWatches, the engine's Suspect deadlines, the
-counts, the writer, the shard filter) and `settle`, the tail of every input's pass:
-
-    an engine Step ─▶ settle: report (logs, metrics) · decide (decisions.py) · owe (delivery)
-                      · shield · count (summary.py) · the verdict's document · the writer
-
-All calls run on the event loop; nothing here blocks or does I/O.
+"""The controller's memory, in one place (as kopf keeps one ResourceMemories): one record per
+sandbox, the DeathWatches compiled, agent-sandbox's Sandboxes, the counts, the engine's
+Suspect deadlines, the firewall as last read, this shard's filter. Nothing here judges,
+writes or sends: each pass is handed the parts it uses (passes/wiring.py), and every pass
+ends in the tail (passes/tail.py). All calls run on the event loop; nothing blocks.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
-from datetime import datetime
+from dataclasses import dataclass, field
 
-import structlog
-
-from deathwatch._api.objects import Undecodable
-from deathwatch._api.resources import SV_PLURAL, EventReason
-from deathwatch._api.rules import Rules
-from deathwatch._engine.contract import Policies
-from deathwatch._engine.engine import SignalKind, Step, Track
 from deathwatch._engine.memory import Deadlines
-from deathwatch._engine.timeutil import UTC
-from deathwatch._engine.verdict import Cause, State, origin_of
-from deathwatch._operator.delivery.outbox import Deliveries
-from deathwatch._operator.instruments.metrics import Metrics
-from deathwatch._operator.judging import decisions, documents
-from deathwatch._operator.judging.decisions import Announcement, Before
 from deathwatch._operator.judging.documents import FirewallReading
-from deathwatch._operator.judging.shield import Shield
 from deathwatch._operator.judging.summary import Summaries
 from deathwatch._operator.memory.agent_sandboxes import AgentSandboxes
 from deathwatch._operator.memory.coverage import Coverage
 from deathwatch._operator.memory.deathwatches import DeathWatches
-from deathwatch._operator.memory.records import Record, Records
+from deathwatch._operator.memory.records import Records
 from deathwatch._operator.shards.filter import ShardFilter
-from deathwatch._operator.writing.writer import NORMAL, URGENT, Desired, Writer
-
-log = structlog.get_logger("deathwatch.controller")
-KEEP = object()  # "the shield did not need judging again"
 
 
 class Firewall:
@@ -56,216 +30,20 @@ class Firewall:
         self.coverage = coverage
 
 
+@dataclass
 class Core:
-    """What every input shares, and the tail each input's pass ends in (`settle`)."""
+    """What the controller knows."""
 
-    def __init__(
-        self,
-        *,
-        deathwatches: DeathWatches,
-        records: Records,
-        policies: Policies,
-        writer: Writer,
-        metrics: Metrics,
-        firewall: Firewall,
-        agent_sandboxes: AgentSandboxes,
-        summaries: Summaries | None = None,
-        deliveries: Deliveries | None = None,
-        shards: ShardFilter | None = None,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-    ) -> None:
-        self.deathwatches = deathwatches
-        self.records = records
-        self.policies = policies
-        self.deadlines = Deadlines()  # Suspect windows of every record, by when they close
-        self.summaries = summaries if summaries is not None else Summaries()
-        self.writer = writer
-        self.metrics = metrics
-        self.firewall = firewall
-        self.coverage = firewall.coverage  # None: no firewall configured, no Shielded
-        self.agent_sandboxes = agent_sandboxes  # as their watch shows them (or none at all)
-        self.deliveries = deliveries if deliveries is not None else Deliveries(None)
-        self.shards = shards or ShardFilter()
-        self.clock = clock
-        self.wake = asyncio.Event()  # a new Suspect deadline to wait for
-        self.malformed: set[str] = set()  # objects reported undecodable (once each)
+    deathwatches: DeathWatches
+    records: Records = field(default_factory=Records)
+    agent_sandboxes: AgentSandboxes = field(default_factory=AgentSandboxes)  # as watched
+    summaries: Summaries = field(default_factory=Summaries)  # each DeathWatch's counts
+    deadlines: Deadlines = field(default_factory=Deadlines)  # Suspect windows, by closing
+    firewall: Firewall = field(default_factory=lambda: Firewall(None, None))
+    shards: ShardFilter = field(default_factory=ShardFilter)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)  # a new Suspect deadline
 
-    def mine(self, uid: str | None, where: str) -> bool:
-        """Whether this shard judges the sandbox of this pod uid; another shard's pod or
-        verdict is counted (by where it was dropped) and dropped."""
-        if self.shards.mine(uid):
-            return True
-        self.metrics.shard_filtered.labels(where).inc()
-        return False
-
-    # --- the tail of every input --------------------------------------------------------
-
-    def settle(
-        self,
-        step: Step,
-        record: Record,
-        rules: Rules,
-        received: float | None = None,
-        shield: object = KEEP,  # a Shield, None, or KEEP: judge it here if need be
-    ) -> None:
-        """What a step means, applied: reported, counted, written. The one tail of every
-        input (pod events, node exits, listings, expiries, coverage)."""
-        track = step.track
-        account(self, step, record)
-        changed = any(s.kind is SignalKind.STATE_CHANGED for s in step.signals)
-        if changed:
-            record.transitions += 1  # the sequence of the event that announces it
-        if shield is KEEP:
-            shield = self.shield(record, rules)
-        assert shield is None or isinstance(shield, Shield)  # noqa: S101 - KEEP resolved
-        claim = self.coverage.claim(record.node) if self.coverage else None
-        before = Before(record.persisted, record.shield, record.shield_since, record.node)
-        outcome = decisions.decide(step, before, self.clock(), shield, claim)
-        if outcome.forget:
-            self.forget(record)
-            return
-        if changed:
-            self.owe(record, track)
-        if any(a.reason is EventReason.SANDBOX_UNSHIELDED for a in outcome.events):
-            _unshielded(self, track, record, outcome.shield)
-        record.shield, record.shield_since = outcome.shield, outcome.shield_since
-        self.summaries.apply(record.deathwatch, record.counted, outcome.facts)
-        record.counted = outcome.facts
-        if outcome.write:
-            record.persisted = True
-            self.writer.want(self.verdict(track, record, rules, outcome.events, received))
-        if track.deadline is not None:
-            self.wake.set()
-
-    def shield(self, record: Record, rules: Rules) -> Shield | None:
-        """Its shield judged again if what it depends on changed, else as it was."""
-        if self.coverage is None:
-            return None
-        basis = (record.node, record.ips, rules.settings.agent_ports, record.labels)
-        if record.shield is not None and record.judged_for == basis:
-            return record.shield
-        if record.addressed_at is None and record.ips:
-            record.addressed_at = self.coverage.clock()
-        shield = self.coverage.shield_of(record.node, record.ips, rules.settings.agent_ports,
-                                         record.labels, record.addressed_at)  # fmt: skip
-        if shield is None:
-            return record.shield  # nothing read since start: the restored shield stands
-        record.judged_for = basis
-        return shield
-
-    def verdict(self, track: Track, record: Record, rules: Rules,
-                announce: Iterable[Announcement] = (), received: float | None = None,
-                priority: int | None = None) -> Desired:  # fmt: skip
-        """Its SandboxVerdict as the writer wants it now."""
-        dead = track.state is State.DEAD
-        owner = record.agent_sandbox
-        ref = self.agent_sandboxes.ref(track.namespace, owner) if owner is not None else None
-        slot = self.shards.slot(track.uid)
-        status, obj, labels, events = documents.verdict(
-            track, rules, record.node, record.deleted_at, record.shield, record.shield_since,
-            announce, ref, record.transitions, record.marks, slot,
-        )  # fmt: skip
-        return Desired(
-            SV_PLURAL, track.namespace, track.name,
-            status=status,
-            create=obj,
-            labels=labels,
-            events=events,
-            priority=priority if priority is not None else URGENT if dead else NORMAL,
-            received=received if dead else None,
-            ready_drop_at=track.ready_drop_at if dead else None,
-            slot=slot,
-        )  # fmt: skip
-
-    def owe(self, record: Record, track: Track | None = None) -> None:
-        """Tell the outboxes this sandbox's current transition (and the marks it has)."""
-        track = track or record.track
-        if not self.deliveries or track is None:
-            return
-        for sink in self.deliveries.changed(
-            record.uid, record.namespace, track.state, record.transitions,
-            event_time(track, self.clock), record.marks, record.deathwatch,
-        ):  # fmt: skip
-            self.metrics.delivery_coalesced.labels(sink).inc()
-
-    def forget(self, record: Record) -> None:
-        """The one place a sandbox is forgotten: its record (and every index into it) and
-        what its DeathWatch counts for it. Its deadline, if any, lapses with it."""
-        self.records.remove(record)
-        self.summaries.apply(record.deathwatch, record.counted, None)
-        self.deliveries.forget(record.uid)
-
-    def undecodable(self, error: Undecodable) -> None:
-        if error.who not in self.malformed:
-            self.malformed.add(error.who)
-            log.warning("object skipped: malformed", object=error.who, error=error.problem)
-
-
-def event_time(track: Track, clock: Callable[[], datetime]) -> datetime:
-    """The time an event about this transition carries: when the verdict was declared (Dead,
-    Gone), else when its state was entered."""
-    if track.state.terminal and track.evidence is not None:
-        return track.evidence.declared_at
-    return track.changed_at or clock()
-
-
-def _unshielded(core: Core, track: Track, record: Record, shield: Shield | None) -> None:
-    assert shield is not None  # noqa: S101 - an Unshielded Event has a shield
-    log.warning("sandbox not shielded", namespace=track.namespace, pod=track.name,
-                uid=track.uid, node=record.node, reason=shield.reason,
-                message=shield.message)  # fmt: skip
-    core.metrics.unshielded_spells.labels(shield.reason).inc()
-
-
-def account(core: Core, step: Step, record: Record) -> None:
-    """Logs and metrics of what happened: observability only, nothing decided here."""
-    track, node, metrics = step.track, record.node, core.metrics
-    if node:
-        metrics.node_seen(node)
-    for signal in step.signals:
-        kind = signal.kind
-        if kind is SignalKind.STATE_CHANGED:
-            cause = str(track.cause) if track.cause else None
-            log.info("verdict", namespace=track.namespace, pod=track.name, uid=track.uid,
-                     **{"from": str(signal.previous), "to": str(track.state)},
-                     policy=track.policy, cause=cause,
-                     origin=str(origin_of(track.cause)) if track.state.terminal else None,
-                     disruption=track.disruption.reason if track.disruption else None,
-                     observed_by=str(track.evidence.observed_by) if track.evidence else None,
-                     )  # fmt: skip
-            metrics.verdicts.labels(str(track.state), track.policy, str(track.cause or "")).inc()
-            if track.state is State.DEAD:
-                metrics.death(node or "", track.cause or Cause.UNKNOWN)
-            if track.cause is Cause.UNOBSERVED:
-                log.warning("lost track: the pod is gone and nobody saw how it ended",
-                            namespace=track.namespace, pod=track.name, uid=track.uid,
-                            last_seen=str(signal.previous))  # fmt: skip
-        elif kind is SignalKind.READY_DROPPED:
-            metrics.ready_drops.labels(track.policy).inc()
-        elif kind is SignalKind.FLAPPED:
-            metrics.flaps.labels(track.policy).inc()
-        elif kind is SignalKind.FALSE_POSITIVE:
-            metrics.false_positives.labels(track.policy).inc()
-            log.warning("false positive", namespace=track.namespace, pod=track.name,
-                        uid=track.uid, policy=track.policy)  # fmt: skip
-        elif kind is SignalKind.POLICY_FAILED:
-            metrics.policy_errors.labels(track.policy).inc()
-        elif kind is SignalKind.SIDECAR_RESTARTED:
-            metrics.sidecar_restarts.labels(track.policy).inc()
-            log.info("a container that is not the sandbox restarted; the sandbox lives on",
-                     namespace=track.namespace, pod=track.name, uid=track.uid,
-                     restarts=track.sidecar_restarts)  # fmt: skip
-        elif kind is SignalKind.DISPUTED:
-            metrics.node_exit_disputes.labels(track.policy).inc()
-            log.warning("a death heard on the node, told otherwise by the kubelet; the "
-                        "verdict stands", namespace=track.namespace, pod=track.name,
-                        uid=track.uid, disputed=track.disputed)  # fmt: skip
-    # a policy's failure is logged once per spell, and its recovery
-    if core.records.set_failing(record, track.policy_error is not None):
-        if record.failing:
-            log.error("policy failed; the pod is judged by container-state until it works "
-                      "again", namespace=track.namespace, pod=track.name, uid=track.uid,
-                      policy=track.policy, error=track.policy_error)  # fmt: skip
-        else:
-            log.info("policy works again", namespace=track.namespace, pod=track.name,
-                     uid=track.uid, policy=track.policy)  # fmt: skip
+    @property
+    def coverage(self) -> Coverage | None:
+        """The agents' coverage (None: no firewall configured, no Shielded)."""
+        return self.firewall.coverage

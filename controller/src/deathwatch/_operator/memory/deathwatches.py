@@ -26,7 +26,9 @@ Revision = tuple[str, int | None]  # (uid, generation): which DeathWatch, which 
 
 
 @dataclass(frozen=True, slots=True)
-class Change:
+class Revised:
+    """A DeathWatch compiled anew (created, or its spec edited)."""
+
     key: DeathWatchKey
     rules: Rules | None  # None: it cannot be used (`invalid` says why)
     select: bool  # new, or its selection changed: the pods it selects must be listed
@@ -100,7 +102,7 @@ class DeathWatches:
         an event of it that is not a new revision changes nothing here."""
         return self._revisions.get(key) == revision
 
-    def update(self, body: Mapping[str, Any]) -> Change | None:
+    def update(self, body: Mapping[str, Any]) -> Revised | None:
         """A DeathWatch as listed or watched. None when its revision is the one already
         compiled (its own status write coming back)."""
         meta = body.get("metadata") or {}
@@ -126,7 +128,7 @@ class DeathWatches:
             log.error("deathwatch invalid", namespace=key[0], deathwatch=key[1], error=str(exc))
             self.invalid[key] = str(exc)
             self._set(key, None)
-            return Change(key, None, select=False)
+            return Revised(key, None, select=False)
         self.invalid.pop(key, None)
         self._set(key, rules)
         select = (
@@ -135,7 +137,7 @@ class DeathWatches:
             or before.sandboxes != rules.sandboxes
             or before.uid != rules.uid
         )
-        return Change(key, rules, select)
+        return Revised(key, rules, select)
 
     def remove(self, key: DeathWatchKey) -> bool:
         """Forget the DeathWatch at `key`; whether it was this controller's."""

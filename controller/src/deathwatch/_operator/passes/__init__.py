@@ -2,4 +2,4 @@
 memory and ends in `Core.settle`: a pod event (`pods`), a DeathWatch or a Sandbox (`owners`),
 a SandboxVerdict (`verdict_watch`), a node's exit (`node_exits`), coverage changing
 (`shielding`), the clock (`publishing`, `retention`), an event delivered
-(`delivery_bridge`). No I/O."""
+(`delivery_bridge`), this replica taking over the writing (`takeover`). No I/O."""

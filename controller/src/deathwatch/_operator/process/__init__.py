@@ -1,2 +1,3 @@
-"""The process: its arguments (`command`), every part built once and started in order
-(`app`: wiring only), and the timed loops that drive the clock's passes (`timers`)."""
+"""The process: its arguments (`command`) and the configuration they make (`config`), every
+part built once and started in order (`app`: wiring only), kopf's hooks into the process's
+life (`lifecycle`), and the timed loops that drive the clock's passes (`timers`)."""

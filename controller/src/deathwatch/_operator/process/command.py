@@ -186,7 +186,9 @@ def run(args: argparse.Namespace) -> int:
     from deathwatch._kube.tls import CertificateError
     from deathwatch._operator.leadership.leader import LeaseTimings
     from deathwatch._operator.ports.endpoints import address
-    from deathwatch._operator.process.app import App, Config, register
+    from deathwatch._operator.process.app import App
+    from deathwatch._operator.process.config import Config
+    from deathwatch._operator.process.lifecycle import register
 
     if args.firewall_daemonset is not None and args.firewall_daemonset.count("/") != 1:
         print(

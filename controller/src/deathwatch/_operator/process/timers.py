@@ -13,28 +13,30 @@ from datetime import datetime
 
 from deathwatch._engine.timeutil import UTC
 from deathwatch._operator.instruments import gcpauses
-from deathwatch._operator.memory.core import Core
-from deathwatch._operator.passes import pods, retention, shielding
-from deathwatch._operator.passes.publishing import Liveness, publish
+from deathwatch._operator.passes.pods import PodPass
+from deathwatch._operator.passes.publishing import Liveness, StatusPass
+from deathwatch._operator.passes.retention import RetentionPass
+from deathwatch._operator.passes.shielding import ShieldPass
 
 REFREEZE_INTERVAL = 600.0  # seconds: sandboxes that arrived since the last freeze join it
 
 
-async def suspects(core: Core) -> None:
+async def suspects(pods: PodPass, wake: asyncio.Event) -> None:
     """Judge each Suspect when its window closes; sleep until the next one, or until a new
     deadline wakes the loop."""
     while True:
-        core.wake.clear()
-        pods.expire(core)
-        deadline = pods.next_deadline(core)
+        wake.clear()
+        pods.expire()
+        deadline = pods.next_deadline()
         timeout = (
             None if deadline is None else max(0.0, (deadline - datetime.now(UTC)).total_seconds())
         )
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(core.wake.wait(), timeout)
+            await asyncio.wait_for(wake.wait(), timeout)
 
 
-async def publishing(core: Core, liveness: Liveness, interval: float,
+async def publishing(status: StatusPass, retention: RetentionPass, shielding: ShieldPass,
+                     liveness: Liveness, interval: float,
                      retire_interval: float) -> None:  # fmt: skip
     last_retire = 0.0
     frozen_at = time.monotonic()
@@ -45,6 +47,6 @@ async def publishing(core: Core, liveness: Liveness, interval: float,
             frozen_at = time.monotonic()
         if time.monotonic() - last_retire > retire_interval:
             last_retire = time.monotonic()
-            retention.retire(core)
-        shielding.reshield(core)  # claims go stale with no event: judged on the clock
-        publish(core, liveness)
+            retention.retire()
+        shielding.reshield()  # claims go stale with no event: judged on the clock
+        status.publish(liveness)

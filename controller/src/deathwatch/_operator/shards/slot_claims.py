@@ -61,6 +61,10 @@ class Spec:
         """Its Lease: the controller's own name for one shard, as today; `base-shard-i`."""
         return base if not self.sharded else f"{base}-shard-{self.index}"
 
+    def term(self, lease_term: int) -> int:
+        """The writing term of its Lease's term: unique across the shards' Leases."""
+        return lease_term * 64 + self.index if self.sharded else lease_term
+
 
 @dataclass(frozen=True, slots=True)
 class Claim:

@@ -23,9 +23,11 @@ from typing import Any
 import msgspec
 import structlog
 
+from deathwatch._api.resources import LEASES
 from deathwatch._api.rest import Rest
 from deathwatch._kube.errors import describe, label
 from deathwatch._operator.instruments.metrics import Metrics
+from deathwatch._operator.leadership.group import Leadership
 from deathwatch._operator.shards.slot_claims import (
     ALL,
     LEASE_LABEL,
@@ -39,7 +41,6 @@ from deathwatch._operator.shards.slot_claims import (
 from deathwatch._operator.shards.slots import describe as slots_text
 
 log = structlog.get_logger("deathwatch.shards")
-LEASES = "/apis/coordination.k8s.io/v1"
 
 
 @dataclass
@@ -52,12 +53,12 @@ class _Seen:
 class Ownership:
     def __init__(
         self, spec: Spec, lease: str, namespace: str, metrics: Metrics, retry_period: float,
-        clock: Callable[[], float] = time.monotonic,
+        leadership: Leadership, clock: Callable[[], float] = time.monotonic,
     ) -> None:  # fmt: skip
         self.spec, self.lease, self.namespace = spec, lease, namespace
         self.metrics, self.retry_period, self.clock = metrics, retry_period, clock
         self.owned: frozenset[int] = frozenset()
-        self.leading = False
+        self.leadership = leadership
         self.last: Handover | None = None
         self.claims: list[Claim] = []
         self._seen: dict[str, _Seen] = {}
@@ -76,15 +77,18 @@ class Ownership:
         """The labels and annotations of this shard's Lease, with each renewal."""
         return {LEASE_LABEL: "true"}, claim_annotations(self.spec, self.owned)
 
-    def lead(self) -> None:
-        """This replica took its shard's Lease: one shard owns everything at once; a shard of
-        several gains what the next read of the Leases allows."""
-        self.leading = True
+    @property
+    def leading(self) -> bool:
+        return self.leadership.leading
+
+    def lead(self, term: int | None = None) -> None:
+        """This replica took its shard's Lease (its Leadership says so): one shard owns
+        everything at once; a shard of several gains what the next read of the Leases
+        allows."""
         if not self.spec.sharded:
             self._set(ALL)
 
     def standby(self) -> None:
-        self.leading = False
         self._set(frozenset())
 
     def _set(self, owned: frozenset[int]) -> None:

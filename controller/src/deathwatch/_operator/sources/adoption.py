@@ -16,9 +16,8 @@ from deathwatch._kube import backoff
 from deathwatch._kube.errors import describe, label
 from deathwatch._kube.listwatch import Item, ListWatch, Noted, outputs
 from deathwatch._operator.instruments.metrics import Metrics
-from deathwatch._operator.memory.core import Core
-from deathwatch._operator.memory.deathwatches import Change
-from deathwatch._operator.passes import pods
+from deathwatch._operator.memory.deathwatches import DeathWatches, Revised
+from deathwatch._operator.passes.pods import PodPass
 
 log = structlog.get_logger("deathwatch.adoption")
 INACTIVITY = 70.0  # never used by a listing (no watch), the transport's own
@@ -30,16 +29,16 @@ def _once(label_selector: str | None = None, shard_selector: str | None = None) 
 
 
 class Adoption:
-    def __init__(self, rest: Rest, core: Core, metrics: Metrics,
+    def __init__(self, rest: Rest, pods: PodPass, deathwatches: DeathWatches, metrics: Metrics,
                  label_selector: str | None,
                  shard_selector: str | None = None) -> None:  # fmt: skip
-        self.rest, self.core, self.metrics = rest, core, metrics
+        self.rest, self.pods, self.deathwatches, self.metrics = rest, pods, deathwatches, metrics
         self.label_selector = label_selector
         self.shard_selector = shard_selector
 
-    async def adopt(self, change: Change) -> None:
+    async def adopt(self, change: Revised) -> None:
         """List the pods of a new or changed DeathWatch's namespace, page by page, and hand
-        them to the core, until done or until the DeathWatch changes again (its newer
+        them to the pod pass, until done or until the DeathWatch changes again (its newer
         revision's own listing takes over)."""
         rules = change.rules
         assert rules is not None  # noqa: S101 - only valid DeathWatches select
@@ -54,21 +53,18 @@ class Adoption:
                 if isinstance(out, Item):
                     page.append(out.raw)
                     if len(page) >= protocol.page_size:
-                        adopted += pods.adopt(
-                            self.core,
+                        adopted += self.pods.adopt(
                             rules.key,
                             rules.revision,
                             _views(page, versions),
                             versions,
                         )
                         page = []
-                        if self.core.deathwatches.current(rules.key, rules.revision) is None:
+                        if self.deathwatches.current(rules.key, rules.revision) is None:
                             return  # changed or gone meanwhile: its own listing adopts them
                 elif isinstance(out, Noted) and out.error is not None:
                     self._failed("list_pods", out, namespace=namespace, deathwatch=rules.name)
-            adopted += pods.adopt(
-                self.core, rules.key, rules.revision, _views(page, versions), versions
-            )
+            adopted += self.pods.adopt(rules.key, rules.revision, _views(page, versions), versions)
         except Exception as exc:
             log.error("pods of a deathwatch not listed; each pod's next event adopts it",
                       namespace=namespace, deathwatch=rules.name,

@@ -40,9 +40,12 @@ from deathwatch._kube import exits as wire
 from deathwatch._kube.errors import ApiError, KubeError, describe, label
 from deathwatch._operator.instruments.metrics import Metrics
 from deathwatch._operator.instruments.supervisor import Supervisor
-from deathwatch._operator.memory.core import Core
-from deathwatch._operator.passes.node_exits import exited
+from deathwatch._operator.leadership.group import Leadership
+from deathwatch._operator.memory.records import Records
+from deathwatch._operator.passes.node_exits import NodeExitPass
+from deathwatch._operator.shards.filter import ShardFilter
 from deathwatch._operator.sources.reflector import Collection
+from deathwatch._operator.writing.writer import Writer
 
 log = structlog.get_logger("deathwatch.node_exits")
 JUDGE: Final = "node_exit"  # the spawned judgements' name, and their handler_errors label
@@ -91,12 +94,15 @@ def leases(namespace: str) -> Collection[ExitsLease]:
 
 
 class NodeExits:
-    """The exits Leases' sink: each exit once, to the controller, with its pod read."""
+    """The exits Leases' receiver: each exit once, to the controller, with its pod read."""
 
-    def __init__(self, core: Core, rest: Rest, metrics: Metrics, supervisor: Supervisor,
+    def __init__(self, judge: NodeExitPass, records: Records, writer: Writer, shards: ShardFilter,
+                 leadership: Leadership, rest: Rest, metrics: Metrics, supervisor: Supervisor,
+                 undecodable: Callable[[Undecodable], None],
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:  # fmt: skip
-        self.core, self.rest, self.metrics, self.clock = core, rest, metrics, clock
-        self.supervisor = supervisor
+        self.judge, self.records, self.writer, self.shards = judge, records, writer, shards
+        self.leadership, self.rest, self.metrics, self.clock = leadership, rest, metrics, clock
+        self.supervisor, self.said_undecodable = supervisor, undecodable
         self.taken: dict[str, datetime] = {}  # container instance -> its exit, once taken
 
     def listing(self, scope: str | None) -> None:
@@ -106,7 +112,7 @@ class NodeExits:
         return None
 
     def undecodable(self, error: Undecodable) -> None:
-        self.core.undecodable(error)
+        self.said_undecodable(error)
 
     def event(self, kind: EventType, lease: ExitsLease, received: float, version: str) -> None:
         if kind is EventType.DELETED:
@@ -125,7 +131,7 @@ class NodeExits:
             self.taken = {c: at for c, at in self.taken.items() if at >= cut}
 
     def _take(self, node: str, exit: wire.Exit, received: float) -> None:
-        if self.core.records.get(exit.pod_uid) is None:
+        if self.records.get(exit.pod_uid) is None:
             self.metrics.node_exits.labels("not-watched").inc()
             return
         if self.supervisor.in_flight(JUDGE) >= IN_FLIGHT:
@@ -135,10 +141,9 @@ class NodeExits:
         self.supervisor.spawn(JUDGE, self._judge(node, exit, received), failed)
 
     async def _judge(self, node: str, exit: wire.Exit, received: float) -> None:
-        writer = self.core.writer
-        if not writer.writes(self.core.shards.slot(exit.pod_uid)):
-            await writer.leads_within(STANDBY_DEFER)
-            record = self.core.records.get(exit.pod_uid)
+        if not self.writer.writes(self.shards.slot(exit.pod_uid)):
+            await self.leadership.within(STANDBY_DEFER)
+            record = self.records.get(exit.pod_uid)
             if record is None or record.memory is None:
                 self.metrics.node_exits.labels("not-watched").inc()  # forgotten meanwhile
                 return
@@ -161,7 +166,7 @@ class NodeExits:
             return
         version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
         seen = NodeExit(exit.container_id, exit.exit_code, exit.oom, exit.exited_at, node)
-        outcome = exited(self.core, seen, pod, version, received)
+        outcome = self.judge.exited(seen, pod, version, received)
         self.metrics.node_exits.labels(outcome).inc()
         if outcome == "judged":
             log.info("exit heard on its node", namespace=exit.namespace, pod=exit.pod,

@@ -20,14 +20,14 @@ from deathwatch._kube.errors import ApiError, describe, label
 from deathwatch._operator.instruments.metrics import Metrics
 from deathwatch._operator.judging.documents import FirewallReading
 from deathwatch._operator.judging.shield import SELECTOR
-from deathwatch._operator.memory.core import Core
-from deathwatch._operator.passes import shielding
+from deathwatch._operator.memory.core import Firewall
+from deathwatch._operator.passes.shielding import ShieldPass
 from deathwatch._operator.sources.readiness import Readiness
 
 log = structlog.get_logger("deathwatch.reads")
 
 
-async def coverage(core: Core, rest: Rest, metrics: Metrics, namespace: str,
+async def coverage(shielding: ShieldPass, rest: Rest, metrics: Metrics, namespace: str,
                    interval: float) -> None:  # fmt: skip
     """List the firewall agents' coverage Leases (one per node) every interval."""
     path = f"{LEASES}/namespaces/{namespace}/leases"
@@ -44,20 +44,19 @@ async def coverage(core: Core, rest: Rest, metrics: Metrics, namespace: str,
             if failing:
                 log.info("firewall coverage readable again")
             failing = False
-            shielding.on_coverage(core, leases.get("items") or [])
-            read = core.coverage
-            metrics.coverage_nodes.set(len(read.claims) if read else 0)
+            claims = shielding.on_coverage(leases.get("items") or [])
+            metrics.coverage_nodes.set(claims)
         await asyncio.sleep(interval)
 
 
-async def probe(core: Core, rest: Rest, metrics: Metrics, readiness: Readiness,
+async def probe(firewall: Firewall, rest: Rest, metrics: Metrics, readiness: Readiness,
                 daemonset: str | None, interval: float) -> None:  # fmt: skip
     """One light call per interval: the firewall DaemonSet's status (which also says the
     API answers), or the API's /version when no firewall is configured."""
     while True:
         try:
             if daemonset:
-                core.firewall.reading = await _read_daemonset(rest, daemonset)
+                firewall.reading = await _read_daemonset(rest, daemonset)
             else:
                 await rest.get("/version")
         except Exception as exc:

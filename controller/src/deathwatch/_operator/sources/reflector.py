@@ -2,17 +2,17 @@
 reflector, for ever: the list/watch protocol (deathwatch._kube.listwatch, written once for
 every part of deathwatch) over the controller's API client, each object decoded once, from
 its bytes, by the collection's typed decoder (msgspec, in C, only the fields it declares),
-and handed to a sink. Nothing is kept here but the protocol's state (the version to resume
+and handed to a receiver. Nothing is kept here but the protocol's state (the version to resume
 from) and when the stream last delivered anything.
 
 Explicit timeouts: each page `rest.API_TIMEOUT`; a watch with no byte at all, not even a
 bookmark, for `inactivity` seconds is a dead connection and is reconnected. A listing tells
-the sink when it begins and when it is complete: what a complete listing did not show no
+the receiver when it begins and when it is complete: what a complete listing did not show no
 longer exists (deleted while the watch was down or could not resume). Failures are counted
 (`deathwatch_api_errors_total{operation="watch_<resource>"}`), logged and retried with
 backoff; a bug is not retried (it ends the run, for its supervisor to restart and report).
 
-The sink's calls run on the event loop between two reads, in the stream's order; the
+The receiver's calls run on the event loop between two reads, in the stream's order; the
 reflector yields to the loop every `YIELD_EVERY` objects of a listing.
 """
 
@@ -44,7 +44,7 @@ ABSENT_RETRY = 10.0
 OPEN_DEADLINE = 30.0
 
 
-class Sink(Protocol[T_contra]):
+class Receiver(Protocol[T_contra]):
     def listing(self, scope: str | None) -> None:
         """A (re)listing of `scope` (a namespace, None: all) begins."""
 
@@ -82,7 +82,7 @@ _TYPES = {t.value: t for t in EventType}
 class Reflector(Generic[T]):
     rest: Rest
     collection: Collection[T]
-    sink: Sink[T]
+    receiver: Receiver[T]
     metrics: Metrics
     server_timeout: int = 240  # the API server ends a watch after this (seconds, jittered)
     inactivity: float = 70.0  # no byte for this long: a dead connection
@@ -124,7 +124,7 @@ class Reflector(Generic[T]):
 
     async def run(self) -> None:
         """List, then watch, for ever (supervised)."""
-        c, sink = self.collection, self.sink
+        c, receiver = self.collection, self.receiver
         if not self._settled.is_set() and self._deadline is None:
             self._deadline = asyncio.get_running_loop().call_later(
                 max(0.0, self.open_deadline - (time.monotonic() - self.started)), self._overdue
@@ -140,11 +140,11 @@ class Reflector(Generic[T]):
                         await asyncio.sleep(0)
             elif isinstance(out, Listing):
                 count = 0
-                sink.listing(c.scope)
+                receiver.listing(c.scope)
             elif isinstance(out, Listed):
                 if c.shard_selector:
                     self._echoed(self.protocol.echo == c.shard_selector)
-                sink.listed(c.scope)
+                receiver.listed(c.scope)
                 self._listed.set()
                 self._opened()
                 log.info("listed", resource=c.resource, scope=c.scope or "all", count=out.count,
@@ -226,10 +226,10 @@ class Reflector(Generic[T]):
         try:
             obj = self.collection.decode(item.raw)
         except Undecodable as exc:
-            self.sink.undecodable(exc)
+            self.receiver.undecodable(exc)
             return
         self.metrics.last_event.labels(self.collection.resource).set(time.time())
-        self.sink.event(_TYPES[item.type], obj, time.monotonic(), item.version)
+        self.receiver.event(_TYPES[item.type], obj, time.monotonic(), item.version)
 
 
 class _Activity:

@@ -2,7 +2,7 @@
 each of their objects is decoded, once, from its bytes:
 
 - pods, straight into the engine's `PodView` (msgspec, only the fields a verdict needs);
-- SandboxVerdicts, into `Verdict` (name, version, owner, status): listed at start they rebuild
+- SandboxVerdicts, into `VerdictObject` (name, version, owner, status): listed at start they rebuild
   the engine's memory, watched they keep a standby level with the leader;
 - agent-sandbox's Sandboxes, into `SandboxObject` (agent_sandboxes.py), when installed;
 - DeathWatches, into `DeathWatchObject`: their metadata read, their status kept as bytes and
@@ -20,7 +20,7 @@ from deathwatch._api import agent_sandbox as agent_sandboxes
 from deathwatch._api.agent_sandbox import SandboxObject
 from deathwatch._api.objects import (
     DeathWatchObject,
-    Verdict,
+    VerdictObject,
     decode_deathwatch,
     decode_pod_view,
     decode_sandbox,
@@ -41,7 +41,7 @@ def pods(namespace: str | None, label_selector: str | None = None,
     return Collection("pods", path, decode_pod_view, namespace, label_selector, shard_selector)
 
 
-def verdicts(namespace: str | None, label_selector: str | None = None) -> Collection[Verdict]:
+def verdicts(namespace: str | None, label_selector: str | None = None) -> Collection[VerdictObject]:
     """`label_selector`: a shard's verdicts (`deathwatch.dev/slot in (...)`), and those from
     before sharding, which carry no slot yet (`!deathwatch.dev/slot`), as a second collection."""
     return Collection(SV_PLURAL, objects(SV_PLURAL, namespace), decode_verdict, namespace,
@@ -69,7 +69,7 @@ class Watched:
     """Every collection the controller keeps a reflector of, decided in one place from the
     config: what the watches client is sized from (issue #40)."""
 
-    verdicts: tuple[Collection[Verdict], ...]
+    verdicts: tuple[Collection[VerdictObject], ...]
     deathwatches: tuple[Collection[DeathWatchObject], ...]
     sandboxes: tuple[Collection[SandboxObject], ...]
     pods: tuple[Collection[PodView], ...]

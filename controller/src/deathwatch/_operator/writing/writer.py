@@ -57,6 +57,7 @@ from deathwatch._kube import backoff
 from deathwatch._kube.errors import ApiError, KubeError, describe, label, retryable
 from deathwatch._operator.instruments.metrics import Metrics
 from deathwatch._operator.judging.documents import PodEvent
+from deathwatch._operator.leadership.group import Leadership
 from deathwatch._operator.writing.kube import Fenced
 from deathwatch._operator.writing.status_writes import (
     EMPTY,
@@ -214,13 +215,13 @@ class Writer:
         *,
         schedule: Schedule | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-        may_write: Callable[[], bool] = lambda: True,
-        leading: bool = True,
+        leadership: Leadership | None = None,
         term: int = 0,
         owns: Callable[[int | None], bool] = lambda slot: True,
     ) -> None:
-        """`owns(slot)`: whether this shard writes that slot's objects now (sharding: a slot
-        not owned is owed, as a standby owes; one shard owns every slot)."""
+        """`leadership`: whether this replica writes (None: the only replica, it does);
+        `owns(slot)`: whether this shard writes that slot's objects now (sharding: a slot not
+        owned is owed, as a standby owes; one shard owns every slot)."""
         self.api = api
         self.metrics = metrics
         self.clock = clock
@@ -237,13 +238,9 @@ class Writer:
         self._idle = asyncio.Event()
         self._idle.set()
         self.instance = os.environ.get("HOSTNAME", "deathwatch")
-        self.may_write = may_write
+        self.leadership = leadership or Leadership(metrics, self.instance, elected=False)
         self.owns = owns
-        self.leading = leading
         self.term = term  # stamped on every status this writer sends (leader.py)
-        self._leading = asyncio.Event()
-        if leading:
-            self._leading.set()
         for plural in NOUNS:  # a finite label set: its series exist, at 0, from the start
             metrics.write_retries.labels(plural)
             for code in ("400", "403", "422"):  # bad value, RBAC, schema: the refusals we expect
@@ -305,14 +302,19 @@ class Writer:
 
     # --- leading and standing by (leader.py) ----------------------------------------------
 
-    def lead(self, term: int | None = None) -> list[ObjectKey]:
-        """This replica writes from now on, in `term`. Returns the objects it owes (its own
-        judgement differs from what the API holds): the controller builds and wants each
-        again. Their Events are kept and go out with them."""
+    @property
+    def leading(self) -> bool:
+        return self.leadership.leading
+
+    def may_write(self) -> bool:
+        return self.leadership.may_write()
+
+    def take_over(self, term: int | None = None) -> list[ObjectKey]:
+        """This replica writes from now on (its Leadership says so), in `term`. Returns the
+        objects it owes (its own judgement differs from what the API holds): the controller
+        builds and wants each again. Their Events are kept and go out with them."""
         if term is not None:
             self.term = term
-        self.leading = True
-        self._leading.set()
         return self._take_over(self.owns)
 
     def gained(self, slots: frozenset[int]) -> list[ObjectKey]:
@@ -355,21 +357,9 @@ class Writer:
         """Whether a verdict in `slot` would be sent by this replica now."""
         return self.leading and self.owns(slot)
 
-    async def leads_within(self, seconds: float) -> bool:
-        """Whether this replica leads now, or comes to within `seconds`."""
-        if self.leading:
-            return True
-        try:
-            async with asyncio.timeout(seconds):
-                await self._leading.wait()
-        except TimeoutError:
-            return self.leading
-        return True
-
-    def standby(self) -> None:
-        """Not the leader (or fenced): nothing more is sent; what is wanted stays pending."""
-        self.leading = False
-        self._leading.clear()
+    def stood_down(self) -> None:
+        """No longer leading (its Leadership says so): nothing more is sent; what is wanted
+        stays pending."""
         self._update_idle()
 
     def observed(self, plural: str, namespace: str, name: str,
@@ -434,7 +424,7 @@ class Writer:
         """One worker: takes objects off the queue and writes them, for ever (the operator
         runs several, supervised)."""
         while True:
-            await self._leading.wait()
+            await self.leadership.wait()
             _, _, key = await self._queue.get()
             self._queued.discard(key)
             d = self._pending.pop(key, None)
@@ -443,8 +433,8 @@ class Writer:
                 continue
             if not self.leading or not self.may_write():
                 self._pending[key] = d  # fenced between want and now: kept for a later term
-                if self.leading:
-                    self.standby()  # the elector's own timer says the same at this deadline
+                # the elector's own timer says the same at this deadline
+                self.leadership.standby("may no longer write: stopped writing")
                 continue
             if not self.owns(d.slot):  # given up between want and now: owed, not sent
                 self._owe(d)
@@ -473,8 +463,7 @@ class Writer:
         newer = self._pending.get(key)
         if isinstance(exc, Fenced):
             self._pending[key] = d.merged_into(newer) if newer else d
-            log.warning("write held back: no longer provably the leader", **where)
-            self.standby()
+            self.leadership.standby("write held back: no longer provably the leader")
             return
         if not retryable(exc):
             # the same status would be refused again: remember it, say so once; a bug of ours

@@ -1,5 +1,5 @@
 """Where each reflector's objects go: pods, SandboxVerdicts, DeathWatches and agent-sandbox's
-Sandboxes to the core, a bug in handling one of them contained (logged with its
+Sandboxes to their passes, a bug in handling one of them contained (logged with its
 traceback, counted, and the next object handled afresh: never a stream torn down and listed
 again for one)."""
 
@@ -12,17 +12,19 @@ from typing import Any
 import structlog
 
 from deathwatch._api.agent_sandbox import SandboxObject
-from deathwatch._api.objects import DeathWatchObject, EventType, Undecodable, Verdict
+from deathwatch._api.objects import DeathWatchObject, EventType, Undecodable, VerdictObject
 from deathwatch._api.resources import SV_PLURAL
 from deathwatch._engine.podview import PodView
 from deathwatch._operator.instruments import gcpauses
 from deathwatch._operator.instruments.metrics import Metrics
-from deathwatch._operator.memory.core import Core
-from deathwatch._operator.memory.deathwatches import Change
-from deathwatch._operator.passes import owners, pods, verdict_watch
+from deathwatch._operator.memory.agent_sandboxes import AgentSandboxes
+from deathwatch._operator.memory.deathwatches import DeathWatches, Revised
+from deathwatch._operator.passes.owners import OwnerPass
+from deathwatch._operator.passes.pods import PodPass
+from deathwatch._operator.passes.verdict_watch import VerdictPass
 from deathwatch._operator.writing.writer import Writer
 
-log = structlog.get_logger("deathwatch.sinks")
+log = structlog.get_logger("deathwatch.receivers")
 
 
 @contextlib.contextmanager
@@ -40,36 +42,48 @@ def contained(metrics: Metrics, handler: str, body: Any) -> Iterator[None]:
         log.exception("event not handled", handler=handler, namespace=who[0], name=who[1])
 
 
-class PodSink:
-    """The pod reflector's: each event to the core, a bug in one contained."""
+class Malformed:
+    """Objects a watch could not decode: each said once (a bad object in every relisting
+    would say so every time), and skipped."""
 
-    def __init__(self, core: Core, metrics: Metrics) -> None:
-        self.core, self.metrics = core, metrics
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def __call__(self, error: Undecodable) -> None:
+        if error.who not in self.seen:
+            self.seen.add(error.who)
+            log.warning("object skipped: malformed", object=error.who, error=error.problem)
+
+
+class PodReceiver:
+    """The pod reflector's: each event to the pod pass, a bug in one contained."""
+
+    def __init__(self, pods: PodPass, malformed: Malformed, metrics: Metrics) -> None:
+        self.pods, self.undecodable, self.metrics = pods, malformed, metrics
 
     def listing(self, scope: str | None) -> None:
-        pods.listing(self.core, scope)
+        self.pods.listing(scope)
 
     def event(self, kind: EventType, pod: PodView, received: float, version: str) -> None:
         with contained(self.metrics, "pod_event", pod):
-            pods.on_pod(self.core, kind, pod, received, version)
+            self.pods.on_pod(kind, pod, received, version)
 
     def listed(self, scope: str | None) -> None:
         with contained(self.metrics, "pod_listing", {}):
-            pods.listed(self.core, scope)
+            self.pods.listed(scope)
         # what a listing built lives as long as its pods: out of the collector's reach
         gcpauses.freeze("pod listing")
 
-    def undecodable(self, error: Undecodable) -> None:
-        self.core.undecodable(error)
 
-
-class VerdictSink:
+class VerdictReceiver:
     """The verdict reflector's: its first listing restores the engine's memory; after that,
     what the watch shows is what the API holds (writer.observed), and a relisting that does
     not show a verdict the writer knew says it was deleted meanwhile."""
 
-    def __init__(self, core: Core, writer: Writer, metrics: Metrics) -> None:
-        self.core, self.writer, self.metrics = core, writer, metrics
+    def __init__(self, verdicts: VerdictPass, writer: Writer, malformed: Malformed,
+                 metrics: Metrics) -> None:  # fmt: skip
+        self.verdicts, self.writer, self.metrics = verdicts, writer, metrics
+        self.undecodable = malformed
         self.restoring = True
         self.restored = 0
         self.seen: set[tuple[str, str]] = set()
@@ -77,14 +91,14 @@ class VerdictSink:
     def listing(self, scope: str | None) -> None:
         self.seen = set()
 
-    def event(self, kind: EventType, verdict: Verdict, received: float, version: str) -> None:
+    def event(self, kind: EventType, verdict: VerdictObject, received: float, version: str) -> None:
         with contained(self.metrics, "verdict_event", verdict):
             if self.restoring:
-                self.restored += verdict_watch.restore(self.core, verdict)
+                self.restored += self.verdicts.restore(verdict)
             else:
                 if kind is EventType.LISTED:
                     self.seen.add((verdict.namespace, verdict.name))
-                verdict_watch.on_verdict(self.core, kind, verdict)
+                self.verdicts.on_verdict(kind, verdict)
 
     def listed(self, scope: str | None) -> None:
         if self.restoring:
@@ -95,19 +109,18 @@ class VerdictSink:
             if (namespace, name) not in self.seen:
                 self.writer.observed(plural, namespace, name, None, "")
 
-    def undecodable(self, error: Undecodable) -> None:
-        self.core.undecodable(error)
 
-
-class DeathWatchSink:
+class DeathWatchReceiver:
     """A DeathWatch reflector's (one each: a listing's `seen` is its own): each DeathWatch to
     the controller; a new or changed selection to `adopt` (its namespace's pods listed),
     once the first listing is complete (the pods' own first listing follows it: nothing to
     adopt before); a relisting's missing ones were deleted meanwhile."""
 
-    def __init__(self, core: Core, metrics: Metrics) -> None:
-        self.core, self.metrics = core, metrics
-        self.adopt: Callable[[Change], None] | None = None  # set once pods may be adopted
+    def __init__(self, owners: OwnerPass, deathwatches: DeathWatches, malformed: Malformed,
+                 metrics: Metrics) -> None:  # fmt: skip
+        self.owners, self.deathwatches, self.metrics = owners, deathwatches, metrics
+        self.undecodable = malformed
+        self.adopt: Callable[[Revised], None] | None = None  # set once pods may be adopted
         self.seen: set[tuple[str, str]] = set()
 
     def listing(self, scope: str | None) -> None:
@@ -118,29 +131,28 @@ class DeathWatchSink:
         with contained(self.metrics, "deathwatch_event", dw):
             if kind is EventType.LISTED:
                 self.seen.add(dw.key)
-            change = owners.on_deathwatch(self.core, kind, dw)
+            change = self.owners.on_deathwatch(kind, dw)
         if change is not None and self.adopt is not None:
             self.adopt(change)
 
     def listed(self, scope: str | None) -> None:
-        gone = [key for key in self.core.deathwatches
+        gone = [key for key in self.deathwatches
                 if (scope is None or key[0] == scope) and key not in self.seen]  # fmt: skip
         for key in gone:
             log.info("deathwatch deleted while unwatched", namespace=key[0], deathwatch=key[1])
             with contained(self.metrics, "deathwatch_listing", {}):
-                owners.drop_deathwatch(self.core, key)
+                self.owners.drop_deathwatch(key)
         log.info("deathwatches listed", scope=scope or "all", count=len(self.seen))
 
-    def undecodable(self, error: Undecodable) -> None:
-        self.core.undecodable(error)
 
-
-class AgentSandboxSink:
+class AgentSandboxReceiver:
     """The Sandbox reflector's: each Sandbox to the controller; a relisting's missing ones
     were deleted meanwhile."""
 
-    def __init__(self, core: Core, metrics: Metrics) -> None:
-        self.core, self.metrics = core, metrics
+    def __init__(self, owners: OwnerPass, sandboxes: AgentSandboxes, malformed: Malformed,
+                 metrics: Metrics) -> None:  # fmt: skip
+        self.owners, self.sandboxes, self.metrics = owners, sandboxes, metrics
+        self.undecodable = malformed
         self.seen: set[tuple[str, str]] = set()
 
     def listing(self, scope: str | None) -> None:
@@ -150,11 +162,8 @@ class AgentSandboxSink:
         with contained(self.metrics, "sandbox_event", sandbox):
             if kind is EventType.LISTED:
                 self.seen.add((sandbox.namespace, sandbox.name))
-            owners.on_agent_sandbox(self.core, kind, sandbox)
+            self.owners.on_agent_sandbox(kind, sandbox)
 
     def listed(self, scope: str | None) -> None:
-        self.core.agent_sandboxes.relisted(scope, self.seen)
+        self.sandboxes.relisted(scope, self.seen)
         log.info("agent-sandbox Sandboxes listed", scope=scope or "all", count=len(self.seen))
-
-    def undecodable(self, error: Undecodable) -> None:
-        self.core.undecodable(error)
