@@ -451,6 +451,40 @@ async def test_a_standby_holds_the_fate_the_leader_wrote_and_a_takeover_writes_n
     assert [k for _, k in api.calls[writes:] if k[0] == SV_PLURAL] == []
 
 
+async def test_a_standby_counts_the_death_it_takes_from_the_leader() -> None:
+    """The leader heard the death on the node and wrote it before the kubelet told the
+    standby anything: the standby holds it, and counts it as a death on that node, so that the
+    death-rate alerts (the highest replica's count) stay whole if the Lease changes hands in a
+    burst. A fate it held already is not counted twice."""
+    body = pod(ready=True, ready_at=2, node="node-1")
+    dead = pod(ready=False, ready_at=5, phase="Failed", node="node-1",
+               containers=[terminated(code=3, finished=5)])  # fmt: skip
+    async with harness() as leader:
+        leader.deathwatch()
+        leader.pod(body, 2)
+        leader.pod(dead, 5)
+        await leader.settle()
+    final = leader.api.objects[(SV_PLURAL, NS, "sbx-1")]
+    clock, metrics = Clock(at(5)), Metrics()
+    writer = Writer(leader.api, metrics, schedule=FakeTimers(), clock=clock,
+                    leadership=standing_by(metrics))  # fmt: skip
+    standby = core(writer, clock, metrics)
+    standby.owners.on_deathwatch(EventType.LISTED, as_deathwatch(deathwatch_body()))
+    standby.pods.on_pod(EventType.ADDED, read_pod(body))
+    deaths = {"node": "node-1", "cause": "ContainerExited", "origin": "Workload"}
+    sample = metrics.registry.get_sample_value
+    assert sample("deathwatch_sandbox_deaths_total", deaths) == 0
+    for _ in range(2):  # the leader's write, then the same status seen again
+        standby.verdicts.on_verdict(EventType.MODIFIED, as_verdict(copy.deepcopy(final)))
+        record = standby.core.records.named(NS, "sbx-1")
+        assert record is not None and record.track is not None
+        assert (record.track.state, record.track.cause) == (State.DEAD, Cause.CONTAINER_EXITED)
+        assert sample("deathwatch_sandbox_deaths_total", deaths) == 1
+    standby.pods.on_pod(EventType.MODIFIED, read_pod(dead))  # the kubelet's report, later
+    assert sample("deathwatch_sandbox_deaths_total", deaths) == 1
+    assert metrics.standby_disagreements._value.get() == 0
+
+
 @pytest.mark.parametrize("deathwatch_first", [True, False])
 async def test_a_restored_record_is_judged_with_its_deathwatchs_settings(
     deathwatch_first: bool,

@@ -29,7 +29,7 @@ from deathwatch._engine import memory
 from deathwatch._engine.contract import Policies
 from deathwatch._engine.memory import Deadlines
 from deathwatch._engine.timeutil import parse_time
-from deathwatch._engine.verdict import Cause
+from deathwatch._engine.verdict import Cause, State
 from deathwatch._operator.delivery.outbox import Deliveries
 from deathwatch._operator.instruments.metrics import Metrics
 from deathwatch._operator.judging import decisions, documents
@@ -184,6 +184,12 @@ class VerdictPass:
         counted = decisions.facts(theirs, record.shield, record.node)
         self.summaries.apply(record.deathwatch, record.counted, counted)
         record.counted = counted
+        if theirs.state is State.DEAD and mine.state is not State.DEAD:
+            # every replica counts every death it holds: the death-rate alerts (the highest
+            # replica's count) stay whole when the Lease changes hands in a burst
+            self.metrics.verdicts.labels(str(theirs.state), theirs.policy,
+                                         str(theirs.cause or "")).inc()  # fmt: skip
+            self.metrics.death(record.node or "", theirs.cause or Cause.UNKNOWN)
         log.info("a final verdict the API holds and this replica's memory did not: taken",
                  namespace=namespace, pod=name, uid=record.uid, state=str(theirs.state),
                  cause=str(theirs.cause), was=str(mine.cause or mine.state))  # fmt: skip
