@@ -1144,6 +1144,58 @@ def test_a_config_the_agent_refuses_halts_the_roll_at_its_first_node_with_the_ru
     assert connect_once(ip, AGENT_PORT, 2)[0] == "refused"
 
 
+def test_a_wrong_runtime_socket_leaves_the_firewall_enforcing_and_the_kubelet_judging(
+    lane: Lane,
+) -> None:
+    """ADR 0031: the exits container told a socket that is not on the node (a CRI-O or k3s
+    node given containerd's path). The agents' pod starts, rolls and is Ready; the host is
+    refused throughout; the exits container says it is deaf (its log, the exits Lease); a death
+    is judged from the kubelet's report. Told the right socket again, it hears exits again."""
+    name = lane.sandbox("deaf")
+    wait_for(lambda: lane.state(name) == "Alive", timeout=60, what=f"{name} Alive")
+    ip = lane.core.read_namespaced_pod(name, NS, _request_timeout=10).status.pod_ip
+    wrong = "/run/deathwatch-nowhere/containerd.sock"
+    with Prober(ip) as outcomes:
+        took = lane.upgrade(f"firewall.exits.runtimeSocket={wrong}")  # rolled: Ready pods
+    assert outcomes["connected"] == 0 and outcomes["refused"] > 100, outcomes
+    pods = lane.core.list_namespaced_pod(
+        SYSTEM, label_selector="app.kubernetes.io/component=firewall", _request_timeout=10
+    ).items
+    live = [p for p in pods if p.metadata.deletion_timestamp is None]
+    assert [sorted((s.name, s.ready) for s in p.status.container_statuses or ()) for p in live] == [
+        [("agent", True), ("exits", True)]
+    ]
+    lease = f"deathwatch-exits.{NODE_NAME}"
+
+    def said() -> str:
+        try:
+            got = client.CoordinationV1Api(lane.api).read_namespaced_lease(
+                lease, SYSTEM, _request_timeout=10)  # fmt: skip
+        except client.ApiException:
+            return ""
+        return str((got.metadata.annotations or {}).get("deathwatch.dev/exits-source", ""))
+
+    source: str = wait_for(lambda: said() if said().startswith("unreadable:") else None,
+                           timeout=60, what="the exits Lease saying the runtime is unreadable")  # fmt: skip
+    assert f"{wrong}: no such socket" in source, source
+    (lane.ctl(NS, name) / "exit").write_text("3")
+    wait_for(lambda: lane.state(name) == "Dead", timeout=30, what=f"{name} Dead")
+    verdict = client.CustomObjectsApi(lane.api).get_namespaced_custom_object(
+        "deathwatch.dev", "v1alpha1", NS, "sandboxverdicts", name, _request_timeout=10)  # fmt: skip
+    assert verdict["status"]["observedBy"] == "kubelet", verdict["status"]
+    RESULTS["wrong_runtime_socket"] = {"roll_seconds": round(took, 1), **outcomes.outcomes}
+    lane.upgrade(f"firewall.exits.runtimeSocket={RUNTIME_SOCKET}")
+    wait_for(lambda: said().startswith("containerd"), timeout=60,
+             what="the exits Lease naming the runtime again")  # fmt: skip
+    heard = lane.sandbox("heard-again")
+    wait_for(lambda: lane.state(heard) == "Alive", timeout=60, what=f"{heard} Alive")
+    (lane.ctl(NS, heard) / "exit").write_text("3")
+    wait_for(lambda: lane.state(heard) == "Dead", timeout=30, what=f"{heard} Dead")
+    again = client.CustomObjectsApi(lane.api).get_namespaced_custom_object(
+        "deathwatch.dev", "v1alpha1", NS, "sandboxverdicts", heard, _request_timeout=10)  # fmt: skip
+    assert again["status"]["observedBy"] == "node", again["status"]
+
+
 def test_the_agent_unable_to_list_its_sandboxes_fires_sync_failing(lane: Lane) -> None:
     """After the upgrade (a resync every 5 s): the agent's ClusterRoleBinding deleted, each
     resync's listing of its node's sandboxes is refused. The last known set stays in force."""

@@ -138,6 +138,16 @@ def test_the_namespaced_scope_is_the_namespaced_overlay() -> None:
         (["networkPolicy.apiServer.cidrs={10.0.0.1}"], "at '/networkPolicy/apiServer/cidrs/0'"),
         (["controller.ports.health=0"], "at '/controller/ports/health'"),
         (["firewall.exits.runtimeStream=docker"], "at '/firewall/exits/runtimeStream'"),
+        (
+            ["firewall.exits.runtimeSocket=/opt/containerd.sock"],
+            "firewall.exits.runtimeSocket: /opt/containerd.sock is not under "
+            "firewall.exits.runtimeDir (/run)",
+        ),
+        (
+            ["firewall.exits.runtimeDir=/var/snap/microk8s/common/run"],
+            "firewall.exits.runtimeSocket: empty finds the known sockets under /run",
+        ),
+        (["firewall.exits.runtimeDir=/run/"], "at '/firewall/exits/runtimeDir'"),
     ],
 )
 def test_a_bad_value_is_refused_naming_its_field(sets: list[str], message: str) -> None:
@@ -670,8 +680,8 @@ def test_the_exits_container_holds_the_socket_alone_and_the_controller_reads_its
     ds = rendered[("DaemonSet", NAMESPACE, "deathwatch-firewall")]["spec"]["template"]["spec"]
     agent, exits = ds["containers"]
     assert (agent["name"], exits["name"]) == ("agent", "exits")
-    assert exits["args"][:6] == ["exits", "--runtime-socket=/var/run/crio/crio.sock",
-                                 "--runtime-stream=cri", "--oom-wait=0.1",
+    assert exits["args"][:7] == ["exits", "--runtime-socket=/var/run/crio/crio.sock",
+                                 "--host-root=/host", "--runtime-stream=cri", "--oom-wait=0.1",
                                  "--cgroup-root=/host/cgroup",
                                  "--lease-prefix=deathwatch-exits"]  # fmt: skip
     # the host's cgroup tree, read-only (recursively where the runtime can), for OOM counts
@@ -680,21 +690,27 @@ def test_the_exits_container_holds_the_socket_alone_and_the_controller_reads_its
     assert all(m["name"] != "cgroup" for m in agent["volumeMounts"])
     assert exits["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert exits["securityContext"]["readOnlyRootFilesystem"] is True
-    assert {"name": "runtime", "mountPath": "/var/run/crio/crio.sock", "readOnly": True} in (
-        exits["volumeMounts"]
-    )
+    # the socket's directory, never the socket: a missing one never keeps the pod (and the
+    # firewall in it) from starting (ADR 0031)
+    assert {"name": "runtime", "mountPath": "/host/run", "readOnly": True} in exits["volumeMounts"]
     assert all(m["name"] != "runtime" for m in agent["volumeMounts"])
     assert "NET_ADMIN" not in str(exits) and agent["securityContext"]["capabilities"]["add"] == [
         "NET_ADMIN"
     ]
     (runtime,) = [v for v in ds["volumes"] if v["name"] == "runtime"]
-    assert runtime["hostPath"] == {"path": "/var/run/crio/crio.sock", "type": "Socket"}
+    assert runtime["hostPath"] == {"path": "/run", "type": "Directory"}
     (cgroup,) = [v for v in ds["volumes"] if v["name"] == "cgroup"]
     assert cgroup["hostPath"] == {"path": "/sys/fs/cgroup", "type": "Directory"}
     unmounted = template("firewall.exits.cgroupRoot=")[
         ("DaemonSet", NAMESPACE, "deathwatch-firewall")]["spec"]["template"]["spec"]  # fmt: skip
     assert "cgroup" not in str(unmounted["containers"][1]) + str(unmounted["volumes"])
-    assert exits["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    # a deaf exits container never makes the agent's pod unready (ADR 0031)
+    assert "readinessProbe" not in exits and "livenessProbe" in exits
+    default = template()[("DaemonSet", NAMESPACE, "deathwatch-firewall")]["spec"]["template"]
+    assert default["spec"]["containers"][1]["args"][1:3] == [
+        "--runtime-socket=",
+        "--host-root=/host",
+    ]
     controller = rendered[("Deployment", NAMESPACE, "deathwatch-controller")]
     assert (
         f"--node-exits={NAMESPACE}"

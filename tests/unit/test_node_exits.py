@@ -9,6 +9,7 @@ the real runtimes send (field numbers from their .proto files)."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import threading
 import time
@@ -31,12 +32,15 @@ from deathwatch.firewall.protos import containerd_pb2, cri_pb2
 from deathwatch.firewall.runtime import (
     CONTAINERD,
     CRI,
+    SOCKETS,
     ContainerdStream,
     RuntimeUnreadable,
     Stream,
     _Names,
+    candidates,
     choose_stream,
     connect,
+    connect_any,
     cri_exit,
 )
 from tests.fakeapi import FakeApi
@@ -449,6 +453,78 @@ def test_no_runtime_on_the_socket_is_one_line(tmp_path: Path) -> None:
         connect(str(tmp_path / "none.sock"), 0.05)
     assert str(raised.value).startswith(str(tmp_path / "none.sock"))
     assert "\n" not in str(raised.value)
+
+
+def test_the_socket_is_looked_for_where_runtimes_put_it() -> None:
+    """ADR 0031: none configured, every known one in order; one configured, that one alone;
+    /var/run is /run; each as the host names it and as the container sees it."""
+    assert candidates("", "/host") == [(path, "/host" + path) for path in SOCKETS]
+    assert candidates("/var/run/crio/crio.sock", "/host/") == [
+        ("/run/crio/crio.sock", "/host/run/crio/crio.sock")
+    ]
+    assert candidates("/run/x/containerd.sock") == [("/run/x/containerd.sock",) * 2]
+
+
+def test_the_first_socket_that_answers_is_read_and_each_one_tried_is_said(
+    runtime: Runtime, tmp_path: Path
+) -> None:
+    """A missing socket, a socket nobody answers on, then the runtime: the runtime is read. None
+    answering: one line naming each socket (as the host names it) and why."""
+    silent = tmp_path / "silent.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(silent))  # bound, never listening: connect() is refused
+    try:
+        tried = [("/run/missing.sock", str(tmp_path / "missing.sock")),
+                 ("/run/silent.sock", str(silent))]  # fmt: skip
+        stream = connect_any([*tried, ("/run/runtime.sock", str(runtime.socket))], 0.05)
+        try:
+            assert stream.runtime.name == "containerd"
+        finally:
+            stream.close()
+        with pytest.raises(RuntimeUnreadable) as raised:
+            connect_any(tried, 0.05)
+    finally:
+        listener.close()
+    said = str(raised.value)
+    assert said.startswith("/run/missing.sock: no such socket; /run/silent.sock: ")
+    assert str(tmp_path) not in said and "\n" not in said
+
+
+def test_a_deaf_observer_says_so_on_its_lease_and_reads_the_runtime_once_it_answers() -> None:
+    """A wrong or missing socket (ADR 0031): said on the exits Lease, the metric at 0, tried
+    again; once the runtime answers, the Lease names it."""
+    api = FakeApi()
+    stop = threading.Event()
+    answers = threading.Event()
+    stream = Scripted([])
+
+    def connector(_socket: str, _wait: float) -> Stream:
+        if not answers.is_set():
+            raise RuntimeUnreadable("/run/containerd/containerd.sock: no such socket")
+        return stream
+
+    metrics = ExitsMetrics()
+    observer = Observer("/run/containerd/containerd.sock", publisher(api), metrics, Heartbeat(),
+                        stop, connector=connector)  # fmt: skip
+    runner = threading.Thread(target=observer.run, daemon=True)
+    runner.start()
+
+    def source() -> str | None:
+        lease = api.get("leases", "deathwatch-system", "rel-exits.node-a")
+        return lease["metadata"]["annotations"].get(wire.SOURCE_ANNOTATION) if lease else None
+
+    try:
+        said = wait_for(source, timeout=10, what="the Lease written while deaf")
+        assert said == "unreadable: /run/containerd/containerd.sock: no such socket"
+        assert metrics.connected._value.get() == 0
+        assert metrics.reconnects._value.get() >= 1
+        answers.set()
+        wait_for(lambda: source() == "containerd 2.4.2 (cri)", timeout=30,
+                 what="the runtime named once it answers")  # fmt: skip
+        assert metrics.connected._value.get() == 1
+    finally:
+        stop.set()
+        runner.join(10)
 
 
 def test_a_stop_event_without_its_pod_is_not_an_exit() -> None:

@@ -138,9 +138,17 @@ def _exits_parser(sub: Any) -> None:
             "Lease, for the controller (ADR 0028)")  # fmt: skip
     a = sub.add_parser("exits", help=text, description=text)
     a.add_argument(
-        "--runtime-socket", default="/run/containerd/containerd.sock", metavar="PATH",
-        help="the container runtime's socket: containerd's own task events (containerd), "
-        "CRI events (CRI-O)",
+        "--runtime-socket", default="", metavar="PATH",
+        help="the container runtime's socket on the host: containerd's own task events "
+        "(containerd), CRI events (CRI-O); empty: the first that answers of the known ones "
+        "(containerd's, k3s and RKE2's, CRI-O's: ADR 0031). One that is missing or does not "
+        "answer is said (a log line, a metric, the exits Lease) and tried again: the "
+        "kubelet's reports judge deaths meanwhile",
+    )  # fmt: skip
+    a.add_argument(
+        "--host-root", default="", metavar="PATH",
+        help="where the host's /run is mounted, as PATH/run (the chart: /host); empty: the "
+        "socket's path is this container's own",
     )  # fmt: skip
     a.add_argument(
         "--runtime-stream", choices=("auto", "cri", "containerd"), default="auto",
@@ -386,7 +394,7 @@ def _exits(args: argparse.Namespace) -> int:
     from deathwatch.firewall.endpoint import OpenPort, listener
     from deathwatch.firewall.exits import ExitsMetrics, Observer, Publisher
     from deathwatch.firewall.kubeapi import KubeApi, NotInCluster
-    from deathwatch.firewall.runtime import connect
+    from deathwatch.firewall.runtime import candidates, connect_any
 
     logs.configure(args.log_level)
     for flag, value in (("--node-name (env NODE_NAME)", args.node_name),
@@ -424,9 +432,11 @@ def _exits(args: argparse.Namespace) -> int:
                   "directory (mount the host's /sys/fs/cgroup there)", file=sys.stderr)  # fmt: skip
             return EXIT_BAD_CONFIG
         oom_kills = OomKills(Path(args.cgroup_root))
-    observer = Observer(args.runtime_socket, publisher, metrics, heartbeat, stop, args.oom_wait,
-                        lambda socket, wait: connect(socket, wait, prefer=prefer,
-                                                     oom_kills=oom_kills))  # fmt: skip
+    sockets = candidates(args.runtime_socket, args.host_root)
+    observer = Observer(", ".join(host for host, _ in sockets), publisher, metrics, heartbeat,
+                        stop, args.oom_wait,
+                        lambda _, wait: connect_any(sockets, wait, prefer=prefer,
+                                                    oom_kills=oom_kills))  # fmt: skip
     port = None
     if args.metrics_port:
         try:

@@ -334,6 +334,8 @@ class Observer:
         self.connected = False
         self.metrics.connected.set(0)
         self.metrics.reconnects.inc()
+        if failures == 1:  # said on the exits Lease too, once a spell: this node is deaf
+            self._source = f"unreadable: {error}"[:250]
         wait = backoff.delay(backoff.PUBLISH, failures)
         log.error("cannot read the runtime's exits; the kubelet's reports judge deaths "
                   "meanwhile", error=error[:300], retry_in=wait)  # fmt: skip

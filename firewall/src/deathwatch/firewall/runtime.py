@@ -31,6 +31,7 @@ compromise of this container means). Blocking gRPC calls in the agent's own thre
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -56,6 +57,13 @@ POD_UID, POD_NAMESPACE, POD_NAME = (
 CONTAINER_NAME = "io.kubernetes.container.name"
 KIND = "io.cri-containerd.kind"  # "sandbox": the pod's pause container, not one of its own
 SIGKILL_EXIT: Final = 137
+# Where runtimes put their socket (containerd, k3s and RKE2's containerd, CRI-O), tried in this
+# order when none is configured: the first that exists and answers is read (ADR 0031)
+SOCKETS: Final = (
+    "/run/containerd/containerd.sock",
+    "/run/k3s/containerd/containerd.sock",
+    "/run/crio/crio.sock",
+)
 CALL_TIMEOUT: Final = 5.0  # a unary call to the runtime (Version, Containers.Get)
 NAMES_KEPT: Final = 4096  # containers' pod names held (deleted ones go at their deletion)
 _TASK_EXIT = "containerd.events.TaskExit"
@@ -139,6 +147,34 @@ def _said(exc: Any) -> str:
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else str(exc)
     return f"{code.name if code is not None else 'error'}: {details}"[:300]
+
+
+def candidates(socket: str, host_root: str = "") -> list[tuple[str, str]]:
+    """Which sockets to try, each as (the host's path, where this container sees it): the one
+    configured, or every known one. `host_root`: where the host's /run is mounted, as
+    `host_root`/run (empty: the paths are this container's own). /var/run is /run."""
+    out = []
+    for path in (socket,) if socket else SOCKETS:
+        host = "/run/" + path.removeprefix("/var/run/") if path.startswith("/var/run/") else path
+        out.append((host, f"{host_root.rstrip('/')}{host}" if host_root else host))
+    return out
+
+
+def connect_any(sockets: list[tuple[str, str]], oom_wait: float, prefer: str = AUTO,
+                oom_kills: OomKills | None = None) -> Stream:  # fmt: skip
+    """The stream of the first of `sockets` (candidates()) that exists and answers. Raises
+    RuntimeUnreadable naming each one tried and why: a wrong or missing socket is said, and
+    tried again, never a container that cannot start (ADR 0031)."""
+    why = []
+    for host, seen in sockets:
+        if not os.path.exists(seen):
+            why.append(f"{host}: no such socket")
+            continue
+        try:
+            return connect(seen, oom_wait, prefer=prefer, oom_kills=oom_kills)
+        except RuntimeUnreadable as exc:
+            why.append(str(exc).replace(seen, host))
+    raise RuntimeUnreadable("; ".join(why) or "no runtime socket to try")
 
 
 def connect(socket: str, oom_wait: float, clock: Callable[[], float] = time.monotonic,
