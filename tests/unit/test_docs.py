@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 
@@ -57,3 +59,32 @@ def test_a_page_left_out_of_the_navigation_fails_the_build(tmp_path: Path) -> No
     )  # fmt: skip
     assert done.returncode != 0
     assert "orphan.md" in done.stderr and "nowhere.md" in done.stderr, done.stderr[-2000:]
+
+
+_COUNTS = {w: i for i, w in enumerate(
+    ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty", "twenty-one", "twenty-two", "twenty-three", "twenty-four", "twenty-five", "twenty-six", "twenty-seven", "twenty-eight", "twenty-nine", "thirty"]
+)}  # fmt: skip
+
+
+def test_every_alert_is_in_the_table_and_the_runbook_and_the_counts_said_are_the_counts() -> None:
+    """The alerts are the rules file's (rendered from the chart); the operating table names
+    each, the runbook has a section for each, and "N of the M fire there" counts what the Helm
+    lane makes fire against what there is (#53: the docs said 24 while the chart had 26)."""
+    rules = yaml.safe_load((ROOT / "monitoring" / "deathwatch.rules.yaml").read_text())
+    alerts = {r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r}
+    lane = (ROOT / "tests" / "deploy" / "test_helm_lane.py").read_text()
+    fired = set(re.findall(r'fires\(\s*"(\w+)"', lane)) & alerts
+    operating = (ROOT / "docs" / "operating.md").read_text()
+    runbook = (ROOT / "docs" / "runbook.md").read_text()
+    rows = {name for line in operating.splitlines() if line.startswith("| Deathwatch")
+            for name in re.findall(r"Deathwatch\w+", line.split("|")[1])}  # fmt: skip
+    assert alerts - rows == set(), "alerts the operating table leaves out"
+    sections = set(re.findall(r"^## (Deathwatch\w+)$", runbook, flags=re.M))
+    assert alerts - sections == set(), "alerts without a runbook section"
+    for text in (operating, runbook):
+        said = [(part, whole) for part, whole in re.findall(
+            r"(\w+(?:-\w+)?) of the ([\w-]+) fire", text.replace("\n", " "))
+            if part.lower() in _COUNTS and whole in _COUNTS]  # fmt: skip
+        assert said, "the count of alerts the lane fires is said"
+        for part, whole in said:
+            assert (_COUNTS[part.lower()], _COUNTS[whole]) == (len(fired), len(alerts))
