@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
+import hmac
 import json
 import time
 from datetime import UTC, datetime, timedelta
@@ -32,6 +34,7 @@ from deathwatch._operator.delivery.events import (
     read_answer,
     request,
     retry_after,
+    signature,
 )
 from deathwatch._operator.delivery.outbox import Deliveries, SinkOutbox
 
@@ -130,6 +133,19 @@ def test_the_event_parses_as_a_cloudevent_and_both_rotation_keys_verify(mode: st
     tampered = body.replace(b"OOMKilled", b"Completed")
     with pytest.raises(Exception, match="No matching signature"):
         Webhook(whsec(KEY_A)).verify(tampered, dict(headers), json_parse=False)
+
+
+def test_the_signature_is_the_specs_worked_example_byte_for_byte() -> None:
+    """A known answer, independent of any library: the HMAC-SHA256 of `id.timestamp.body`,
+    base64, `v1,` before it, one per key, space-separated (Standard Webhooks 1.0, "Signature
+    scheme"). The library that signs (delivery/events.py) must give exactly this."""
+    body = b'{"type":"dev.deathwatch.sandbox.dead"}'
+    signed = b"uid-1/dead.1796400000." + body
+    by_hand = [
+        "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+        for key in (KEY_A, KEY_B)
+    ]
+    assert signature((KEY_A, KEY_B), "uid-1/dead", 1796400000, body) == " ".join(by_hand)
 
 
 def test_ids_are_stable_per_verdict_and_transition() -> None:

@@ -22,16 +22,14 @@ space-separated, so two keys sign at once while one rotates).
 
 from __future__ import annotations
 
-import base64
 import email.utils
-import hashlib
-import hmac
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 
 import msgspec
+from standardwebhooks.webhooks import Webhook
 
 from deathwatch._api.verdict_document import VerdictDocument
 from deathwatch._engine.verdict import State
@@ -133,12 +131,10 @@ def request(
 
 
 def signature(keys: Iterable[bytes], msg_id: str, timestamp: int, body: bytes) -> str:
-    """Standard Webhooks' `webhook-signature`: `v1,<base64 HMAC-SHA256>` per key."""
-    signed = f"{msg_id}.{timestamp}.".encode() + body
-    return " ".join(
-        "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
-        for key in keys
-    )
+    """Standard Webhooks' `webhook-signature`: `v1,<base64 HMAC-SHA256>` per key, each signed
+    by the spec's own library (the one receivers verify with)."""
+    at = datetime.fromtimestamp(timestamp, UTC)
+    return " ".join(Webhook(key).sign(msg_id, at, body) for key in keys)
 
 
 class Outcome(StrEnum):
