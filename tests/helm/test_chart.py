@@ -764,3 +764,69 @@ def test_every_liveness_probe_reads_its_processs_heartbeat_file_not_a_port() -> 
             ]
             seen.add(c["name"])
     assert seen == set(bounds)
+
+
+def test_the_conventions_an_umbrella_chart_and_a_monitoring_stack_expect(tmp_path: Path) -> None:
+    """#53, as cert-manager's and kube-prometheus-stack's charts do: `enabled` and any
+    `global` a parent sets are accepted; global.imageRegistry and global.imagePullSecrets are
+    read (an image's own registry wins); namespaceOverride places every namespaced object;
+    revisionHistoryLimit, the PDB's minAvailable, the monitors' relabelings, extraObjects with
+    templates expanded; the alerts' additional labels, one disabled, a runbook of one's own."""
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({
+        "enabled": True,
+        "global": {"imageRegistry": "mirror.example.com/k8s", "imagePullSecrets": [{"name": "parent"}],
+                   "storageClass": "whatever a parent shares"},
+        "imagePullSecrets": [{"name": "own"}],
+        "namespaceOverride": "platform",
+        "controller": {"revisionHistoryLimit": 3, "podDisruptionBudget": {"minAvailable": "50%"}},
+        "firewall": {"image": {"registry": "agents.example.com"}, "revisionHistoryLimit": 4},
+        "metrics": {"serviceMonitor": {"enabled": True, "relabelings": [{"targetLabel": "team", "replacement": "sre"}],
+                                       "metricRelabelings": [{"action": "drop", "regex": "go_.*", "sourceLabels": ["__name__"]}]}},
+        "prometheusRule": {"enabled": True, "additionalRuleLabels": {"team": "sre", "severity": "page"},
+                           "disabled": {"DeathwatchFirewallWouldRefuse": True},
+                           "runbookUrl": "https://wiki.example.com/deathwatch"},
+        "extraObjects": [{"apiVersion": "v1", "kind": "ConfigMap",
+                          "metadata": {"name": "{{ .Release.Name }}-extra", "namespace": "platform"},
+                          "data": {"release": "{{ .Release.Name }}"}}],
+    }))  # fmt: skip
+    rendered = objects(without_helm_labels(helm(
+        "template", "deathwatch", str(CHART), "-n", NAMESPACE, "-f", str(values))))  # fmt: skip
+    namespaces = {ns for _, ns, _ in rendered if ns}
+    assert namespaces == {"platform"}, namespaces
+    deployment = rendered[("Deployment", "platform", "deathwatch-controller")]["spec"]
+    daemonset = rendered[("DaemonSet", "platform", "deathwatch-firewall")]["spec"]
+    assert (deployment["revisionHistoryLimit"], daemonset["revisionHistoryLimit"]) == (3, 4)
+    for spec, image in ((deployment, "mirror.example.com/k8s/deathwatch/controller:"),
+                        (daemonset, "agents.example.com/deathwatch/firewall:")):  # fmt: skip
+        pod = spec["template"]["spec"]
+        assert all(c["image"].startswith(image) for c in pod["containers"]), pod["containers"]
+        assert pod["imagePullSecrets"] == [{"name": "own"}, {"name": "parent"}]
+    pdb = rendered[("PodDisruptionBudget", "platform", "deathwatch-controller")]["spec"]
+    assert pdb["minAvailable"] == "50%"
+    monitor = rendered[("ServiceMonitor", "platform", "deathwatch")]["spec"]["endpoints"][0]
+    assert monitor["relabelings"] == [{"targetLabel": "team", "replacement": "sre"}]
+    assert monitor["metricRelabelings"][0]["action"] == "drop"
+    extra = rendered[("ConfigMap", "platform", "deathwatch-extra")]
+    assert extra["data"] == {"release": "deathwatch"}
+    rules = [r for g in rendered[("PrometheusRule", "platform", "deathwatch")]["spec"]["groups"]
+             for r in g["rules"]]  # fmt: skip
+    names = {r["alert"] for r in rules}
+    assert "DeathwatchFirewallWouldRefuse" not in names and "DeathwatchControllerDown" in names
+    assert len(names) == 25
+    for rule in rules:  # the team added to every alert; an alert's own severity kept
+        assert rule["labels"]["team"] == "sre" and rule["labels"]["severity"] != "page", rule
+        assert rule["annotations"]["runbook_url"].startswith("https://wiki.example.com/deathwatch#")
+    default = template("prometheusRule.enabled=true")
+    runbook = default[("PrometheusRule", NAMESPACE, "deathwatch")]["spec"]["groups"][0]["rules"][0]
+    version = (ROOT / "VERSION").read_text().strip()
+    assert runbook["annotations"]["runbook_url"].startswith(
+        f"https://github.com/deathwatch-dev/deathwatch/blob/v{version}/docs/runbook.md#"
+    )
+    done = subprocess.run(
+        [str(helm_bin()), "template", "x", str(CHART), "--set", "prometheusRule.enabled=true",
+         "--set", "prometheusRule.disabled.DeathwatchNope=true"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "prometheusRule.disabled: DeathwatchNope is not one of the chart's alerts" in done.stderr

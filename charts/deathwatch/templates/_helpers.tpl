@@ -56,14 +56,35 @@ helm.sh/chart: {{ printf "%s-%s" $root.Chart.Name $root.Chart.Version }}
 {{- end }}
 
 {{/* An image reference: repository@digest, or repository:tag (tag: the appVersion). */}}
+{{/* Where the release's objects go: namespaceOverride, else the release's namespace (as
+kube-prometheus-stack's charts do, for an umbrella chart that installs into another). ($) */}}
+{{- define "deathwatch.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride -}}
+{{- end }}
+
+{{/* An image's reference: [registry/]repository, then @digest or :tag (the chart's
+appVersion by default); the registry is the image's own, else global.imageRegistry.
+(list image $) */}}
 {{- define "deathwatch.image" -}}
 {{- $image := index . 0 -}}
 {{- $root := index . 1 -}}
+{{- $registry := $image.registry | default ($root.Values.global.imageRegistry | default "") -}}
+{{- $repository := ternary (printf "%s/%s" (trimSuffix "/" $registry) $image.repository) $image.repository (ne $registry "") -}}
 {{- if $image.digest -}}
-{{ $image.repository }}@{{ $image.digest }}
+{{ $repository }}@{{ $image.digest }}
 {{- else -}}
-{{ $image.repository }}:{{ $image.tag | default $root.Chart.AppVersion }}
+{{ $repository }}:{{ $image.tag | default $root.Chart.AppVersion }}
 {{- end -}}
+{{- end }}
+
+{{/* Every pod's pull secrets: imagePullSecrets and global.imagePullSecrets (a parent
+chart's), once each. ($) */}}
+{{- define "deathwatch.imagePullSecrets" -}}
+{{- $all := concat (.Values.imagePullSecrets | default list) (.Values.global.imagePullSecrets | default list) | uniq -}}
+{{- with $all }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}
 
 {{/* The controller's sinks file (deathwatch._operator.delivery.config): the chart's sinks,
@@ -121,7 +142,7 @@ find a shared table contested and say so on every verdict (ADR 0029). ($) */}}
 {{- range $o := (lookup "apps/v1" $kind "" "").items | default list -}}
 {{- $labels := $o.metadata.labels | default dict -}}
 {{- $notes := $o.metadata.annotations | default dict -}}
-{{- $theirs := and (eq (get $labels "app.kubernetes.io/part-of") "deathwatch") (not (and (eq $o.metadata.namespace $.Release.Namespace) (eq (get $labels "app.kubernetes.io/instance") $.Release.Name))) -}}
+{{- $theirs := and (eq (get $labels "app.kubernetes.io/part-of") "deathwatch") (not (and (eq $o.metadata.namespace (include "deathwatch.namespace" $)) (eq (get $labels "app.kubernetes.io/instance") $.Release.Name))) -}}
 {{- $who := printf "release %s (namespace %s, %s %s)" (get $labels "app.kubernetes.io/instance") $o.metadata.namespace $kind $o.metadata.name -}}
 {{- if and $theirs $f.enabled (eq $kind "DaemonSet") (eq (get $labels "app.kubernetes.io/component") "firewall") -}}
 {{- if eq (get $notes "deathwatch.dev/table" | default "deathwatch") $f.table -}}

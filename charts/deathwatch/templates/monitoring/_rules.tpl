@@ -7,7 +7,7 @@ every sandbox, so counters they both keep are taken once (max over replicas), ne
 {{- define "deathwatch.rules" -}}
 {{- $r := .Values.prometheusRule -}}
 {{- $for := $r.for -}}
-{{- $runbook := "https://github.com/deathwatch-dev/deathwatch/blob/main/docs/runbook.md" -}}
+{{- $runbook := $r.runbookUrl | default (printf "https://github.com/deathwatch-dev/deathwatch/blob/v%s/docs/runbook.md" .Chart.AppVersion) -}}
 {{- $fullname := include "deathwatch.fullname" . -}}
 {{- $controllerJob := $r.controllerJob | default (printf ".*%s-controller.*" $fullname) -}}
 {{- $firewallJob := $r.firewallJob | default (printf ".*%s-firewall.*" $fullname) -}}
