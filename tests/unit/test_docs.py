@@ -5,11 +5,14 @@ navigation entry with no page fails the build (mkdocs.yml's validation, all warn
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -88,3 +91,37 @@ def test_every_alert_is_in_the_table_and_the_runbook_and_the_counts_said_are_the
         assert said, "the count of alerts the lane fires is said"
         for part, whole in said:
             assert (_COUNTS[part.lower()], _COUNTS[whole]) == (len(fired), len(alerts))
+
+
+_DASH = "\u2013"  # the en dash of a range, 57\u201361
+_BENCH = re.compile(
+    r"([0-9][0-9,.]*)(?:" + _DASH + r"([0-9][0-9,.]*))?(?: ms)?<!-- bench: (\S+) (\S+) -->"
+)
+
+
+def test_every_number_marked_in_the_docs_is_its_bench_results(tmp_path: Path) -> None:
+    """A number the docs quote from a bench carries its source, `<!-- bench: FILES KEY -->`
+    (a glob in bench/results, a dotted key): it must be that value (rounded), or the range of
+    it over the files (#53: the README, docs/node-exits.md and the performance chart quoted
+    three kill → verdict p99s). A marker with no number, or a file or key that is not there,
+    fails too."""
+    seen = 0
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = doc.read_text()
+        for low, high, files, key in _BENCH.findall(text):
+            paths = sorted((ROOT / "bench" / "results").glob(files))
+            assert paths, f"{doc.name}: no result file {files}"
+            values = []
+            for path in paths:
+                node: Any = json.loads(path.read_text())
+                for part in key.split("."):
+                    node = node[part]
+                values.append(math.floor(float(node) + 0.5))  # half up, as people round
+            want = (f"{min(values):,}", f"{max(values):,}")
+            got = (low, high or low)
+            assert got == want, f"{doc.name}: {got} for {files} {key}, results say {want}"
+            seen += 1
+        assert text.count("<!-- bench:") == len(_BENCH.findall(text)), (
+            f"{doc.name}: a marker without its number"
+        )
+    assert seen >= 7  # the README's and node-exits.md's, at least
