@@ -66,6 +66,40 @@ class Fleet:
     shards_of: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # id: (i, N, epoch)
     killed: list[str] = field(default_factory=list)
     uids: dict[str, str] = field(default_factory=dict)  # pod name -> uid
+    # as the chart renders it by default: each replica's epoch is its pod's creation
+    # (--shard-epoch=pod:NS/NAME), a pod of its own made here for each replica process
+    pod_epochs: bool = False
+    created: dict[str, int] = field(default_factory=dict)  # identity -> its pod's creation
+    pod_names: dict[str, str] = field(default_factory=dict)  # identity -> its pod
+
+    def epoch_flag(self, identity: str, generation: int) -> str:
+        """The replica's --shard-epoch: the generation (1, 2, ...) as a number, or, with
+        pod_epochs, a pod made now, after every earlier generation's (the API server stamps
+        creation to the second: one generation's pods come a second after the last's)."""
+        if not self.pod_epochs:
+            return str(generation)
+        earlier = max((at for i, at in self.created.items()
+                       if self.shards_of.get(i, (0, 0, generation))[2] < generation), default=0)  # fmt: skip
+        core = client.CoreV1Api(self.env.api)
+        name = f"replica-{identity}-{time.monotonic_ns() % 10**6}"
+
+        def made() -> int | None:
+            pod = core.create_namespaced_pod(NAMESPACE, {
+                "metadata": {"name": f"{name}-{len(self.created)}"},
+                "spec": {"containers": [{"name": "c", "image": "none"}],
+                         "nodeName": "no-such-node"}}, _request_timeout=10)  # fmt: skip
+            at = int(pod.metadata.creation_timestamp.timestamp())
+            if at <= earlier:
+                core.delete_namespaced_pod(pod.metadata.name, NAMESPACE, grace_period_seconds=0,
+                                           _request_timeout=10)  # fmt: skip
+                return None
+            self.created[identity] = at
+            self.pod_names[identity] = pod.metadata.name
+            return at
+
+        wait_for(made, timeout=10, interval=0.2, what=f"{identity}'s pod, after generation "
+                 f"{generation - 1}'s")  # fmt: skip
+        return f"pod:{NAMESPACE}/{self.pod_names[identity]}"
 
     def start(self, count: int, epoch: int, per_shard: int = 2) -> list[str]:
         """`per_shard` replicas of each of `count` shards at `epoch` (a pair, as shipped)."""
@@ -73,9 +107,10 @@ class Fleet:
         for i in range(count):
             for r in "abc"[:per_shard]:
                 identity = f"e{epoch}-s{i}-{r}"
-                self.replicas.start(identity, ("--shards", str(count), "--shard", str(i),
-                                               "--shard-epoch", str(epoch)))  # fmt: skip
+                flag = self.epoch_flag(identity, epoch)
                 self.shards_of[identity] = (i, count, epoch)
+                self.replicas.start(identity, ("--shards", str(count), "--shard", str(i),
+                                               "--shard-epoch", flag))  # fmt: skip
                 started.append(identity)
         return started
 
@@ -101,9 +136,10 @@ class Fleet:
 
     def start_one(self, i: int, count: int, epoch: int) -> list[str]:
         identity = f"e{epoch}-s{i}-a"
-        self.replicas.start(identity, ("--shards", str(count), "--shard", str(i),
-                                       "--shard-epoch", str(epoch)))  # fmt: skip
+        flag = self.epoch_flag(identity, epoch)
         self.shards_of[identity] = (i, count, epoch)
+        self.replicas.start(identity, ("--shards", str(count), "--shard", str(i),
+                                       "--shard-epoch", flag))  # fmt: skip
         return [identity]
 
     def leading(self, identity: str) -> bool:
@@ -216,6 +252,10 @@ def fleet(cp: controlplane.ControlPlane, tmp_path: Path) -> Iterator[Fleet]:
             with contextlib.suppress(client.ApiException):
                 client.CoordinationV1Api(api).delete_namespaced_lease(name, "deathwatch-system",
                                                                       _request_timeout=10)  # fmt: skip
+        for pod in f.pod_names.values():
+            with contextlib.suppress(client.ApiException):
+                client.CoreV1Api(api).delete_namespaced_pod(pod, NAMESPACE, grace_period_seconds=0,
+                                                            _request_timeout=10)  # fmt: skip
         client.CoreV1Api(api).delete_namespace(ns, _request_timeout=30)
         api.close()
 
@@ -314,6 +354,32 @@ def test_resharding_3_to_4_to_2_while_sandboxes_die_loses_nothing(fleet: Fleet) 
     more = fleet.sandboxes(4, "after")
     fleet.kill(*more[:2])
     fleet.verify("reshard_3_4_2", reshard_seconds=took)
+
+
+def test_a_reshard_rendered_by_helm_template_hands_every_slot_over(fleet: Fleet) -> None:
+    """#53: Argo CD renders the chart with `helm template`, where the release's revision is
+    always 1, so the revision cannot be a reshard's epoch. Each replica's epoch is its own
+    pod's creation (`--shard-epoch=pod:NAMESPACE/NAME`, the chart's default): the pods a
+    reshard rolls out are created after the ones they replace, and nothing else tells them
+    apart. 2 -> 3 as the Deployments roll, sandboxes dying throughout: every slot handed
+    over, fenced, no slot ever written by an older shard after a newer one."""
+    fleet.pod_epochs = True
+    fleet.start(2, 1, per_shard=1)
+    fleet.wait_owning(2, 1)
+    alive = fleet.sandboxes(12, "g")
+    batches = iter([alive[i : i + 3] for i in range(0, 12, 3)])
+    fleet.kill(*next(batches))
+    took = fleet.reshard(2, 1, 3, 2, lambda: fleet.kill(*next(batches, [])))
+    for rest in batches:
+        fleet.kill(*rest)
+    claimed: dict[int, int] = {}
+    for i, leader in fleet.leaders(2).items():
+        shard = (fleet.replicas.members[leader].readyz().get("details") or {}).get("shard") or {}
+        assert shard.get("epoch") == fleet.created[leader], (leader, shard)
+        claimed[i] = int(shard["epoch"])
+    assert min(claimed.values()) > max(at for i, at in fleet.created.items()
+                                       if fleet.shards_of[i][2] == 1)  # fmt: skip
+    fleet.verify("reshard_pod_epochs_2_3", reshard_seconds=took, epochs=claimed)
 
 
 def test_with_the_gate_off_each_shard_filters_what_it_is_sent(

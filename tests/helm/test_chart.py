@@ -483,7 +483,7 @@ def test_three_shards_are_three_pairs_each_on_its_own_lease_and_disruption_budge
     for i in range(3):
         d = deployments[f"deathwatch-controller-shard-{i}"]["spec"]
         args = d["template"]["spec"]["containers"][0]["args"]
-        assert {"--shards=3", f"--shard={i}", "--shard-epoch=1",
+        assert {"--shards=3", f"--shard={i}", "--shard-epoch=pod:$(POD_NAMESPACE)/$(POD_NAME)",
                 "--lease-name=deathwatch-controller"} <= set(args)  # fmt: skip
         assert d["replicas"] == 2 and d["template"]["metadata"]["labels"][
             "deathwatch.dev/shard"

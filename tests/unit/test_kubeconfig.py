@@ -201,3 +201,33 @@ def test_the_controller_says_an_unusable_kubeconfig_in_one_line(tmp_path: Path) 
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith(f"deathwatch controller: kubeconfig {bad}: not valid YAML")
     assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        (
+            "pod:only-a-namespace",
+            "--shard-epoch: 'pod:only-a-namespace': expected pod:NAMESPACE/NAME",
+        ),
+        ("soon", "--shard-epoch: 'soon': expected a number, or pod:NAMESPACE/NAME"),
+        ("-1", "--shard-epoch: shard epoch -1: expected a number >= 0"),
+    ],
+)
+def test_a_bad_shard_epoch_is_one_line_naming_the_flag(value: str, said: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "deathwatch._cli", "controller", "--shards=2", "--shard=0",
+         f"--shard-epoch={value}"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == f"deathwatch controller: --shards/--shard/{said}\n", done.stderr
+
+
+def test_the_shard_epoch_is_a_number_or_a_pod_read_at_start() -> None:
+    from deathwatch._operator.process.command import shard_epoch
+
+    assert shard_epoch("7") == (7, None)
+    assert shard_epoch("pod:deathwatch-system/deathwatch-controller-0") == (
+        0, ("deathwatch-system", "deathwatch-controller-0"),
+    )  # fmt: skip

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import time
 from typing import Any
@@ -24,6 +25,8 @@ import structlog
 
 from deathwatch._api.kubeconfig import load_configuration
 from deathwatch._api.rest import Rest
+from deathwatch._engine.timeutil import parse_time
+from deathwatch._kube.errors import describe
 from deathwatch._kube.ports import Heartbeat
 from deathwatch._operator.delivery.outbox import Deliveries
 from deathwatch._operator.delivery.sender import Sender
@@ -206,6 +209,7 @@ class App:
                 sup.start("certificates", self.endpoints.certificates)
         if self.started:
             return
+        await self.learn_epoch()  # raises if it cannot: kopf retries the start-up, logged
         self.started = True
         for i, reflector in enumerate(s.verdicts):
             sup.start(f"watch-verdicts-{i}", reflector.run)
@@ -259,6 +263,29 @@ class App:
             )
         log.info("started", tracked=len(self.core.records),
                  namespaces=list(cfg.namespaces) or "all")  # fmt: skip
+
+    async def learn_epoch(self) -> None:
+        """--shard-epoch=pod:NAMESPACE/NAME: the shard's epoch is that pod's creation, in
+        seconds, on the API server's clock. A reshard's pods are created after the pods they
+        replace, however the chart was rendered (`helm template` has no revision to give), so
+        the newer configuration's shards are the newer epoch (ADR 0025, #53)."""
+        if self.config.shard_epoch_pod is None:
+            return
+        namespace, name = self.config.shard_epoch_pod
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+        try:
+            pod = await asyncio.wait_for(self.probe.get(path), 30)
+            created = parse_time(pod["metadata"]["creationTimestamp"])
+        except Exception as exc:
+            log.error("cannot read this replica's pod for its shard epoch; start-up is tried "
+                      "again", pod=f"{namespace}/{name}", error=describe(exc)[:300])  # fmt: skip
+            raise
+        if created is None:
+            raise ValueError(f"pod {namespace}/{name}: no creationTimestamp")
+        spec = dataclasses.replace(self.ownership.spec, epoch=int(created.timestamp()))
+        self.ownership.spec = self.core.shards.spec = spec  # before the first claim is written
+        log.info("shard epoch: this replica's pod's creation", epoch=spec.epoch,
+                 pod=f"{namespace}/{name}", shard=f"{spec.index}/{spec.count}")  # fmt: skip
 
     async def stop(self) -> None:
         """SIGTERM: a leader finishes what it decided (bounded), stops writing, then releases

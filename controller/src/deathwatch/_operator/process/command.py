@@ -139,10 +139,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                         "this process's pair judges all of them, as ever)")  # fmt: skip
     shards.add_argument("--shard", type=int, default=0, metavar="I",
                         help="which of them this process is (0 .. N-1)")  # fmt: skip
-    shards.add_argument("--shard-epoch", type=int, default=0, metavar="E",
-                        help="the configuration's epoch: a reshard must come with a higher one "
-                        "(the chart: the release's revision); the older shards give up the "
-                        "slots the newer ones are assigned")  # fmt: skip
+    shards.add_argument("--shard-epoch", default="0", metavar="E|pod:NAMESPACE/NAME",
+                        help="the configuration's epoch: a reshard must come with a higher one; "
+                        "the older shards give up the slots the newer ones are assigned. "
+                        "pod:NAMESPACE/NAME: that pod's creation, in seconds (the chart: the "
+                        "replica's own pod; a reshard's pods are created after the ones they "
+                        "replace, however the chart was rendered: helm upgrade, helm template, "
+                        "Argo CD)")  # fmt: skip
     election = p.add_argument_group(
         "leader election", "replicas elect one writer on a Lease; the others stand by, hot"
     )
@@ -222,7 +225,8 @@ def run(args: argparse.Namespace) -> int:
     from deathwatch._operator.shards.slot_claims import Spec
 
     try:
-        shard = Spec(args.shard, args.shards, args.shard_epoch)
+        epoch, epoch_pod = shard_epoch(args.shard_epoch)
+        shard = Spec(args.shard, args.shards, epoch)
     except ValueError as exc:
         print(f"deathwatch controller: --shards/--shard/--shard-epoch: {exc}", file=sys.stderr)
         return EXIT_BAD_CONFIG
@@ -303,6 +307,7 @@ def run(args: argparse.Namespace) -> int:
         lease_timings=timings,
         delivery=delivery,
         shard=shard,
+        shard_epoch_pod=epoch_pod,
         node_exits_namespace=args.node_exits,
     )
     try:
@@ -323,3 +328,16 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+def shard_epoch(value: str) -> tuple[int, tuple[str, str] | None]:
+    """--shard-epoch: a number, or pod:NAMESPACE/NAME (its epoch read at start: 0 until then)."""
+    if value.startswith("pod:"):
+        namespace, _, name = value[4:].partition("/")
+        if not namespace or not name or "/" in name:
+            raise ValueError(f"{value!r}: expected pod:NAMESPACE/NAME")
+        return 0, (namespace, name)
+    try:
+        return int(value), None
+    except ValueError:
+        raise ValueError(f"{value!r}: expected a number, or pod:NAMESPACE/NAME") from None

@@ -43,6 +43,8 @@ class Config:
     lease_timings: LeaseTimings = field(default_factory=LeaseTimings)
     delivery: DeliveryConfig | None = None  # the sinks verdicts are delivered to (delivery/)
     shard: Spec = field(default_factory=Spec)  # which slots this process judges (ADR 0025)
+    # the shard's epoch is this pod's creation (NAMESPACE, NAME), read at start; None: as given
+    shard_epoch_pod: tuple[str, str] | None = None
     # where the node agents' exits Leases are (ADR 0028: deaths heard on the node); None: off
     node_exits_namespace: str | None = None
 
