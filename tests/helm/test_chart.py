@@ -830,3 +830,29 @@ def test_the_conventions_an_umbrella_chart_and_a_monitoring_stack_expect(tmp_pat
     )  # fmt: skip
     assert done.returncode != 0
     assert "prometheusRule.disabled: DeathwatchNope is not one of the chart's alerts" in done.stderr
+
+
+def test_an_umbrella_chart_turns_it_on_and_off_and_shares_its_globals(tmp_path: Path) -> None:
+    """#53: a parent chart lists this one with `condition: deathwatch.enabled` and sets
+    `global`: the strict schema accepts both (before, `enabled` was an unknown key and the
+    parent's render failed), off renders nothing of it, on renders it with the parent's
+    registry."""
+    parent = tmp_path / "platform"
+    (parent / "charts").mkdir(parents=True)
+    (parent / "Chart.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "v2", "name": "platform", "version": "1.0.0",
+        "dependencies": [{"name": "deathwatch", "version": ">=0.0.0-0",
+                          "repository": f"file://{CHART}", "condition": "deathwatch.enabled"}],
+    }))  # fmt: skip
+    (parent / "values.yaml").write_text(yaml.safe_dump({
+        "global": {"imageRegistry": "mirror.example.com", "team": "platform"},
+        "deathwatch": {"enabled": True},
+    }))  # fmt: skip
+    helm("dependency", "build", str(parent))
+    on = objects(helm("template", "platform", str(parent), "-n", NAMESPACE))
+    images = {c["image"] for (kind, _, _), o in on.items() if kind in ("Deployment", "DaemonSet")
+              for c in o["spec"]["template"]["spec"]["containers"]}  # fmt: skip
+    assert images and all(i.startswith("mirror.example.com/deathwatch/") for i in images), images
+    off = objects(helm("template", "platform", str(parent), "-n", NAMESPACE,
+                       "--set", "deathwatch.enabled=false"))  # fmt: skip
+    assert off == {}
