@@ -148,6 +148,9 @@ def test_the_namespaced_scope_is_the_namespaced_overlay() -> None:
             "firewall.exits.runtimeSocket: empty finds the known sockets under /run",
         ),
         (["firewall.exits.runtimeDir=/run/"], "at '/firewall/exits/runtimeDir'"),
+        # a probe's timing is a value; its check is the chart's (never an open port)
+        (["controller.livenessProbe.httpGet.port=8081"], "additional properties 'httpGet'"),
+        (["controller.shardEpoch=soon"], "at '/controller/shardEpoch'"),
     ],
 )
 def test_a_bad_value_is_refused_naming_its_field(sets: list[str], message: str) -> None:
@@ -779,7 +782,8 @@ def test_the_conventions_an_umbrella_chart_and_a_monitoring_stack_expect(tmp_pat
                    "storageClass": "whatever a parent shares"},
         "imagePullSecrets": [{"name": "own"}],
         "namespaceOverride": "platform",
-        "controller": {"revisionHistoryLimit": 3, "podDisruptionBudget": {"minAvailable": "50%"}},
+        "controller": {"revisionHistoryLimit": 3, "podDisruptionBudget": {"minAvailable": "50%"},
+                       "livenessProbe": {"periodSeconds": 20, "failureThreshold": 6}},
         "firewall": {"image": {"registry": "agents.example.com"}, "revisionHistoryLimit": 4},
         "metrics": {"serviceMonitor": {"enabled": True, "relabelings": [{"targetLabel": "team", "replacement": "sre"}],
                                        "metricRelabelings": [{"action": "drop", "regex": "go_.*", "sourceLabels": ["__name__"]}]}},
@@ -797,6 +801,9 @@ def test_the_conventions_an_umbrella_chart_and_a_monitoring_stack_expect(tmp_pat
     deployment = rendered[("Deployment", "platform", "deathwatch-controller")]["spec"]
     daemonset = rendered[("DaemonSet", "platform", "deathwatch-firewall")]["spec"]
     assert (deployment["revisionHistoryLimit"], daemonset["revisionHistoryLimit"]) == (3, 4)
+    probe = deployment["template"]["spec"]["containers"][0]["livenessProbe"]
+    assert (probe["periodSeconds"], probe["failureThreshold"]) == (20, 6)
+    assert "heartbeat" in str(probe["exec"]["command"])  # the check stays the chart's
     for spec, image in ((deployment, "mirror.example.com/k8s/deathwatch/controller:"),
                         (daemonset, "agents.example.com/deathwatch/firewall:")):  # fmt: skip
         pod = spec["template"]["spec"]
