@@ -174,15 +174,16 @@ class App:
             return Reflector(self.watches, collection, receiver, metrics,
                              open_deadline=cfg.watch_open_deadline)  # fmt: skip
 
-        verdicts = VerdictReceiver(passes.verdicts, self.writer, malformed, metrics)
-        s.verdicts.extend(reflector(x, verdicts) for x in plan.verdicts)
+        # a receiver per collection: each listing's own state (restoring, what it saw)
+        verdicts = passes.verdicts, self.writer, malformed, metrics
+        s.verdicts.extend(reflector(x, VerdictReceiver(*verdicts)) for x in plan.verdicts)
         # a receiver each: each scope's listing says which of its DeathWatches are gone
         self.deathwatch_receivers = [DeathWatchReceiver(passes.owners, core.deathwatches, malformed,
                                                 metrics) for _ in plan.deathwatches]  # fmt: skip
         pairs = zip(plan.deathwatches, self.deathwatch_receivers, strict=True)
         s.deathwatches.extend(reflector(x, receiver) for x, receiver in pairs)
-        sandboxes = AgentSandboxReceiver(passes.owners, core.agent_sandboxes, malformed, metrics)
-        s.agent_sandboxes.extend(reflector(x, sandboxes) for x in plan.sandboxes)
+        boxes = passes.owners, core.agent_sandboxes, malformed, metrics
+        s.agent_sandboxes.extend(reflector(x, AgentSandboxReceiver(*boxes)) for x in plan.sandboxes)
         s.pods.extend(reflector(x, PodReceiver(passes.pods, malformed, metrics)) for x in plan.pods)
         if plan.node_exits:
             # its own client: a pod read for an exit never queues behind a listing or a write
