@@ -5,8 +5,8 @@ navigation entry with no page fails the build (mkdocs.yml's validation, all warn
 
 from __future__ import annotations
 
+import decimal
 import json
-import math
 import os
 import re
 import subprocess
@@ -99,6 +99,15 @@ _BENCH = re.compile(
 )
 
 
+def _said(value: float, digits: int) -> str:
+    """`value` as people write it: rounded half up to `digits` decimals, thousands
+    separated."""
+    exact = decimal.Decimal(repr(value)).quantize(
+        decimal.Decimal(1).scaleb(-digits), rounding=decimal.ROUND_HALF_UP
+    )
+    return f"{exact:,.{digits}f}"
+
+
 def test_every_number_marked_in_the_docs_is_its_bench_results(tmp_path: Path) -> None:
     """A number the docs quote from a bench carries its source, `<!-- bench: FILES KEY -->`
     (a glob in bench/results, a dotted key): it must be that value (rounded), or the range of
@@ -116,8 +125,9 @@ def test_every_number_marked_in_the_docs_is_its_bench_results(tmp_path: Path) ->
                 node: Any = json.loads(path.read_text())
                 for part in key.split("."):
                     node = node[part]
-                values.append(math.floor(float(node) + 0.5))  # half up, as people round
-            want = (f"{min(values):,}", f"{max(values):,}")
+                values.append(float(node))
+            digits = len(low.partition(".")[2])  # as precise as the docs write it
+            want = (_said(min(values), digits), _said(max(values), digits))
             got = (low, high or low)
             assert got == want, f"{doc.name}: {got} for {files} {key}, results say {want}"
             seen += 1
