@@ -1,38 +1,44 @@
-"""A release, made on this machine and pushed nowhere: `hack/release.sh VERSION [OUT]`.
+"""A release, made on this machine from its tag and pushed nowhere:
+`hack/release.sh VERSION [OUT] --key COSIGN_KEY`, in a checkout of tag vVERSION.
 
 Into OUT (default dist/VERSION):
 - deathwatch-VERSION.tgz: the Helm chart (`helm package`, version and appVersion VERSION);
 - deathwatch-controller-VERSION.oci.tar, deathwatch-firewall-VERSION.oci.tar: both images
-  as OCI layouts (built from their Dockerfiles by hack/build-images.sh), named
-  deathwatch/controller:VERSION and deathwatch/firewall:VERSION, their digests in
+  as OCI layouts (built from their Dockerfiles by hack/build-images.sh), named as the chart's
+  default images (ghcr.io/deathwatch-dev/{controller,firewall}:VERSION), their digests in
   images.json (the manifest's: what a registry reports after a push);
-- deathwatch-controller-VERSION.spdx.json, ...-firewall-...: an SBOM of each image (SPDX 2.3:
-  every Debian package from the image's dpkg status, every Python distribution from its
-  dist-info), read from the image's own layers;
+- deathwatch-controller-VERSION.spdx.json, ...-firewall-...: each image's SPDX 2.3 SBOM,
+  written by syft from the image's own layers;
 - CHANGELOG.md: this version's entry (CHANGELOG.md's `## VERSION` section, else its
   `## Unreleased` one, titled with VERSION and today's date);
-- SHA256SUMS: every file above.
+- cosign.pub: the public half of the key that signed the release;
+- SHA256SUMS: every file above; SHA256SUMS.sigstore.json: its cosign signature (a Sigstore
+  bundle; offline, no transparency log), which so covers every file and both image digests.
 
-VERSION must be the repository's VERSION file (one version for every part). Bad input is one
-line and exit 2. docs/install.md says how a platform pushes the artifacts to its own registry.
+cosign and syft are built from their pinned modules (hack/build-release-tools.sh). VERSION
+must be the repository's VERSION file, and the checkout its tag vVERSION, clean. Bad input is
+one line and exit 2. docs/install.md says how to verify a release and push it to a registry.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import gzip
 import hashlib
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tarfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import yaml
+
+from hack.localcluster.controlplane import cache_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = ("controller", "firewall")
@@ -80,66 +86,50 @@ def retagged(source: Path, target: Path, name: str) -> str:
     return str(manifest["digest"])
 
 
-def _layers(archive: tarfile.TarFile) -> Iterator[tarfile.TarFile]:
-    index = json.loads(archive.extractfile("index.json").read())  # type: ignore[union-attr]
-    manifest = json.loads(_blob(archive, index["manifests"][0]["digest"]))
-    for layer in manifest["layers"]:
-        data = _blob(archive, layer["digest"])
-        if layer["mediaType"].endswith("gzip"):
-            data = gzip.decompress(data)
-        with tarfile.open(fileobj=io.BytesIO(data)) as opened:
-            yield opened
+def tool(name: str) -> Path:
+    """A release tool (cosign, syft) built from its pinned module (hack/build-release-tools.sh)."""
+    versions = dict(
+        line.split("=", 1)
+        for line in (ROOT / "hack" / "versions.env").read_text().splitlines()
+        if "=" in line and not line.startswith("#")
+    )
+    binary = cache_dir() / "release-tools" / f"{name}-{versions[name.upper() + '_VERSION']}"
+    binary = binary / "bin" / name
+    if not binary.exists():
+        subprocess.run([str(ROOT / "hack" / "build-release-tools.sh")], check=True, timeout=3600)
+    return binary
 
 
-def packages(archive_path: Path) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """(Debian packages, Python distributions) of the image, each (name, version), from its
-    layers (a later layer's file replaces an earlier one's)."""
-    dpkg = ""
-    python: dict[str, tuple[str, str]] = {}
-    with tarfile.open(archive_path) as archive:
-        for layer in _layers(archive):
-            for member in layer.getmembers():
-                name = member.name.lstrip("./")
-                if name == "var/lib/dpkg/status" and member.isfile():
-                    dpkg = layer.extractfile(member).read().decode()  # type: ignore[union-attr]
-                elif name.endswith(".dist-info/METADATA") and member.isfile():
-                    text = layer.extractfile(member).read().decode(errors="replace")  # type: ignore[union-attr]
-                    fields = dict(
-                        line.split(": ", 1) for line in text.split("\n\n")[0].splitlines()
-                        if ": " in line
-                    )  # fmt: skip
-                    if "Name" in fields and "Version" in fields:
-                        python[fields["Name"].lower()] = (fields["Name"], fields["Version"])
-    debian = []
-    for stanza in dpkg.split("\n\n"):
-        fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line)
-        if fields.get("Status", "").endswith("installed") and "Package" in fields:
-            debian.append((fields["Package"], fields.get("Version", "")))
-    return sorted(debian), sorted(python.values())
+def _run(*args: str | Path) -> str:
+    done = subprocess.run([str(a) for a in args], capture_output=True, text=True, check=False,
+                          timeout=600, env={**os.environ, "SYFT_CHECK_FOR_APP_UPDATE": "false"})  # fmt: skip
+    if done.returncode != 0:
+        said = (done.stderr.strip().splitlines() or ["(nothing)"])[-1]
+        raise ReleaseError(f"{Path(str(args[0])).name} {args[1]}: {said}")
+    return done.stdout
 
 
-def sbom(image: str, digest: str, archive: Path, created: str) -> dict[str, Any]:
-    debian, python = packages(archive)
-    pkgs: list[dict[str, Any]] = []
-    for kind, items in (("deb", debian), ("pypi", python)):
-        for name, version in items:
-            purl = (f"pkg:deb/debian/{name}@{version}" if kind == "deb"
-                    else f"pkg:pypi/{name.lower()}@{version}")  # fmt: skip
-            pkgs.append({
-                "SPDXID": f"SPDXRef-{kind}-{re.sub(r'[^A-Za-z0-9.-]', '-', name)}",
-                "name": name, "versionInfo": version, "downloadLocation": "NOASSERTION",
-                "externalRefs": [{"referenceCategory": "PACKAGE-MANAGER",
-                                  "referenceType": "purl", "referenceLocator": purl}],
-            })  # fmt: skip
-    return {
-        "spdxVersion": "SPDX-2.3",
-        "dataLicense": "CC0-1.0",
-        "SPDXID": "SPDXRef-DOCUMENT",
-        "name": f"{image}@{digest}",
-        "documentNamespace": f"https://deathwatch.dev/spdx/{image}/{digest}",
-        "creationInfo": {"created": created, "creators": ["Tool: deathwatch hack/release.py"]},
-        "packages": pkgs,
-    }
+def sbom(image: str, version: str, archive: Path, out: Path) -> None:
+    """The image's SPDX 2.3 SBOM, by syft, from the archive's own layers (every Debian package
+    and Python distribution in it)."""
+    _run(tool("syft"), "scan", f"oci-archive:{archive}", "--source-name", image.rsplit(":", 1)[0],
+         "--source-version", version, "-q", "-o", f"spdx-json={out}")  # fmt: skip
+
+
+def image_names(version: str) -> dict[str, str]:
+    """Each image's release name: the chart's default repository (where the project publishes
+    its releases: stated once, in values.yaml) and the version."""
+    values = yaml.safe_load((ROOT / "charts" / "deathwatch" / "values.yaml").read_text())
+    return {dist: f"{values[dist]['image']['repository']}:{version}" for dist in IMAGES}
+
+
+def sign(key: Path, path: Path) -> Path:
+    """`path` signed with the release's cosign key (COSIGN_PASSWORD, if it has one): a
+    Sigstore bundle beside it. Offline: no transparency log, no certificate authority."""
+    bundle = path.with_name(path.name + ".sigstore.json")
+    _run(tool("cosign"), "sign-blob", "--key", key, "--bundle", bundle,
+         "--use-signing-config=false", "--tlog-upload=false", "--yes", path)  # fmt: skip
+    return bundle
 
 
 def _sha256(path: Path) -> str:
@@ -150,10 +140,19 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def release(version: str, out: Path) -> dict[str, Any]:
+def release(version: str, out: Path, key: Path) -> dict[str, Any]:
     wanted = (ROOT / "VERSION").read_text().strip()
     if version != wanted:
         raise ReleaseError(f"VERSION {version!r}: the VERSION file says {wanted!r} (bump it first)")
+    tagged = subprocess.run(["git", "-C", str(ROOT), "tag", "--points-at", "HEAD"],
+                            capture_output=True, text=True, timeout=30, check=False).stdout.split()  # fmt: skip
+    if f"v{version}" not in tagged:
+        raise ReleaseError(f"VERSION {version!r}: HEAD is not tag v{version} (a release is made "
+                           f"from its tag: git worktree add DIR v{version})")  # fmt: skip
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, timeout=30, check=False).stdout  # fmt: skip
+    if dirty.strip():
+        raise ReleaseError(f"tag v{version}: the checkout has changes ({dirty.split()[-1]} ...)")
     now = datetime.datetime.now(datetime.UTC)
     entry = changelog_entry((ROOT / "CHANGELOG.md").read_text(), version, now.date().isoformat())
     out.mkdir(parents=True, exist_ok=True)
@@ -161,13 +160,11 @@ def release(version: str, out: Path) -> dict[str, Any]:
                                       capture_output=True, text=True, check=True,
                                       timeout=3600).stdout)  # fmt: skip
     images: dict[str, Any] = {}
-    for dist in IMAGES:
-        name = f"deathwatch/{dist}:{version}"
+    for dist, name in image_names(version).items():
         archive = out / f"deathwatch-{dist}-{version}.oci.tar"
         digest = retagged(Path(built[dist]["archive"]), archive, name)
         spdx = out / f"deathwatch-{dist}-{version}.spdx.json"
-        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
-        spdx.write_text(json.dumps(sbom(name, digest, archive, stamp), indent=1) + "\n")
+        sbom(name, version, archive, spdx)
         images[dist] = {"name": name, "digest": digest, "archive": archive.name,
                         "sbom": spdx.name}  # fmt: skip
     (out / "images.json").write_text(json.dumps(images, indent=1) + "\n")
@@ -176,17 +173,27 @@ def release(version: str, out: Path) -> dict[str, Any]:
     helm("package", str(ROOT / "charts" / "deathwatch"), "--version", version,
          "--app-version", version, "-d", str(out))  # fmt: skip
     (out / "CHANGELOG.md").write_text(entry)
+    (out / "cosign.pub").write_text(_run(tool("cosign"), "public-key", "--key", key))
     files = sorted(p for p in out.iterdir() if p.is_file() and p.name != "SHA256SUMS")
-    (out / "SHA256SUMS").write_text("".join(f"{_sha256(p)}  {p.name}\n" for p in files))
+    sums = out / "SHA256SUMS"
+    sums.write_text("".join(f"{_sha256(p)}  {p.name}\n" for p in files))
+    # one signature covers every file, the images' digests (images.json) among them
+    bundle = sign(key, sums)
     return {"version": version, "out": str(out), "images": images,
-            "files": [p.name for p in files] + ["SHA256SUMS"]}  # fmt: skip
+            "files": [p.name for p in files] + [sums.name, bundle.name]}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="hack/release.sh", description=__doc__.splitlines()[0])
     ap.add_argument("version", help="the release's version: the VERSION file's")
     ap.add_argument("out", nargs="?", help="where (default: dist/VERSION)")
+    ap.add_argument("--key", required=True, type=Path,
+                    help="the release's cosign private key (`cosign generate-key-pair`; its "
+                         "password in COSIGN_PASSWORD)")  # fmt: skip
     args = ap.parse_args(argv)
+    if not args.key.is_file():
+        print(f"hack/release.sh: --key {args.key}: no such file", file=sys.stderr)
+        return 2
     if not re.fullmatch(r"\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?", args.version):
         print(f"hack/release.sh: VERSION {args.version!r}: not a semantic version like 1.2.3",
               file=sys.stderr)  # fmt: skip
@@ -197,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     made_here = not out.exists()
     try:
-        made = release(args.version, out)
+        made = release(args.version, out, args.key)
     except ReleaseError as exc:
         print(f"hack/release.sh: {exc}", file=sys.stderr)
         if made_here:

@@ -5,8 +5,8 @@
 
 From charts/deathwatch, with real Helm (hack/build-helm.sh):
 - manifests/base/**: `helm template` with the default values, one file per template (without
-  the two labels only a Helm release may claim: HELM_ONLY_LABELS), and the CRDs
-  (charts/deathwatch/crds). `kubectl kustomize manifests/overlays/cluster` is then the
+  the two labels only a Helm release may claim: HELM_ONLY_LABELS), the CRDs a file each
+  (their source: charts/deathwatch/files/crds). `kubectl kustomize manifests/overlays/cluster` is then the
   chart's default render plus the Namespace (tests/helm/test_chart.py compares them object by object);
 - manifests/uninstall/cleanup-daemonset.yaml: the chart with `cleanup=true`;
 - monitoring/deathwatch.rules.yaml: the alerting rules of the PrometheusRule, as a plain rules
@@ -85,9 +85,12 @@ def rendered() -> dict[Path, str]:
     for path, text in by_template(
         helm("template", "deathwatch", str(CHART), "-n", NAMESPACE)
     ).items():
-        out[BASE / path] = text
-    for crd in sorted((CHART / "crds").glob("*.yaml")):
-        out[BASE / "crds" / crd.name] = HEADER + crd.read_text()
+        if path == "crds/crds.yaml":  # a file per CRD, as kubectl users apply them
+            for doc in text.removeprefix(HEADER).split("---\n"):
+                name = yaml.safe_load(doc)["metadata"]["name"]
+                out[BASE / "crds" / f"{name}.yaml"] = HEADER + doc
+        else:
+            out[BASE / path] = text
     cleanup = by_template(
         helm(
             "template",

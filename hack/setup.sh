@@ -57,6 +57,8 @@ if command -v go >/dev/null; then
   "$root/hack/build-peers.sh"
   # Helm: the chart's lint, render and install lanes
   "$root/hack/build-helm.sh"
+  # cosign and syft: a release's signature and SBOMs (the deploy lane makes the newest tag's)
+  "$root/hack/build-release-tools.sh"
 else
   log "go not found: the real control plane cannot be built; apiserver tests will skip outside CI"
 fi

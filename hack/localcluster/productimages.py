@@ -175,6 +175,7 @@ def build(dist: str) -> Image:
     archive = images_dir() / f"{dist}-{key}.oci.tar"
     report = archive.with_suffix(".json")
     if archive.exists() and report.exists():
+        os.utime(archive)  # recently used: kept by _prune
         return Image(**{**json.loads(report.read_text()), "archive": archive})
     ctx = _context(dist, wheels)
     try:
@@ -204,12 +205,21 @@ def build(dist: str) -> Image:
     if package not in {p.split("==")[0] for p in image.python_packages}:
         raise RuntimeError(f"{name} does not carry {package}: {image.python_packages}")
     report.write_text(json.dumps({**asdict(image), "archive": str(archive)}, indent=1))
-    # keep the cache to the images of the current sources
-    for old in images_dir().glob(f"{dist}-*.oci.*"):
-        if not old.name.startswith(f"{dist}-{key}."):
-            old.unlink()
+    _prune(dist)
     _buildah("rmi", "--prune")
     return image
+
+
+KEEP = 3  # the current sources' images, a release tag's (the upgrade lane's), one more
+
+
+def _prune(dist: str) -> None:
+    """The cache keeps each image's KEEP most recently used builds: HEAD's and a release's
+    both stay, so neither build undoes the other's."""
+    archives = sorted(images_dir().glob(f"{dist}-*.oci.tar"), key=lambda p: p.stat().st_mtime)
+    for old in archives[:-KEEP]:
+        old.unlink()
+        old.with_suffix(".json").unlink(missing_ok=True)
 
 
 def _image_size(name: str) -> int:

@@ -196,7 +196,10 @@ def test_one_version_for_both_distributions_and_the_shipped_images() -> None:
         for c in obj["spec"]["template"]["spec"].get("initContainers", [])
         + obj["spec"]["template"]["spec"]["containers"]
     ]
-    assert sorted(set(images)) == [f"deathwatch/controller:{want}", f"deathwatch/firewall:{want}"]
+    assert sorted(set(images)) == [
+        f"ghcr.io/deathwatch-dev/controller:{want}",
+        f"ghcr.io/deathwatch-dev/firewall:{want}",
+    ]
 
 
 # --- on the real control plane ----------------------------------------------------------------

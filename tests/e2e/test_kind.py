@@ -27,8 +27,8 @@ CLUSTER = "deathwatch-e2e"
 CONTEXT = f"kind-{CLUSTER}"
 VERSION = (ROOT / "VERSION").read_text().strip()
 IMAGES = {
-    "controller": f"deathwatch/controller:{VERSION}",
-    "firewall": f"deathwatch/firewall:{VERSION}",
+    "controller": f"ghcr.io/deathwatch-dev/controller:{VERSION}",
+    "firewall": f"ghcr.io/deathwatch-dev/firewall:{VERSION}",
 }
 NS = "sandboxes"
 # the controller image has Python: sandboxes listen on the agent port and another one

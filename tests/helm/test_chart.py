@@ -321,7 +321,8 @@ def test_the_chart_packages_for_an_oci_registry(tmp_path: Path) -> None:
     package = tmp_path / f"deathwatch-{version}.tgz"
     with tarfile.open(package) as tar:
         names = tar.getnames()
-    assert "deathwatch/crds/deathwatches.deathwatch.dev.yaml" in names
+    assert "deathwatch/files/crds/deathwatches.deathwatch.dev.yaml" in names
+    assert not [n for n in names if n.startswith("deathwatch/crds/")]  # templates: upgraded
     assert "deathwatch/values.schema.json" in names and "deathwatch/files/dashboard.json" in names
     assert (
         objects(helm("template", "deathwatch", str(package), "-n", NAMESPACE))
@@ -548,7 +549,7 @@ def release(name: str, namespace: str, *sets: str) -> dict[Key, Any]:
 def test_two_releases_share_no_name_and_a_release_named_deathwatch_keeps_its_names() -> None:
     a = release("deathwatch", "dw-a", "scope.clusterWide=false", "scope.namespaces={team-a}")
     b = release("platform", "dw-b", "scope.clusterWide=false", "scope.namespaces={team-b}",
-                "firewall.enabled=false")  # fmt: skip
+                "firewall.enabled=false", "crds.enabled=false")  # the CRDs are a's  # fmt: skip
     assert ("Deployment", "dw-a", "deathwatch-controller") in a  # the kustomize names
     assert ("Deployment", "dw-b", "platform-deathwatch-controller") in b
     cluster_scoped_a = {(k, n) for k, ns, n in a if not ns}
@@ -804,8 +805,8 @@ def test_the_conventions_an_umbrella_chart_and_a_monitoring_stack_expect(tmp_pat
     probe = deployment["template"]["spec"]["containers"][0]["livenessProbe"]
     assert (probe["periodSeconds"], probe["failureThreshold"]) == (20, 6)
     assert "heartbeat" in str(probe["exec"]["command"])  # the check stays the chart's
-    for spec, image in ((deployment, "mirror.example.com/k8s/deathwatch/controller:"),
-                        (daemonset, "agents.example.com/deathwatch/firewall:")):  # fmt: skip
+    for spec, image in ((deployment, "mirror.example.com/k8s/ghcr.io/deathwatch-dev/controller:"),
+                        (daemonset, "agents.example.com/ghcr.io/deathwatch-dev/firewall:")):  # fmt: skip
         pod = spec["template"]["spec"]
         assert all(c["image"].startswith(image) for c in pod["containers"]), pod["containers"]
         assert pod["imagePullSecrets"] == [{"name": "own"}, {"name": "parent"}]
@@ -859,7 +860,29 @@ def test_an_umbrella_chart_turns_it_on_and_off_and_shares_its_globals(tmp_path: 
     on = objects(helm("template", "platform", str(parent), "-n", NAMESPACE))
     images = {c["image"] for (kind, _, _), o in on.items() if kind in ("Deployment", "DaemonSet")
               for c in o["spec"]["template"]["spec"]["containers"]}  # fmt: skip
-    assert images and all(i.startswith("mirror.example.com/deathwatch/") for i in images), images
+    assert images and all(
+        i.startswith("mirror.example.com/ghcr.io/deathwatch-dev/") for i in images
+    ), images
     off = objects(helm("template", "platform", str(parent), "-n", NAMESPACE,
                        "--set", "deathwatch.enabled=false"))  # fmt: skip
     assert off == {}
+
+
+def test_the_crds_are_templates_kept_on_uninstall_unless_told_and_equal_to_their_source() -> None:
+    """ADR 0032: each `helm upgrade` applies the chart's CRDs (templates, not crds/), with
+    helm.sh/resource-policy: keep unless crds.keep=false; crds.enabled=false renders none (a
+    second release); their spec is files/crds/'s, the one source of the kustomize CRDs too."""
+    crds = {k: o for k, o in template().items() if k[0] == "CustomResourceDefinition"}
+    assert {n for _, _, n in crds} == {
+        "deathwatches.deathwatch.dev",
+        "sandboxverdicts.deathwatch.dev",
+    }
+    for (_, _, name), crd in crds.items():
+        source = yaml.safe_load((CHART / "files" / "crds" / f"{name}.yaml").read_text())
+        assert crd["spec"] == source["spec"], name
+        assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}, name
+    loose = template("crds.keep=false")
+    assert all("annotations" not in o["metadata"] for k, o in loose.items()
+               if k[0] == "CustomResourceDefinition")  # fmt: skip
+    assert not [k for k in template("crds.enabled=false") if k[0] == "CustomResourceDefinition"]
+    assert not [k for k in template("cleanup=true") if k[0] == "CustomResourceDefinition"]

@@ -169,3 +169,27 @@ find a shared table contested and say so on every verdict (ADR 0029). ($) */}}
 {{- end -}}
 {{- end -}}
 {{- end }}
+
+{{/* Refuse, at install and upgrade, to take over a CRD this release does not own: one
+release per cluster installs the CRDs (crds.enabled); Helm would refuse it too, without
+saying what to do. `lookup` sees nothing under `helm template`, where the applier decides. ($) */}}
+{{- define "deathwatch.crdOwners" -}}
+{{- $ := . -}}
+{{- $problems := list -}}
+{{- range $path, $_ := $.Files.Glob "files/crds/*.yaml" -}}
+{{- $name := ($.Files.Get $path | fromYaml).metadata.name -}}
+{{- with lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" "" $name -}}
+{{- $notes := .metadata.annotations | default dict -}}
+{{- $release := get $notes "meta.helm.sh/release-name" -}}
+{{- $namespace := get $notes "meta.helm.sh/release-namespace" -}}
+{{- if not $release -}}
+{{- $problems = append $problems (printf "CRD %s was applied without Helm (kubectl, or a chart's crds/ directory): install with --set crds.enabled=false, or hand it to this release first: kubectl annotate crd %s meta.helm.sh/release-name=%s meta.helm.sh/release-namespace=%s && kubectl label crd %s app.kubernetes.io/managed-by=Helm" $name $name $.Release.Name $.Release.Namespace $name) -}}
+{{- else if not (and (eq $release $.Release.Name) (eq $namespace $.Release.Namespace)) -}}
+{{- $problems = append $problems (printf "CRD %s is installed by release %s (namespace %s): one release per cluster owns the CRDs; install this one with --set crds.enabled=false" $name $release $namespace) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- with $problems -}}
+{{- fail (printf "crds.enabled: this release would take CRDs it does not own:\n  - %s" (join "\n  - " .)) -}}
+{{- end -}}
+{{- end }}
