@@ -1034,7 +1034,9 @@ def _second_release_in_force(lane: Lane, second: str, sandboxes_b: str, a: str, 
               "--set", "controller.controllerId=second", "--set", "firewall.table=second",
               "--set", "firewall.metricsPort=9111", "--set", "firewall.exits.metricsPort=9112",
               "--set", f"firewall.agentPorts={{{OTHER_PORT}}}", "--set",
-              "firewall.sandboxSelector=app=second", "--wait", "--timeout=5m")  # fmt: skip
+              "firewall.sandboxSelector=app=second",
+              "--set", "crds.enabled=false",  # the first release's: one owner per cluster
+              "--wait", "--timeout=5m")  # fmt: skip
     lane.c.kubectl("rollout", "status", "daemonset/second-deathwatch-firewall", "-n", second,
                    "--timeout=5m", timeout=330)  # fmt: skip
     lane.c.kubectl("apply", "-f", "-", input=json.dumps({
