@@ -46,7 +46,7 @@ import yaml
 from kubernetes import client, config
 
 from deathwatch.firewall.nft import SystemNft
-from hack.localcluster import cluster, netpol
+from hack.localcluster import cluster, netpol, released
 from hack.localcluster.agentpods import AGENT_PORT, EXEC_PROBE, OTHER_PORT, agent_pod
 from hack.localcluster.attacks import Attack
 from hack.localcluster.controller_process import service_account_token
@@ -274,13 +274,14 @@ def plugin_configmap() -> dict[str, Any]:
     }  # fmt: skip
 
 
-def values(tmp: Path, apiserver_port: int) -> Path:
+def values(tmp: Path, apiserver_port: int, images: bool = True) -> Path:
     """The local node's values: its images (imported, never pulled) and pod range, the plugin
     mounted for the policy-error fault, and the NetworkPolicies as an operator sets them for
-    this cluster: the API server's port behind its Service, DNS on the bridge."""
+    this cluster: the API server's port behind its Service, DNS on the bridge. Without
+    `images`: the chart's own (a release's, as it was made)."""
     info = "deathwatch_flaky_policy-1.0.dist-info"
-    path = tmp / "values.yaml"
-    path.write_text(yaml.safe_dump({
+    path = tmp / ("values.yaml" if images else "release-values.yaml")
+    doc: dict[str, Any] = {
         "controller": {
             "image": {"repository": "deathwatch.local/controller", "tag": "dev"},
             "extraEnv": [{"name": "PYTHONPATH", "value": "/plugins"}],
@@ -304,7 +305,11 @@ def values(tmp: Path, apiserver_port: int) -> Path:
             "dns": {"namespaceSelector": None, "podSelector": None,
                     "cidrs": [f"{cluster.BRIDGE_IP}/32"]},
         },
-    }))  # fmt: skip
+    }  # fmt: skip
+    if not images:
+        for part in ("controller", "firewall"):
+            del doc[part]["image"]
+    path.write_text(yaml.safe_dump(doc))
     return path
 
 
@@ -506,9 +511,16 @@ def lane() -> Iterator[Lane]:
         )  # fmt: skip
         lane = Lane(c, api, f"http://127.0.0.1:{port}", tmp, dns, router)
         try:
+            # the newest release as it was made from its tag (chart, images, default image
+            # names), then upgraded to the working tree: `upgraded_from_the_release`
+            release = released.made(released.newest_tag())
+            for image in json.loads((release / "images.json").read_text()).values():
+                c.node.import_image(release / image["archive"], image["name"])
+            [package] = release.glob("deathwatch-*.tgz")
             started = time.monotonic()
-            lane.helm("install", "deathwatch", str(CHART), "-n", SYSTEM, "-f",
-                      str(values(tmp, c.cp.apiserver_port)), "--wait", "--timeout=5m")  # fmt: skip
+            lane.helm("install", "deathwatch", str(package), "-n", SYSTEM, "-f",
+                      str(values(tmp, c.cp.apiserver_port, images=False)), "--wait",
+                      "--timeout=5m")  # fmt: skip
             RESULTS["helm_install_wait_seconds"] = round(time.monotonic() - started, 1)
             lane.rolled()
             for ns in (NS, PLUGIN_NS):  # the sandboxes mount their control directory
@@ -518,6 +530,7 @@ def lane() -> Iterator[Lane]:
                          what="default ServiceAccount", ignore=(client.ApiException,))  # fmt: skip
             lane.deathwatch(NS)
             lane.deathwatch(PLUGIN_NS, policy="flaky")
+            UPGRADE.update(upgraded_from_the_release(lane, release))
             yield lane
         finally:
             prometheus.terminate()
@@ -527,6 +540,99 @@ def lane() -> Iterator[Lane]:
             api.close()
             shutil.rmtree(tmp, ignore_errors=True)
             print("\nhelm lane measurements:", json.dumps(RESULTS, indent=1))
+
+
+KEPT = (
+    "state",
+    "cause",
+    "exitCode",
+    "declaredAt",
+    "observedBy",
+    "containerID",
+    "podUID",
+    "lastReadyAt",
+)  # what a verdict must not lose or change over an upgrade
+UPGRADE: dict[str, Any] = {}
+
+
+def verdict(lane: Lane, name: str) -> dict[str, Any]:
+    sv = client.CustomObjectsApi(lane.api).get_namespaced_custom_object(
+        "deathwatch.dev", "v1alpha1", NS, "sandboxverdicts", name, _request_timeout=10)  # fmt: skip
+    return {k: v for k, v in sv["status"].items() if k in KEPT}
+
+
+def selectable(lane: Lane, by: str = "node") -> subprocess.CompletedProcess[str]:
+    return lane.c.kubectl("get", "sv", "-n", NS, "--field-selector",
+                          f"status.observedBy={by}", "-o", "name", check=False)  # fmt: skip
+
+
+def upgraded_from_the_release(lane: Lane, release: Path) -> dict[str, Any]:
+    """Issue #53: the release installed, then `helm upgrade` to the working tree's chart and
+    images, whose CRDs differ. A sandbox dies before, one while the controller rolls, one
+    after: every verdict from before kept field by field, the one during judged, the CRDs
+    the working tree's after (none applied by hand), and its new selectable field served."""
+    names = {w: lane.sandbox(f"upgrade-{w}") for w in ("before", "during", "after", "alive")}
+    for name in names.values():
+        wait_for(lambda name=name: lane.state(name) == "Alive", timeout=90, what=f"{name} Alive")  # type: ignore[misc]
+    (lane.ctl(NS, names["before"]) / "exit").write_text("3")
+    wait_for(lambda: lane.state(names["before"]) == "Dead", timeout=60, what="before Dead")
+    before = {w: verdict(lane, n) for w, n in names.items() if w in ("before", "alive")}
+    old_crds = lane.c.kubectl("get", "crd", "sandboxverdicts.deathwatch.dev", "-o", "json").stdout
+    refused_before = selectable(lane)
+    started = time.monotonic()
+    upgrading = subprocess.Popen(
+        [str(helm_bin()), "--kubeconfig", str(lane.c.cp.kubeconfig), "upgrade", "deathwatch",
+         str(CHART), "-n", SYSTEM, "-f", str(values(lane.tmp, lane.c.cp.apiserver_port)),
+         "--wait", "--timeout=5m"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    # the death while the controller's pods roll: once the new ReplicaSet exists
+    wait_for(lambda: len(lane.c.kubectl("get", "rs", "-n", SYSTEM, "-l",
+                                        "app.kubernetes.io/component=controller",
+                                        "-o", "name").stdout.split()) > 1,
+             timeout=120, interval=0.2, what="the controller rolling")  # fmt: skip
+    (lane.ctl(NS, names["during"]) / "exit").write_text("3")
+    _, err = upgrading.communicate(timeout=330)
+    assert upgrading.returncode == 0, f"helm upgrade from {release.name}: {err}"
+    lane.rolled()
+    took = round(time.monotonic() - started, 1)
+    wait_for(lambda: lane.state(names["during"]) == "Dead", timeout=90, what="during Dead")
+    (lane.ctl(NS, names["after"]) / "exit").write_text("3")
+    wait_for(lambda: lane.state(names["after"]) == "Dead", timeout=60, what="after Dead")
+    after = {w: verdict(lane, names[w]) for w in before}
+    crds = {}
+    for name in ("deathwatches.deathwatch.dev", "sandboxverdicts.deathwatch.dev"):
+        live = json.loads(lane.c.kubectl("get", "crd", name, "-o", "json").stdout)
+        source = yaml.safe_load((CHART / "files" / "crds" / f"{name}.yaml").read_text())
+        crds[name] = {
+            "upgraded": [{k: v.get(k) for k in ("schema", "selectableFields", "additionalPrinterColumns")}
+                         for v in live["spec"]["versions"]]
+                        == [{k: v.get(k) for k in ("schema", "selectableFields", "additionalPrinterColumns")}
+                            for v in source["spec"]["versions"]],
+            "owner": live["metadata"]["annotations"].get("meta.helm.sh/release-name"),
+        }  # fmt: skip
+    return {
+        "release": release.name, "upgrade_seconds": took, "before": before, "after": after,
+        "during": verdict(lane, names["during"]), "after_upgrade": verdict(lane, names["after"]),
+        "crds": crds, "crd_changed": old_crds != lane.c.kubectl(
+            "get", "crd", "sandboxverdicts.deathwatch.dev", "-o", "json").stdout,
+        "selectable_before": refused_before.returncode,
+        "selectable_after": selectable(lane, verdict(lane, names["after"])["observedBy"]).stdout,
+    }  # fmt: skip
+
+
+def test_an_upgrade_from_the_release_keeps_every_verdict_and_upgrades_the_crds(lane: Lane) -> None:
+    """The fixture's upgrade (`upgraded_from_the_release`), judged."""
+    u = UPGRADE
+    RESULTS["upgrade_from_release"] = {"release": u["release"], "seconds": u["upgrade_seconds"]}
+    assert u["after"] == u["before"], u  # nothing taken back, nothing lost
+    assert u["before"]["before"]["state"] == "Dead" and u["before"]["alive"]["state"] == "Alive"
+    assert u["during"]["state"] == "Dead" and u["during"]["exitCode"] == 3, u["during"]
+    assert u["after_upgrade"]["state"] == "Dead", u["after_upgrade"]
+    for name, crd in u["crds"].items():
+        assert crd == {"upgraded": True, "owner": "deathwatch"}, (name, crd)
+    assert u["crd_changed"]
+    # the release's CRD did not have the field the working tree's selects by
+    assert u["selectable_before"] != 0
+    assert "sandboxverdict.deathwatch.dev/upgrade-after" in u["selectable_after"].split(), u
 
 
 def test_prometheus_finds_both_controller_replicas_and_the_agent(lane: Lane) -> None:
