@@ -566,6 +566,16 @@ def selectable(lane: Lane, by: str = "node") -> subprocess.CompletedProcess[str]
                           f"status.observedBy={by}", "-o", "name", check=False)  # fmt: skip
 
 
+def scraping_only(lane: Lane, namespace: str) -> bool:
+    """The old pods gone, and Prometheus's live targets (2 controllers, 1 agent) theirs: the
+    lane's metrics tests read the targets Prometheus lists."""
+    pods = lane.core.list_namespaced_pod(namespace, _request_timeout=10).items
+    if any(p.metadata.deletion_timestamp for p in pods):
+        return False
+    up = {s["metric"]["instance"].rsplit(":", 1)[0] for s in lane.query("up == 1")}
+    return len(lane.query("up == 1")) == 3 and up <= {p.status.pod_ip for p in pods}
+
+
 def upgraded_from_the_release(lane: Lane, release: Path) -> dict[str, Any]:
     """Issue #53: the release installed, then `helm upgrade` to the working tree's chart and
     images, whose CRDs differ. A sandbox dies before, one while the controller rolls, one
@@ -598,6 +608,8 @@ def upgraded_from_the_release(lane: Lane, release: Path) -> dict[str, Any]:
     (lane.ctl(NS, names["after"]) / "exit").write_text("3")
     wait_for(lambda: lane.state(names["after"]) == "Dead", timeout=60, what="after Dead")
     after = {w: verdict(lane, names[w]) for w in before}
+    wait_for(lambda: scraping_only(lane, SYSTEM), timeout=120, interval=1,
+             what="Prometheus scraping the upgraded pods alone")  # fmt: skip
     crds = {}
     for name in ("deathwatches.deathwatch.dev", "sandboxverdicts.deathwatch.dev"):
         live = json.loads(lane.c.kubectl("get", "crd", name, "-o", "json").stdout)
@@ -1085,8 +1097,10 @@ def test_helm_upgrade_with_new_values_rolls_the_agents_and_lets_nothing_through(
     assert outcomes["connected"] == 0, outcomes
     assert outcomes["refused"] > 100, outcomes
     history = json.loads(lane.helm("history", "deathwatch", "-n", SYSTEM, "-o", "json"))
-    # install, the sink's upgrade (test_a_sink_refusing...), audit and back, this one
-    assert [h["revision"] for h in history] == [1, 2, 3, 4, 5]
+    # the release's install, the upgrade to the working tree (upgraded_from_the_release), the
+    # sink's upgrade (test_a_sink_refusing...), audit and back, this one
+    assert [h["revision"] for h in history] == [1, 2, 3, 4, 5, 6]
+    assert history[0]["chart"] == f"deathwatch-{UPGRADE['release'].split('-')[0][1:]}"
     assert history[-1]["status"] == "deployed"
     config = yaml.safe_load(lane.core.read_namespaced_config_map(
         "deathwatch-firewall", SYSTEM, _request_timeout=10).data["config.yaml"])  # fmt: skip
