@@ -647,6 +647,17 @@ def test_an_upgrade_from_the_release_keeps_every_verdict_and_upgrades_the_crds(l
     assert "sandboxverdict.deathwatch.dev/upgrade-after" in u["selectable_after"].split(), u
 
 
+def test_helm_test_sees_the_release_judge_its_own_pod(lane: Lane) -> None:
+    """`helm test`: its pod, selected by a DeathWatch of its own, waits for its verdict to be
+    Alive (templates/tests/verdict.yaml); then it and its DeathWatch are removed."""
+    started = time.monotonic()
+    said = lane.helm("test", "deathwatch", "-n", SYSTEM, "--timeout=3m")
+    RESULTS["helm_test_seconds"] = round(time.monotonic() - started, 1)
+    assert "Phase:          Succeeded" in said or "Phase: Succeeded" in said, said
+    left = lane.c.kubectl("get", "pods,deathwatches", "-n", SYSTEM, "-o", "name").stdout
+    assert "deathwatch-test" not in left, left
+
+
 def test_prometheus_finds_both_controller_replicas_and_the_agent(lane: Lane) -> None:
     def up() -> dict[str, int] | None:
         found: dict[str, int] = {}

@@ -55,7 +55,7 @@ def kustomize(overlay: str) -> dict[Key, Any]:
 def template(*sets: str) -> dict[Key, Any]:
     args = [a for s in sets for a in ("--set", s)]
     return objects(without_helm_labels(
-        helm("template", "deathwatch", str(CHART), "-n", NAMESPACE, "--include-crds", *args)
+        helm("template", "deathwatch", str(CHART), "-n", NAMESPACE, "--skip-tests", *args)
     ))  # fmt: skip
 
 
@@ -886,3 +886,32 @@ def test_the_crds_are_templates_kept_on_uninstall_unless_told_and_equal_to_their
                if k[0] == "CustomResourceDefinition")  # fmt: skip
     assert not [k for k in template("crds.enabled=false") if k[0] == "CustomResourceDefinition"]
     assert not [k for k in template("cleanup=true") if k[0] == "CustomResourceDefinition"]
+
+
+def test_helm_test_waits_for_a_verdict_of_its_own_where_the_controller_serves() -> None:
+    """`helm test`: a DeathWatch selecting only the test's pod, which waits (`deathwatch wait`)
+    for its own verdict; in a namespace the controller serves, with its controller id; none
+    with helmTest.enabled=false. The Helm lane runs it on the real node."""
+
+    def hooks(*sets: str) -> dict[Key, Any]:
+        args = [a for s in sets for a in ("--set", s)]
+        return objects(helm("template", "deathwatch", str(CHART), "-n", NAMESPACE,
+                            "--show-only", "templates/tests/verdict.yaml", *args))  # fmt: skip
+
+    found = hooks()
+    assert {k[0] for k in found} == {"ServiceAccount", "Role", "RoleBinding", "DeathWatch", "Pod"}
+    pod = found[("Pod", NAMESPACE, "deathwatch-test")]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    watch = found[("DeathWatch", NAMESPACE, "deathwatch-test")]
+    assert watch["spec"]["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    [container] = pod["spec"]["containers"]
+    assert container["command"][:2] == ["deathwatch", "wait"]
+    assert container["args"] == [f"{NAMESPACE}/deathwatch-test"]
+    scoped = hooks("scope.clusterWide=false", "scope.namespaces={team-a,team-b}",
+                   "controller.controllerId=blue")  # fmt: skip
+    assert {ns for _, ns, _ in scoped} == {"team-a"}
+    annotations = scoped[("DeathWatch", "team-a", "deathwatch-test")]["metadata"]["annotations"]
+    assert annotations["deathwatch.dev/controller-id"] == "blue"
+    assert not [k for k in objects(helm("template", "deathwatch", str(CHART), "-n", NAMESPACE,
+                                        "--set", "helmTest.enabled=false"))
+                if k[2] == "deathwatch-test"]  # fmt: skip
