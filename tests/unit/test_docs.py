@@ -135,3 +135,19 @@ def test_every_number_marked_in_the_docs_is_its_bench_results(tmp_path: Path) ->
             f"{doc.name}: a marker without its number"
         )
     assert seen >= 7  # the README's and node-exits.md's, at least
+
+
+def test_where_releases_are_published_is_said_once_and_everywhere_the_same() -> None:
+    """#53: the chart's default images are where releases are published (values.yaml says
+    it); every page that names the place names those images, or the chart beside them."""
+    values = yaml.safe_load((ROOT / "charts" / "deathwatch" / "values.yaml").read_text())
+    images = {values[part]["image"]["repository"] for part in ("controller", "firewall")}
+    [home] = {i.rsplit("/", 1)[0] for i in images}  # one place for both
+    known = {*images, f"{home}/charts/deathwatch", home}
+    pages = [README, ROOT / "charts" / "deathwatch" / "README.md", *(ROOT / "docs").rglob("*.md")]
+    named = {m.group(0).rstrip(".:/")  # `ghcr.io/deathwatch-dev/{controller,firewall}`: home
+             for page in pages
+             for m in re.finditer(rf"{re.escape(home.split('/')[0])}/[\w./-]+", page.read_text())}  # fmt: skip
+    assert named, "no page says where releases are published"
+    stray = {n for n in named if n not in known and not any(n.startswith(k + ":") for k in known)}
+    assert not stray, stray
