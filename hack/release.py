@@ -38,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from hack.localcluster.controlplane import cache_dir
+from hack.localcluster.controlplane import cache_dir, versions
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = ("controller", "firewall")
@@ -88,13 +88,8 @@ def retagged(source: Path, target: Path, name: str) -> str:
 
 def tool(name: str) -> Path:
     """A release tool (cosign, syft) built from its pinned module (hack/build-release-tools.sh)."""
-    versions = dict(
-        line.split("=", 1)
-        for line in (ROOT / "hack" / "versions.env").read_text().splitlines()
-        if "=" in line and not line.startswith("#")
-    )
-    binary = cache_dir() / "release-tools" / f"{name}-{versions[name.upper() + '_VERSION']}"
-    binary = binary / "bin" / name
+    version = versions()[name.upper() + "_VERSION"]
+    binary = cache_dir() / "release-tools" / f"{name}-{version}" / "bin" / name
     if not binary.exists():
         subprocess.run([str(ROOT / "hack" / "build-release-tools.sh")], check=True, timeout=3600)
     return binary

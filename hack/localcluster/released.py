@@ -22,10 +22,10 @@ class NoRelease(Exception):
     pass
 
 
-def _git(*args: str) -> str:
+def _git(*args: str, check: bool = True) -> str:
     done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
                           timeout=120, check=False)  # fmt: skip
-    if done.returncode != 0:
+    if check and done.returncode != 0:
         raise NoRelease(f"git {' '.join(args)}: {done.stderr.strip()}")
     return done.stdout.strip()
 
@@ -40,9 +40,7 @@ def newest_tag() -> str:
     for line in RELEASES.read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             tag, commit = line.split()
-            found = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "-q", "--verify",
-                                    f"refs/tags/{tag}^{{commit}}"], capture_output=True,
-                                   text=True, timeout=60, check=False).stdout.strip()  # fmt: skip
+            found = _git("rev-parse", "-q", "--verify", f"refs/tags/{tag}^{{commit}}", check=False)
             if not found:
                 _git("tag", tag, commit)
             elif found != commit:
