@@ -30,8 +30,9 @@ def preflight(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def seeded(api: client.ApiClient) -> Iterator[str]:
     """A namespace with a pod whose liveness probe is on the agent port, a pod outside the
-    nodes' ranges, a DeathWatch selecting everything; two nodes, one without a podCIDR;
-    kube-proxy's ConfigMap (IPVS) and a Calico DaemonSet (scheduled nowhere)."""
+    nodes' ranges (under a Kata RuntimeClass), a DeathWatch selecting everything; two nodes, one
+    without a podCIDR; kube-proxy's ConfigMap (IPVS) and a Calico DaemonSet (scheduled
+    nowhere)."""
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     custom = client.CustomObjectsApi(api)
     ns = f"preflight-{time.monotonic_ns() % 10**8}"
@@ -40,10 +41,17 @@ def seeded(api: client.ApiClient) -> Iterator[str]:
     for name, cidrs in nodes.items():
         core.create_node({"metadata": {"name": name}, "spec": {"podCIDRs": cidrs} if cidrs else {}},
                          _request_timeout=30)  # fmt: skip
+    runtime_class = f"{ns}-kata"
+    client.NodeV1Api(api).create_runtime_class(
+        {"metadata": {"name": runtime_class}, "handler": "kata-qemu"}, _request_timeout=30
+    )
     probe = {"tcpSocket": {"port": 49983}}
-    for name, extra in (("live", {"livenessProbe": probe}), ("outside", {})):
+    for name, extra, spec in (
+        ("live", {"livenessProbe": probe}, {}),
+        ("outside", {}, {"runtimeClassName": runtime_class}),
+    ):
         core.create_namespaced_pod(ns, {"metadata": {"name": name, "labels": {"app": "sandbox"}},
-            "spec": {"containers": [{"name": "c", "image": "busybox", **extra}]}},
+            "spec": {"containers": [{"name": "c", "image": "busybox", **extra}], **spec}},
             _request_timeout=30)  # fmt: skip
     core.patch_namespaced_pod_status("outside", ns, {"status": {"podIP": "192.168.77.7",
                                      "podIPs": [{"ip": "192.168.77.7"}]}}, _request_timeout=30)  # fmt: skip
@@ -66,6 +74,7 @@ def seeded(api: client.ApiClient) -> Iterator[str]:
         for name in nodes:
             core.delete_node(name, _request_timeout=30)
         core.delete_namespace(ns, _request_timeout=30)
+        client.NodeV1Api(api).delete_runtime_class(runtime_class, _request_timeout=30)
 
 
 def test_preflight_reads_a_live_cluster_and_names_each_fix(
@@ -88,6 +97,9 @@ def test_preflight_reads_a_live_cluster_and_names_each_fix(
     assert f"{ns}/all 2 of 2" in found["selectors"]["said"]
     assert found["kube-proxy"]["level"] == "ok" and "IPVS" in found["kube-proxy"]["said"]
     assert found["cni"]["level"] == "warn" and "Calico" in found["cni"]["said"]
+    runtimes = found["runtimes"]
+    assert runtimes["level"] == "warn", runtimes
+    assert f"{ns}-kata (kata-qemu: Kata Containers, reasoned, 1 pod(s))" in runtimes["said"]
     text = preflight("--kubeconfig", kc)
     assert text.returncode == 1 and text.stdout.startswith("deathwatch preflight: https://")
     assert "fail  probes" in text.stdout and "fix: give them exec probes" in text.stdout
@@ -103,6 +115,10 @@ def test_preflight_reads_a_live_cluster_and_names_each_fix(
     levels = {f["check"]: (f["level"], f["said"]) for f in json.loads(skipped.stdout)["findings"]}
     assert levels["kubernetes"][0] == "ok"
     assert levels["pod-ranges"][0] == "skip" and "cannot read nodes: 403" in levels["pod-ranges"][1]
+    assert (
+        levels["runtimes"][0] == "skip"
+        and "cannot read runtimeclasses: 403" in levels["runtimes"][1]
+    )
     # nowhere to ask: one line, exit 3
     nowhere = tmp_path / "nowhere.kubeconfig"
     nowhere.write_text(controlplane.kubeconfig("https://127.0.0.1:1", control_plane.certs / "ca.crt",

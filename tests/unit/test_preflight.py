@@ -46,14 +46,18 @@ def test_a_kubeadm_like_cluster_reads_clean() -> None:
         pods=[pod("p1", "10.244.0.5"), pod("p2", "10.244.1.9")],
         daemonsets=[ds("kube-proxy"), ds("kube-flannel-ds", "kube-flannel")],
         kube_proxy={"data": {"config.conf": "mode: nftables\n"}},
+        runtime_classes=[],
         crds=set(),
     )
     found = by_check(cluster)
     assert {c: f.level for c, f in found.items()} == {
         "kubernetes": Level.OK, "pod-ranges": Level.OK, "probes": Level.OK,
         "selectors": Level.SKIP, "agent-sandbox": Level.OK, "kube-proxy": Level.OK,
-        "cni": Level.OK,
+        "cni": Level.OK, "runtimes": Level.OK,
     }  # fmt: skip
+    assert found["runtimes"].said == (
+        "no RuntimeClass: pods without a runtimeClassName run the nodes' default (runc: tested)"
+    )
     assert "10.244.0.0/24, 10.244.1.0/24" in found["pod-ranges"].said
     assert "nftables" in found["kube-proxy"].said and "flannel" in found["cni"].said
 
@@ -146,3 +150,41 @@ def test_what_could_not_be_read_is_skipped_with_why() -> None:
 def test_the_releases_the_lanes_test_are_ok_older_fail_newer_warn(minor: str, level: Level) -> None:
     cluster = Cluster(version={"major": "1", "minor": minor, "gitVersion": f"v1.{minor}.0"})
     assert by_check(cluster)["kubernetes"].level is level
+
+
+def runtime_class(name: str, handler: str) -> Mapping[str, Any]:
+    return {"metadata": {"name": name}, "handler": handler}
+
+
+def under(name: str, runtime_class: str) -> Mapping[str, Any]:
+    return {**pod(name), "spec": {"containers": [], "runtimeClassName": runtime_class}}
+
+
+def test_runtime_classes_are_listed_and_only_untested_ones_in_use_warn() -> None:
+    proven = Cluster(
+        runtime_classes=[runtime_class("gvisor", "runsc"), runtime_class("kata", "kata-qemu"),
+                         runtime_class("gke-sandbox", "gvisor")],
+        pods=[under("s1", "gvisor"), under("s2", "gvisor"), pod("plain")],
+    )  # fmt: skip
+    found = by_check(proven)["runtimes"]
+    assert found.level is Level.OK, found
+    assert found.said == (
+        "RuntimeClasses: gke-sandbox (gvisor: gVisor, tested), gvisor (runsc: gVisor, tested, "
+        "2 pod(s)), kata (kata-qemu: Kata Containers, reasoned); pods without a "
+        "runtimeClassName run the nodes' default (runc: tested)"
+    )
+    kata = Cluster(runtime_classes=[runtime_class("kata-fc", "kata-fc"),
+                                    runtime_class("wasm", "spin")],
+                   pods=[under("k", "kata-fc"), under("w", "wasm"), under("x", "nowhere")])  # fmt: skip
+    found = by_check(kata)["runtimes"]
+    assert found.level is Level.WARN, found
+    assert "kata-fc (kata-fc: Kata Containers, reasoned, 1 pod(s))" in found.said
+    assert "wasm (spin: unknown, not known here, 1 pod(s))" in found.said
+    assert "pods run under kata-fc, wasm, which no lane tests" in found.said
+    assert "pods name RuntimeClasses that do not exist (nowhere)" in found.said
+    assert "docs/compatibility.md" in found.fix
+
+
+def test_runtime_classes_unreadable_are_skipped_with_why() -> None:
+    found = by_check(Cluster(unreadable={"runtimeclasses": "403: forbidden"}))["runtimes"]
+    assert (found.level, found.said) == (Level.SKIP, "cannot read runtimeclasses: 403: forbidden")

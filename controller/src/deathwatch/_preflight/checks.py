@@ -59,6 +59,7 @@ class Cluster:
     daemonsets: list[Mapping[str, Any]] | None = None
     kube_proxy: Mapping[str, Any] | None = None  # ConfigMap kube-system/kube-proxy, if any
     cilium: Mapping[str, Any] | None = None  # ConfigMap kube-system/cilium-config, if any
+    runtime_classes: list[Mapping[str, Any]] | None = None
     crds: set[str] | None = None  # the names of the CRDs present that matter here
     deathwatches: list[Mapping[str, Any]] | None = None
     unreadable: dict[str, str] = field(default_factory=dict)
@@ -74,6 +75,7 @@ def findings(cluster: Cluster, agent_ports: Iterable[int]) -> list[Finding]:
         agent_sandbox(cluster),
         kube_proxy(cluster),
         cni(cluster),
+        runtimes(cluster),
     ]
 
 
@@ -316,6 +318,62 @@ def cni(cluster: Cluster) -> Finding:
     level = Level.OK if all(node_ipam for _, node_ipam, _ in found) else Level.WARN
     fix = "" if level is Level.OK else "set firewall.podCIDRs (see pod-ranges)"
     return Finding("cni", level, said, fix)
+
+
+# a RuntimeClass's handler -> (the runtime, whether a lane proves deathwatch on it). Tested: the
+# node lane runs runc and gVisor's runsc on a real kubelet (docs/compatibility.md, "Runtimes");
+# Kata and Firecracker are reasoned only (no nested KVM on the lanes' machines)
+_RUNTIMES: Final[tuple[tuple[str, str, bool], ...]] = (
+    ("runc", "runc", True),
+    ("runsc", "gVisor", True),
+    ("gvisor", "gVisor", True),  # GKE Sandbox's handler name
+    ("kata", "Kata Containers", False),
+    ("firecracker", "Firecracker", False),
+    ("crun", "crun", False),
+    ("youki", "youki", False),
+)
+
+
+def _runtime(handler: str) -> tuple[str, bool] | None:
+    """What a handler name runs (kata-qemu, kata-fc: Kata; runsc-kvm: gVisor), None: unknown."""
+    for prefix, runtime, tested in _RUNTIMES:
+        if handler == prefix or handler.startswith(f"{prefix}-"):
+            return runtime, tested
+    return None
+
+
+def runtimes(cluster: Cluster) -> Finding:
+    if cluster.runtime_classes is None:
+        return _skip("runtimes", cluster, "runtimeclasses")
+    used: Counter[str] = Counter()
+    for pod in cluster.pods or []:
+        name = (pod.get("spec") or {}).get("runtimeClassName")
+        if isinstance(name, str) and name:
+            used[name] += 1
+    said: list[str] = []
+    untested: list[str] = []
+    for rc in sorted(cluster.runtime_classes, key=_named):
+        name, handler = _named(rc), str(rc.get("handler") or "")
+        known = _runtime(handler)
+        runtime, tested = known if known is not None else ("unknown", False)
+        status = "tested" if tested else "reasoned" if known is not None else "not known here"
+        pods = f", {used[name]} pod(s)" if used[name] else ""
+        said.append(f"{name} ({handler}: {runtime}, {status}{pods})")
+        if not tested and used[name]:
+            untested.append(name)
+    missing = sorted(n for n in used if n not in {_named(rc) for rc in cluster.runtime_classes})
+    default = "pods without a runtimeClassName run the nodes' default (runc: tested)"
+    if not said:
+        return Finding("runtimes", Level.OK, f"no RuntimeClass: {default}")
+    listed = f"RuntimeClasses: {_names(said)}; {default}"
+    if untested or missing:
+        parts = [f"pods run under {_names(untested)}, which no lane tests"] if untested else []
+        if missing:
+            parts.append(f"pods name RuntimeClasses that do not exist ({_names(missing)})")
+        return Finding("runtimes", Level.WARN, f"{listed}. {'; '.join(parts)}",
+                       "watch its first deaths' causes and exit codes closely "
+                       "(docs/compatibility.md, Runtimes: what is reasoned there)")  # fmt: skip
+    return Finding("runtimes", Level.OK, listed)
 
 
 def _cilium_bypasses_netfilter(cluster: Cluster) -> bool:

@@ -15,6 +15,7 @@ from deathwatch._preflight.checks import DEATHWATCH_CRD, SANDBOX_CRD, Cluster
 
 PAGE = 500
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+RUNTIME_CLASSES = "/apis/node.k8s.io/v1/runtimeclasses"
 
 
 async def read_cluster(rest: Rest) -> Cluster:
@@ -43,6 +44,7 @@ async def read_cluster(rest: Rest) -> Cluster:
     cluster.nodes = await listed("nodes", "/api/v1/nodes")
     cluster.pods = await listed("pods", "/api/v1/pods")
     cluster.daemonsets = await listed("daemonsets", "/apis/apps/v1/daemonsets")
+    cluster.runtime_classes = await listed("runtimeclasses", RUNTIME_CLASSES)
     cluster.kube_proxy = await got(
         "configmaps", "/api/v1/namespaces/kube-system/configmaps/kube-proxy"
     )
