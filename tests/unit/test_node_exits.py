@@ -32,6 +32,7 @@ from deathwatch.firewall.protos import containerd_pb2, cri_pb2
 from deathwatch.firewall.runtime import (
     CONTAINERD,
     CRI,
+    RUNSC,
     SOCKETS,
     ContainerdStream,
     RuntimeUnreadable,
@@ -118,6 +119,7 @@ class Runtime:
         self.events: list[Any] = []
         self.labels: dict[str, dict[str, str]] = {}
         self.cgroups: dict[str, str] = {}  # id -> its spec's linux.cgroupsPath
+        self.runtimes: dict[str, str] = {}  # id -> its shim (io.containerd.runc.v2 if unsaid)
         self.gets: list[str] = []  # the ids Containers.Get was asked for, in order
         self.cond = threading.Condition()
         self.subscriptions: list[Any] = []
@@ -169,7 +171,8 @@ class Runtime:
         return containerd_pb2.GetContainerResponse(
             container=containerd_pb2.Container(id=request.id, labels=labels, spec=any_pb2.Any(
                 type_url="types.containerd.io/opencontainers/runtime-spec/1/Spec",
-                value=spec.encode()))
+                value=spec.encode()), runtime=containerd_pb2.ContainerRuntime(
+                name=self.runtimes.get(request.id, "io.containerd.runc.v2")))
         )  # fmt: skip
 
     def _events(self, context: Any) -> Iterator[Any]:
@@ -377,6 +380,51 @@ def test_a_sigkill_whose_cgroup_counts_no_oom_kill_is_published_at_once(
     assert said == ["none", "counted", "unread", "unread"]
     assert [cid for cid, _ in got] == ["plain", "oomed", "gone", "unsaid"]
     assert got[0][1] < 0.5 and got[2][1] >= 0.5 and got[3][1] >= 0.5  # the unread: waited
+
+
+def test_gvisors_128_is_held_for_its_oom_as_a_sigkill_and_read_at_the_pods_cgroup(
+    runtime: Runtime, tmp_path: Path
+) -> None:
+    """gVisor (ADR 0033): a sandbox's processes live in its pod's cgroup, and the host's OOM
+    killer takes the whole sandbox, whose containers exit 128 (the shim's status it could not
+    read). A runsc container's 128 is read at the pod's cgroup: none counted, published at
+    once (a sandbox SIGKILLed on the host); one counted, held for the OOM event. A runc
+    container's 128 is its own exit code, published at once without a look."""
+    root = tmp_path / "cgroup"
+    pods = {"killed": f"pod{UID}", "oomed": "pod-oomed", "runc": "pod-runc"}
+    for cid, pod in pods.items():
+        d = root / "memory" / "kubepods" / "burstable" / pod
+        (d / cid).mkdir(parents=True)
+        for where, kills in ((d, 1 if cid == "oomed" else 0), (d / cid, 0)):
+            (where / "memory.oom_control").write_text(f"oom_kill_disable 0\noom_kill {kills}\n")
+    runtime.labels = {c: pod_labels() for c in pods}
+    runtime.cgroups = {c: f"/kubepods/burstable/{pod}/{c}" for c, pod in pods.items()}
+    runtime.runtimes = {"killed": RUNSC, "oomed": RUNSC}
+    stream = connect(runtime.socket, oom_wait=5.0, oom_kills=OomKills(root))
+    assert isinstance(stream, ContainerdStream)
+    said: list[str] = []
+    stream.on_sigkill = lambda cgroup, exit: said.append(cgroup)
+    got: list[Exit] = []
+
+    def run() -> None:
+        got.extend(stream.exits())
+
+    reader = threading.Thread(target=run, daemon=True)
+    reader.start()
+    try:
+        runtime.send(task_exit("killed", 128))
+        runtime.send(task_exit("runc", 128))
+        wait_for(lambda: len(got) == 2, timeout=2, what="both published before the wait")
+        runtime.send(task_exit("oomed", 128))
+        wait_for(lambda: said == ["none", "counted"], timeout=2, what="the OOM kill counted")
+        assert len(got) == 2  # held: its pod's cgroup counted an OOM kill
+        runtime.send(envelope("TaskOOM", containerd_pb2.TaskOOM(container_id="oomed")))
+        wait_for(lambda: len(got) == 3, timeout=2, what="the OOM kill, with its event")
+    finally:
+        stream.close()
+        reader.join(5)
+    assert [(e.container_id.split("//")[1], e.exit_code, e.oom) for e in got] == [
+        ("killed", 128, False), ("runc", 128, False), ("oomed", 128, True)]  # fmt: skip
 
 
 def test_the_order_each_oom_came_in_is_told_and_a_late_one_named(runtime: Runtime) -> None:

@@ -56,10 +56,13 @@ class OomKills:
         else:
             self.base, self.file, self.key = root, "memory.events", "oom_kill"
 
-    def count(self, cgroups_path: str) -> int | None:
-        """OOM kills in the container's cgroup so far (None: unreadable, or a path this
-        does not read: the caller waits for the runtime's OOM event as before)."""
+    def count(self, cgroups_path: str, pod: bool = False) -> int | None:
+        """OOM kills in the container's cgroup so far, or with `pod` in its pod's (the
+        parent: where a gVisor sandbox's processes are, runtime.py). None: unreadable, or a
+        path this does not read: the caller waits for the runtime's OOM event as before."""
         rel = relative(cgroups_path)
+        if rel is not None and pod:
+            rel = rel.rpartition("/")[0] or None
         if rel is None:
             return None
         try:

@@ -96,8 +96,9 @@ class ExitsMetrics:
             self.oom_gap.labels(order)
         self.sigkills = Counter(
             "deathwatch_node_exits_sigkills",
-            "containerd's task events: SIGKILL exits (137) with no OOM event yet, by what the "
-            "container's memory cgroup said: none (no OOM kill counted: published at once), "
+            "containerd's task events: SIGKILL exits (137), and gVisor's 128 (a status its "
+            "shim could not read), with no OOM event yet, by what the container's memory "
+            "cgroup (gVisor: its pod's) said: none (no OOM kill counted: published at once), "
             "counted (held for the OOM event, up to --oom-wait), unread (no --cgroup-root, or "
             "the cgroup gone: held)",
             ["cgroup"], registry=r,

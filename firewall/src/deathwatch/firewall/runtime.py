@@ -22,6 +22,12 @@ the CRI stream wherever it is safe to read.
   is busiest then). A SIGKILL's exit (137) with no OOM event yet is published at once when
   its memory cgroup counts no OOM kill (cgroups.py; the host's cgroup tree mounted), and
   otherwise waits up to `oom_wait` for the OOM event that may follow it.
+- **gVisor** (the runsc shim, `io.containerd.runsc.v1`: ADR 0033): a pod's containers run
+  inside its sandbox's kernel, whose processes (the Sentry, the gofer) sit in the pod's
+  cgroup, not the container's; the host's OOM killer takes the whole sandbox, and each of its
+  containers exits 128, the shim's code for a status it could not read. So for a runsc
+  container the OOM count is read at the pod's cgroup, and a 128 is held for the OOM event as
+  a SIGKILL's 137 is.
 
 Read-only in what it asks: Version, the event subscription, Containers.Get, and files in a
 read-only cgroup tree. The socket itself grants more (ADR 0028 says what, and what a
@@ -57,6 +63,10 @@ POD_UID, POD_NAMESPACE, POD_NAME = (
 CONTAINER_NAME = "io.kubernetes.container.name"
 KIND = "io.cri-containerd.kind"  # "sandbox": the pod's pause container, not one of its own
 SIGKILL_EXIT: Final = 137
+RUNSC: Final = "io.containerd.runsc.v1"  # gVisor's containerd shim
+# gVisor's shim (pkg/shim/v1/proc: internalErrorCode): the status `runsc wait` could not read,
+# its sandbox gone (OOM-killed, or SIGKILLed on the host)
+RUNSC_UNREAD_EXIT: Final = 128
 # Where runtimes put their socket (containerd, k3s and RKE2's containerd, CRI-O), tried in this
 # order when none is configured: the first that exists and answers is read (ADR 0031)
 SOCKETS: Final = (
@@ -280,6 +290,8 @@ class _Named:
     pod: str
     container: str
     cgroup: str = ""  # its OCI spec's linux.cgroupsPath ("": not said)
+    # run in a sandbox's own kernel (gVisor): its processes are in its pod's cgroup
+    sandboxed: bool = False
 
 
 class _Linux(msgspec.Struct):
@@ -306,8 +318,9 @@ def _named_by(container: Any) -> _Named | None:
             cgroup = _spec(container.spec.value).linux.cgroupsPath
         except (msgspec.ValidationError, msgspec.DecodeError):
             cgroup = ""  # its exit waits for the OOM event, as without the cgroup tree
+    sandboxed = container.HasField("runtime") and container.runtime.name == RUNSC
     return _Named(labels[POD_UID], labels.get(POD_NAMESPACE, ""), labels.get(POD_NAME, ""),
-                  labels.get(CONTAINER_NAME, ""), cgroup)  # fmt: skip
+                  labels.get(CONTAINER_NAME, ""), cgroup, sandboxed)  # fmt: skip
 
 
 class _Names:
@@ -464,13 +477,20 @@ class ContainerdStream:
         named = self._named(exit)
         if named is None:
             return
-        found, cgroup = named
+        found, whose = named
         oomed = self._oom.pop(exit.container_id, None)
+        killed = found.exit_code == SIGKILL_EXIT or (
+            whose.sandboxed and found.exit_code == RUNSC_UNREAD_EXIT
+        )
         if oomed is not None:
             self.on_oom("before_exit", now - oomed)
             yield _with_oom(found)
-        elif found.exit_code == SIGKILL_EXIT and self.oom_wait > 0:
-            counted = self.oom_kills.count(cgroup) if self.oom_kills is not None else None
+        elif killed and self.oom_wait > 0:
+            counted = (
+                self.oom_kills.count(whose.cgroup, pod=whose.sandboxed)
+                if self.oom_kills is not None
+                else None
+            )
             if counted == 0:  # no OOM killer took it: the OOM event cannot follow
                 self._unoomed[exit.container_id] = now
                 yield found
@@ -497,10 +517,10 @@ class ContainerdStream:
         if len(self._unoomed) > 1024:
             self._unoomed = {c: t for c, t in self._unoomed.items() if t >= cut}
 
-    def _named(self, exit: Any) -> tuple[Exit, str] | None:
-        """The exit named for its pod by its container's labels, and the container's cgroup
-        (None: not a pod's own container: a pause container, a container the CRI plugin did
-        not make, one gone)."""
+    def _named(self, exit: Any) -> tuple[Exit, _Named] | None:
+        """The exit named for its pod by its container's labels, and whose it is (its cgroup,
+        its runtime); None: not a pod's own container (a pause container, a container the CRI
+        plugin did not make, one gone)."""
         read, named = self.names.of(exit.container_id)
         if not read:  # made before this stream (or its read failed): read it now
             try:
@@ -518,7 +538,7 @@ class ContainerdStream:
             container=named.container,
             exit_code=exit.exit_status,
             exited_at=_time(at.seconds * 1_000_000_000 + at.nanos),
-        ), named.cgroup
+        ), named
 
     def _container(self, cid: str) -> Any:
         got = self.channel.unary(

@@ -26,7 +26,7 @@ from google.protobuf import any_pb2 as google_dot_protobuf_dot_any__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10\x63ontainerd.proto\x12\x15\x64\x65\x61thwatch.containerd\x1a\x19google/protobuf/any.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x80\x01\n\x08\x45nvelope\x12-\n\ttimestamp\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\r\n\x05topic\x18\x03 \x01(\t\x12#\n\x05\x65vent\x18\x04 \x01(\x0b\x32\x14.google.protobuf.Any\"#\n\x10SubscribeRequest\x12\x0f\n\x07\x66ilters\x18\x01 \x03(\t\"}\n\x08TaskExit\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\r\x12\x13\n\x0b\x65xit_status\x18\x04 \x01(\r\x12-\n\texited_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x1f\n\x07TaskOOM\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\"\x1d\n\x0f\x43ontainerCreate\x12\n\n\x02id\x18\x01 \x01(\t\"\x1d\n\x0f\x43ontainerDelete\x12\n\n\x02id\x18\x01 \x01(\t\"\xa8\x01\n\tContainer\x12\n\n\x02id\x18\x01 \x01(\t\x12<\n\x06labels\x18\x02 \x03(\x0b\x32,.deathwatch.containerd.Container.LabelsEntry\x12\"\n\x04spec\x18\x05 \x01(\x0b\x32\x14.google.protobuf.Any\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"!\n\x13GetContainerRequest\x12\n\n\x02id\x18\x01 \x01(\t\"K\n\x14GetContainerResponse\x12\x33\n\tcontainer\x18\x01 \x01(\x0b\x32 .deathwatch.containerd.Container\"4\n\x0fVersionResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\t\"\x07\n\x05\x45mptyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10\x63ontainerd.proto\x12\x15\x64\x65\x61thwatch.containerd\x1a\x19google/protobuf/any.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x80\x01\n\x08\x45nvelope\x12-\n\ttimestamp\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\r\n\x05topic\x18\x03 \x01(\t\x12#\n\x05\x65vent\x18\x04 \x01(\x0b\x32\x14.google.protobuf.Any\"#\n\x10SubscribeRequest\x12\x0f\n\x07\x66ilters\x18\x01 \x03(\t\"}\n\x08TaskExit\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\r\x12\x13\n\x0b\x65xit_status\x18\x04 \x01(\r\x12-\n\texited_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x1f\n\x07TaskOOM\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\"\x1d\n\x0f\x43ontainerCreate\x12\n\n\x02id\x18\x01 \x01(\t\"\x1d\n\x0f\x43ontainerDelete\x12\n\n\x02id\x18\x01 \x01(\t\"\xe2\x01\n\tContainer\x12\n\n\x02id\x18\x01 \x01(\t\x12<\n\x06labels\x18\x02 \x03(\x0b\x32,.deathwatch.containerd.Container.LabelsEntry\x12\x38\n\x07runtime\x18\x04 \x01(\x0b\x32\'.deathwatch.containerd.ContainerRuntime\x12\"\n\x04spec\x18\x05 \x01(\x0b\x32\x14.google.protobuf.Any\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\" \n\x10\x43ontainerRuntime\x12\x0c\n\x04name\x18\x01 \x01(\t\"!\n\x13GetContainerRequest\x12\n\n\x02id\x18\x01 \x01(\t\"K\n\x14GetContainerResponse\x12\x33\n\tcontainer\x18\x01 \x01(\x0b\x32 .deathwatch.containerd.Container\"4\n\x0fVersionResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\t\"\x07\n\x05\x45mptyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -48,15 +48,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CONTAINERDELETE']._serialized_start=462
   _globals['_CONTAINERDELETE']._serialized_end=491
   _globals['_CONTAINER']._serialized_start=494
-  _globals['_CONTAINER']._serialized_end=662
-  _globals['_CONTAINER_LABELSENTRY']._serialized_start=617
-  _globals['_CONTAINER_LABELSENTRY']._serialized_end=662
-  _globals['_GETCONTAINERREQUEST']._serialized_start=664
-  _globals['_GETCONTAINERREQUEST']._serialized_end=697
-  _globals['_GETCONTAINERRESPONSE']._serialized_start=699
-  _globals['_GETCONTAINERRESPONSE']._serialized_end=774
-  _globals['_VERSIONRESPONSE']._serialized_start=776
-  _globals['_VERSIONRESPONSE']._serialized_end=828
-  _globals['_EMPTY']._serialized_start=830
-  _globals['_EMPTY']._serialized_end=837
+  _globals['_CONTAINER']._serialized_end=720
+  _globals['_CONTAINER_LABELSENTRY']._serialized_start=675
+  _globals['_CONTAINER_LABELSENTRY']._serialized_end=720
+  _globals['_CONTAINERRUNTIME']._serialized_start=722
+  _globals['_CONTAINERRUNTIME']._serialized_end=754
+  _globals['_GETCONTAINERREQUEST']._serialized_start=756
+  _globals['_GETCONTAINERREQUEST']._serialized_end=789
+  _globals['_GETCONTAINERRESPONSE']._serialized_start=791
+  _globals['_GETCONTAINERRESPONSE']._serialized_end=866
+  _globals['_VERSIONRESPONSE']._serialized_start=868
+  _globals['_VERSIONRESPONSE']._serialized_end=920
+  _globals['_EMPTY']._serialized_start=922
+  _globals['_EMPTY']._serialized_end=929
 # @@protoc_insertion_point(module_scope)

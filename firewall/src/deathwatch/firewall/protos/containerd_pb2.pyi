@@ -61,7 +61,7 @@ class ContainerDelete(_message.Message):
     def __init__(self, id: _Optional[str] = ...) -> None: ...
 
 class Container(_message.Message):
-    __slots__ = ("id", "labels", "spec")
+    __slots__ = ("id", "labels", "runtime", "spec")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -71,11 +71,19 @@ class Container(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     ID_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     id: str
     labels: _containers.ScalarMap[str, str]
+    runtime: ContainerRuntime
     spec: _any_pb2.Any
-    def __init__(self, id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., spec: _Optional[_Union[_any_pb2.Any, _Mapping]] = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., runtime: _Optional[_Union[ContainerRuntime, _Mapping]] = ..., spec: _Optional[_Union[_any_pb2.Any, _Mapping]] = ...) -> None: ...
+
+class ContainerRuntime(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class GetContainerRequest(_message.Message):
     __slots__ = ("id",)
