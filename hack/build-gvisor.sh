@@ -8,7 +8,7 @@
 # Statically (CGO_ENABLED=0): a cgo build links the host's loader, which is gone after runsc's
 # pivot_root ("error executing umounter: fork/exec /proc/self/exe: no such file or directory").
 # For this machine only (the test harness, never a shipped artifact): root here lacks
-# CAP_SYS_RESOURCE, so lowering an oom_score_adj fails with EPERM; the shim's -999 for itself
+# CAP_SYS_RESOURCE, so lowering an oom_score_adj fails (EACCES); the shim's -999 for itself
 # and runsc's for a sandbox's processes are tolerated (logged) instead of failing the start.
 # Idempotent: binaries whose stamp names the version and patch are kept.
 set -euo pipefail
@@ -18,7 +18,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 cache=${DEATHWATCH_CACHE:-$HOME/.cache/deathwatch}
 top=$cache/gvisor/$GVISOR_VERSION
 log() { printf '[build-gvisor] %s\n' "$*" >&2; }
-stamp="$GVISOR_VERSION eperm-tolerant-oom-score-adj"
+stamp="$GVISOR_VERSION permission-tolerant-oom-score-adj"
 if [ -x "$top/bin/runsc" ] && [ -x "$top/bin/containerd-shim-runsc-v1" ] \
     && [ "$(cat "$top/bin/.stamp" 2>/dev/null)" = "$stamp" ]; then
   log "runsc and its shim $GVISOR_VERSION cached in $top/bin"
@@ -31,7 +31,7 @@ start=$(date +%s)
 dir=$(cd "$top" && go mod download -json "gvisor.dev/gvisor@$GVISOR_VERSION" | sed -n 's/^\s*"Dir": "\(.*\)",$/\1/p')
 [ -d "$dir" ] || { log "go mod download gave no directory for gvisor.dev/gvisor@$GVISOR_VERSION"; exit 1; }
 rm -rf "$top/src" && cp -r "$dir" "$top/src" && chmod -R u+w "$top/src"
-# the two oom_score_adj writes, EPERM tolerated (this machine's missing CAP_SYS_RESOURCE)
+# the two oom_score_adj writes, a refusal tolerated (this machine's missing CAP_SYS_RESOURCE)
 python3 - "$top/src" <<'PY'
 import sys
 from pathlib import Path
@@ -40,11 +40,11 @@ src = Path(sys.argv[1])
 edits = {
     "pkg/shim/v1/manager.go": (
         "\tif err := sys.SetOOMScore(cmd.Process.Pid, oomScoreMax); err != nil {\n",
-        "\tif err := sys.SetOOMScore(cmd.Process.Pid, oomScoreMax); err != nil && !errors.Is(err, unix.EPERM) {\n",
+        "\tif err := sys.SetOOMScore(cmd.Process.Pid, oomScoreMax); err != nil && !errors.Is(err, os.ErrPermission) {\n",
     ),
     "runsc/container/container.go": (
         "\t\treturn fmt.Errorf(\"setting oom_score_adj to %d: %v\", scoreAdj, err)\n",
-        "\t\tif errors.Is(err, unix.EPERM) {\n\t\t\tlog.Warningf(\"oom_score_adj %d refused (no CAP_SYS_RESOURCE): %v\", scoreAdj, err)\n\t\t\treturn nil\n\t\t}\n\t\treturn fmt.Errorf(\"setting oom_score_adj to %d: %v\", scoreAdj, err)\n",
+        "\t\tif errors.Is(err, os.ErrPermission) {\n\t\t\tlog.Warningf(\"oom_score_adj %d refused (no CAP_SYS_RESOURCE): %v\", scoreAdj, err)\n\t\t\treturn nil\n\t\t}\n\t\treturn fmt.Errorf(\"setting oom_score_adj to %d: %v\", scoreAdj, err)\n",
     ),
 }
 for path, (old, new) in edits.items():
@@ -53,9 +53,10 @@ for path, (old, new) in edits.items():
         sys.exit(f"{path}: the line to patch is not there once: {old.strip()}")
     (src / path).write_text(text.replace(old, new))
 PY
-for imp in '"errors"' '"golang.org/x/sys/unix"'; do
-  grep -q "$imp" "$top/src/pkg/shim/v1/manager.go" \
-    || sed -i "0,/^import (/s//import (\n\t$imp/" "$top/src/pkg/shim/v1/manager.go"
+for file in pkg/shim/v1/manager.go runsc/container/container.go; do
+  for imp in '"errors"' '"os"'; do
+    grep -q "^\s*$imp$" "$top/src/$file" || sed -i "0,/^import (/s//import (\n\t$imp/" "$top/src/$file"
+  done
 done
 log "building runsc and containerd-shim-runsc-v1 $GVISOR_VERSION (static)"
 (cd "$top/src" && go build -trimpath -ldflags "-s -w" -o "$top/bin/runsc.tmp.$$" ./runsc \

@@ -59,6 +59,8 @@ if command -v go >/dev/null; then
   "$root/hack/build-helm.sh"
   # cosign and syft: a release's signature and SBOMs (the deploy lane makes the newest tag's)
   "$root/hack/build-release-tools.sh"
+  # gVisor's runsc and its containerd shim: the node lane's gvisor RuntimeClass (issue #54)
+  "$root/hack/build-gvisor.sh"
 else
   log "go not found: the real control plane cannot be built; apiserver tests will skip outside CI"
 fi

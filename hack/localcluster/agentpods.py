@@ -25,10 +25,12 @@ def agent_pod(
     host_network: bool = False,
     labels: dict[str, str] | None = None,
     memory: str = "32Mi",
+    runtime_class: str | None = None,
 ) -> dict[str, Any]:
     """A sandbox (listening on the agent port and another), or with `target` ("ip:port") a
     client that tries to connect every 0.2 s and writes the outcome to /ctl/result.
-    `node` pins it (no scheduler); the node's ctl directory is mounted at /ctl."""
+    `node` pins it (no scheduler); the node's ctl directory is mounted at /ctl;
+    `runtime_class` runs it under that RuntimeClass (gvisor: node.py)."""
     container: dict[str, Any] = {
         "name": "agent",
         "image": images.AGENT,
@@ -54,6 +56,8 @@ def agent_pod(
     }
     if node is not None:
         spec["nodeName"] = node
+    if runtime_class is not None:
+        spec["runtimeClassName"] = runtime_class
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -16,7 +16,6 @@ by the node's teardown.
 from __future__ import annotations
 
 import contextlib
-import json
 import shutil
 import subprocess
 import tempfile
@@ -30,7 +29,6 @@ from hack.localcluster.controlplane import ControlPlane
 from hack.localcluster.node import (
     BRIDGE,
     MACHINE_LOCK,
-    NODE_NAME,
     POD_SUBNET,
     Node,
     node_available,
@@ -142,11 +140,6 @@ def running(workdir: Path | None = None, pod_security: str | None = "baseline",
         node = Node(cp, workdir=workdir / "node", kube_proxy=True, node_ip=BRIDGE_IP,
                     cluster_dns=BRIDGE_IP if cluster_dns else None, runtime=runtime,
                     evented_pleg=evented_pleg).up()  # fmt: skip
-        # the node's pod range on its Node object, as kube-controller-manager's
-        # --allocate-node-cidrs records it on every real cluster: the firewall agents learn the
-        # host's own addresses in it (.0, and .1 the bridge's gateway) from there (ADR 0012)
-        cidrs = json.dumps({"spec": {"podCIDR": POD_SUBNET, "podCIDRs": [POD_SUBNET]}})
-        cp.kubectl_run("patch", "node", NODE_NAME, "--type=merge", "-p", cidrs)
         for image in images.values():
             node.import_image(image.archive, image.name)
         yield Cluster(cp, node, images)

@@ -37,6 +37,7 @@ from hack.localcluster.controlplane import (
     Process,
     _openssl,
     bin_dir,
+    cache_dir,
     free_port,
     kubeconfig,
     peer_home,
@@ -85,6 +86,19 @@ def containerd2_available() -> str | None:
     if not (containerd2_bin() / "containerd").exists():
         return "containerd 2 not built (hack/build-peers.sh)"
     return node_available()
+
+
+def gvisor_bin() -> Path:
+    """Where hack/build-gvisor.sh puts runsc and containerd-shim-runsc-v1."""
+    return cache_dir() / "gvisor" / versions()["GVISOR_VERSION"] / "bin"
+
+
+def gvisor_available() -> str | None:
+    """None if the node can run gVisor sandboxes here (on containerd 2.x), else why not."""
+    for tool in ("runsc", "containerd-shim-runsc-v1"):
+        if not (gvisor_bin() / tool).exists():
+            return f"{tool} not built (hack/build-gvisor.sh)"
+    return containerd2_available()
 
 
 def node_available() -> str | None:
@@ -237,14 +251,39 @@ _CRI_2 = """[plugins."io.containerd.cri.v1.images"]
     bin_dirs = ["/usr/lib/cni"]
     conf_dir = "{cni}"
 """
+# gVisor beside runc (containerd 2.x only: the runsc shim speaks 2.x's bootstrap): the handler
+# a RuntimeClass names, its shim found on containerd's PATH, runsc's own flags in its file
+_RUNSC = """[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.{handler}]
+  runtime_type = "io.containerd.runsc.v1"
+  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.{handler}.options]
+    TypeUrl = "io.containerd.runsc.v1.options"
+    ConfigPath = "{config}"
+"""
+# systrap: no nested KVM on this machine kind
+_RUNSC_CONFIG = """binary_name = "{runsc}"
+root = "{root}"
+log_level = "info"
+log_path = "{logs}/shim-%ID%.log"
+[runsc_config]
+  platform = "systrap"
+  debug-log = "{logs}/runsc-%ID%-%COMMAND%.log"
+"""
+GVISOR_HANDLER = "runsc"
+GVISOR_RUNTIME_CLASS = "gvisor"
+# the sandbox's own processes (the Sentry, the gofer: 28 MB resident here, idle) are charged to
+# the pod's cgroup, whose limit is its containers' sum: the RuntimeClass adds this much, as a
+# platform's does, or a 32Mi sandbox is OOM-killed as it starts
+GVISOR_OVERHEAD = {"memory": "64Mi", "cpu": "10m"}
 
 
-def _containerd_config(d: Path, sock: Path, cni: Path, *, v2: bool) -> str:
+def _containerd_config(d: Path, sock: Path, cni: Path, *, v2: bool, runsc: Path | None) -> str:
     """The node's containerd config: its root, state and sockets in the node's workdir, only
-    the overlayfs snapshotter, runc with cgroupfs, and the node's CNI config."""
+    the overlayfs snapshotter, runc with cgroupfs, the node's CNI config, and with `runsc`
+    (its config file) gVisor's handler beside runc."""
     disabled = ["btrfs", "zfs", "devmapper"] if v2 else ["aufs", "btrfs", "zfs", "devmapper"]
     disabled_plugins = ", ".join(f'"io.containerd.snapshotter.v1.{p}"' for p in disabled)
-    return f"""version = {3 if v2 else 2}
+    return (
+        f"""version = {3 if v2 else 2}
 root = "{d / "root"}"
 state = "{d / "state"}"
 disabled_plugins = [{disabled_plugins}]
@@ -256,7 +295,10 @@ disabled_plugins = [{disabled_plugins}]
   address = ""
 [plugins."io.containerd.internal.v1.opt"]
   path = "{d / "opt"}"
-""" + (_CRI_2 if v2 else _CRI_16).format(pause=images.PAUSE, cni=cni)
+"""
+        + (_CRI_2 if v2 else _CRI_16).format(pause=images.PAUSE, cni=cni)
+        + (_RUNSC.format(handler=GVISOR_HANDLER, config=runsc) if runsc is not None else "")
+    )
 
 
 @dataclass
@@ -286,6 +328,9 @@ class Node:
     # the kubelet's EventedPLEG (alpha): pod lifecycle events from the runtime's CRI stream
     # rather than the 1 s relist (containerd2 only)
     evented_pleg: bool = False
+    # gVisor beside runc (containerd2 only): runsc and its shim from hack/build-gvisor.sh, the
+    # handler `runsc` and the RuntimeClass `gvisor` (systrap)
+    gvisor: bool = False
 
     @property
     def sock(self) -> Path:
@@ -315,6 +360,13 @@ class Node:
             self._import_images()
             self._kubelet()
             self._wait_ready(timeout)
+            # the node's pod range on its Node object, as kube-controller-manager's
+            # --allocate-node-cidrs records it on every real cluster: the firewall agents learn
+            # the host's own addresses in it (.0, and .1 the bridge's gateway) there (ADR 0012)
+            cidrs = json.dumps({"spec": {"podCIDR": POD_SUBNET, "podCIDRs": [POD_SUBNET]}})
+            self.cp.kubectl_run("patch", "node", NODE_NAME, "--type=merge", "-p", cidrs)
+            if self.gvisor:
+                self._runtime_class()
             if self.kube_proxy:
                 self._kube_proxy(timeout)
         except BaseException:
@@ -337,14 +389,18 @@ class Node:
         )
         config = d / "config.toml"
         v2 = self.runtime == "containerd2"
-        config.write_text(_containerd_config(d, self.sock, cni, v2=v2))
-        # containerd 2 from its module, its shim first on PATH; 1.6 is Debian's
+        runsc = self._runsc_config() if self.gvisor else None
+        config.write_text(_containerd_config(d, self.sock, cni, v2=v2, runsc=runsc))
+        # containerd 2 from its module, its shim first on PATH (and runsc's); 1.6 is Debian's
         binaries = containerd2_bin() if v2 else None
+        path = [str(binaries)] if binaries else []
+        if self.gvisor:
+            path.append(str(gvisor_bin()))
         proc = Process(
             "containerd",
             [str(binaries / "containerd") if binaries else "containerd", "--config", str(config)],
             self.workdir / "logs" / "containerd.log",
-            env={"PATH": f"{binaries}:{os.environ.get('PATH', '')}"} if binaries else None,
+            env={"PATH": ":".join([*path, os.environ.get("PATH", "")])} if path else None,
         )
         self.processes["containerd"] = proc
         proc.start()
@@ -353,6 +409,26 @@ class Node:
             if not proc.running or time.monotonic() > deadline:
                 raise RuntimeError(f"{self.runtime} did not start:\n{proc.tail()}")
             time.sleep(0.1)
+
+    def _runsc_config(self) -> Path:
+        reason = gvisor_available()
+        if reason is not None or self.runtime != "containerd2":
+            raise RuntimeError(f"gVisor on this node: {reason or 'needs runtime containerd2'}")
+        (self.workdir / "runsc").mkdir()
+        (self.workdir / "logs" / "runsc").mkdir(parents=True, exist_ok=True)
+        config = self.workdir / "runsc.toml"
+        config.write_text(_RUNSC_CONFIG.format(
+            runsc=gvisor_bin() / "runsc", root=self.workdir / "runsc",
+            logs=self.workdir / "logs" / "runsc",
+        ))  # fmt: skip
+        return config
+
+    def _runtime_class(self) -> None:
+        """The RuntimeClass pods name to run under gVisor (`runtimeClassName: gvisor`)."""
+        body = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                "metadata": {"name": GVISOR_RUNTIME_CLASS}, "handler": GVISOR_HANDLER,
+                "overhead": {"podFixed": GVISOR_OVERHEAD}}  # fmt: skip
+        self.cp.kubectl_run("apply", "-f", "-", input=json.dumps(body))
 
     def ctr(
         self, *args: str, check: bool = True, timeout: float = 60
@@ -594,8 +670,9 @@ resolvConf: ""
             MACHINE_LOCK.release()
 
     def _kill_strays(self) -> None:
-        """containerd shims outlive containerd: end the ones serving our socket."""
-        marker = str(self.sock)
+        """containerd shims outlive containerd: end the ones serving our socket, and gVisor's
+        sandboxes and gofers (runsc processes with this node's runsc root)."""
+        marker, runsc_root = str(self.sock), f"--root={self.workdir / 'runsc'}"
         for pid_dir in Path("/proc").glob("[0-9]*"):
             try:
                 cmdline = (
@@ -603,7 +680,7 @@ resolvConf: ""
                 )
             except OSError:
                 continue
-            if marker in cmdline and "containerd-shim" in cmdline:
+            if (marker in cmdline and "containerd-shim" in cmdline) or runsc_root in cmdline:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(int(pid_dir.name), signal.SIGKILL)
 

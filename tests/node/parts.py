@@ -26,6 +26,52 @@ ROOT = Path(__file__).resolve().parents[2]
 NODE_EXITS = ["--node-exits", "deathwatch-system"]  # the controller reads the exits Leases
 
 
+class FirewallAgent:
+    """`deathwatch-firewall agent` as a process on this node, its table in force once `up`
+    returns (its own `check` says so); `down` stops it and removes the table. With `api`
+    (the control plane and the firewall's token) it is the node's agent: it lists the node's
+    sandboxes for the inbound rule and publishes its coverage Lease (Shielded)."""
+
+    def __init__(self, tmp_path: Path, pod_cidr: str, agent_port: int,
+                 api: tuple[controlplane.ControlPlane, Path] | None = None) -> None:  # fmt: skip
+        self.config = tmp_path / "firewall.yaml"
+        self.config.write_text(json.dumps({"podCIDRs": [pod_cidr], "agentPorts": [agent_port],
+                                           "resyncSeconds": 1}))  # fmt: skip
+        self.log = tmp_path / "agent.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.node: list[str] = []
+        if api is not None:
+            cp, token = api
+            self.node = ["--node-name", NODE_NAME, "--identity", "fw-dw-node",
+                         "--namespace", "deathwatch-system", "--kube-api", cp.server,
+                         "--kube-token-file", str(token), "--kube-ca-file",
+                         str(cp.certs / "ca.crt")]  # fmt: skip
+
+    def _cli(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "deathwatch.firewall.cli", *args]
+
+    def up(self) -> FirewallAgent:
+        with self.log.open("w") as out:
+            self.proc = subprocess.Popen(
+                self._cli("agent", "--config", str(self.config), "--metrics-port", "0",
+                          *self.node),
+                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])},
+            )  # fmt: skip
+        check = self._cli("check", "--config", str(self.config))
+        wait_for(lambda: subprocess.run(check, capture_output=True, cwd=ROOT, timeout=30,
+                                        check=False).returncode == 0,
+                 timeout=20, what="the firewall's rule in force")  # fmt: skip
+        return self
+
+    def down(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(15)
+        subprocess.run(self._cli("cleanup"), cwd=ROOT, capture_output=True, timeout=30,
+                       check=False)  # fmt: skip
+
+
 class Exits:
     """`deathwatch-firewall exits` as a process on this node: the node's containerd socket,
     the firewall's ServiceAccount token (its Role), the API at the control plane."""
@@ -75,10 +121,11 @@ def agent_pod(
     environment: dict[str, str] | None = None,
     memory: str = "32Mi",
     labels: dict[str, str] | None = None,
+    runtime_class: str | None = None,
 ) -> str:
     target = (environment or {}).get("TARGET")
     body = agentpods.agent_pod(name, ctl(e, name), node=NODE_NAME, probe=probe, target=target,
-                               labels=labels, memory=memory)  # fmt: skip
+                               labels=labels, memory=memory, runtime_class=runtime_class)  # fmt: skip
     e.core.create_namespaced_pod(e.ns, body, _request_timeout=30)
     return name
 

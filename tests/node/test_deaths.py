@@ -33,6 +33,7 @@ from tests.node.parts import (
     EXEC_PROBE,
     NODE_EXITS,
     Exits,
+    FirewallAgent,
     Stamps,
     agent_pod,
     ctl,
@@ -243,45 +244,8 @@ def test_firewall_on_the_node_refuses_kubelets_tcp_probe_but_not_an_exec_probe(
     wait_for(lambda: pod_ready(e, target), timeout=60, what="target Ready")
     ip = e.core.read_namespaced_pod(target, e.ns, _request_timeout=10).status.pod_ip
     assert _connect(ip, 49983) == "connected"  # the hole, before the firewall
-    config = tmp_path / "firewall.yaml"
-    config.write_text(
-        json.dumps({"podCIDRs": [POD_SUBNET], "agentPorts": [49983], "resyncSeconds": 1})
-    )
-    agent = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "deathwatch.firewall.cli",
-            "agent",
-            "--config",
-            str(config),
-            "--metrics-port",
-            "0",
-        ],
-        stdout=(tmp_path / "agent.log").open("w"),
-        stderr=subprocess.STDOUT,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])},
-    )
+    agent = FirewallAgent(tmp_path, POD_SUBNET, 49983).up()
     try:
-        check = [
-            sys.executable,
-            "-m",
-            "deathwatch.firewall.cli",
-            "check",
-            "--config",
-            str(config),
-        ]
-        wait_for(
-            lambda: (
-                subprocess.run(
-                    check, capture_output=True, cwd=ROOT, timeout=30, check=False
-                ).returncode
-                == 0
-            ),
-            timeout=20,
-            what="rule in force",
-        )
         # from the node's own network namespace (kubelet, hostNetwork pods)
         assert _connect(ip, 49983) == "refused"
         assert _connect(ip, 8080) == "connected"
@@ -320,15 +284,7 @@ def test_firewall_on_the_node_refuses_kubelets_tcp_probe_but_not_an_exec_probe(
         RESULTS["node_refusal_mean_us"] = round((time.perf_counter() - started) / 200 * 1e6, 1)
         assert set(refusals) == {"refused"}
     finally:
-        agent.terminate()
-        agent.wait(15)
-        subprocess.run(
-            [sys.executable, "-m", "deathwatch.firewall.cli", "cleanup"],
-            cwd=ROOT,
-            capture_output=True,
-            timeout=30,
-            check=False,
-        )
+        agent.down()
     assert _connect(ip, 49983) == "connected"
 
 
