@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The whole path of a sandbox's death on a real node, kill to verdict, decomposed (ADR 0028):
 
-    python3 -m bench.node_latency [--kills 60] [--runtime containerd|containerd2]
+    python3 -m bench.node_latency [--kills 60] [--runtime containerd|containerd2|gvisor]
                                   [--runtime-stream auto|cri|containerd] [--evented-pleg]
                                   [--replace-at-kill] [--installed] [--json FILE]
     python3 -m bench.node_latency --chart RESULT.json [RESULT.json ...] OUT.png
@@ -34,6 +34,11 @@ Each kill is timed, on this machine's one clock, at:
 - agent-sandbox: its Sandbox's Ready turning False.
 Every cause is checked (ContainerExited 137 and 3, OOMKilled). The JSON holds every span's
 p50/p95/p99/max; `--chart` draws runs side by side as the latency chart is drawn.
+
+`--runtime gvisor`: containerd 2.x with gVisor's runsc beside runc, every Sandbox under
+`runtimeClassName: gvisor` (ADR 0033). The host cannot signal one container there: the SIGKILL
+is the sandbox's (its Sentry's), and it and the OOM kill read 128 (the shim's status it could
+not read). A host FIFO is no bell inside a gVisor sandbox: the agent acts at its next look.
 """
 
 from __future__ import annotations
@@ -68,7 +73,7 @@ from hack.localcluster.controller_process import (
     service_account_kubeconfig,
     service_account_token,
 )
-from hack.localcluster.node import NODE_NAME, RUNTIME_SOCKET, Node
+from hack.localcluster.node import GVISOR_RUNTIME_CLASS, NODE_NAME, RUNTIME_SOCKET, Node
 from hack.localcluster.receiver import Receiver, sink_secret
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,6 +84,7 @@ KEY = b"bench-node-latency-signing-key-32b"
 KILLS = ("sigkill", "exit", "oom")
 EXPECTED = {"sigkill": ("ContainerExited", 137), "exit": ("ContainerExited", 3),
             "oom": ("OOMKilled", 137)}  # fmt: skip
+EXPECTED_GVISOR = {**EXPECTED, "sigkill": ("ContainerExited", 128), "oom": ("OOMKilled", 128)}
 SPANS = ("runtime", "heard", "verdict", "sink", "kubelet", "kubelet_path_verdict", "agent_sandbox")
 LIVE = 6  # sandboxes alive at once, each waiting for its kill
 
@@ -144,6 +150,7 @@ class Bench:
                  replace_at_kill: bool = False, stream: str = "auto",
                  installed: bool = False) -> None:  # fmt: skip
         self.work, self.runtime, self.evented_pleg = work, runtime, evented_pleg
+        self.gvisor = runtime == "gvisor"  # containerd 2.x, every Sandbox under gVisor
         self.stream = stream  # the exits container's --runtime-stream
         self.replace_at_kill = replace_at_kill
         self.installed = installed
@@ -169,7 +176,8 @@ class Bench:
         others: list[Any] = []
         try:
             cp.start()
-            node = Node(cp, runtime=self.runtime, evented_pleg=self.evented_pleg).up()
+            node = Node(cp, runtime="containerd2" if self.gvisor else self.runtime,
+                        evented_pleg=self.evented_pleg, gvisor=self.gvisor).up()  # fmt: skip
             self.node = node
             client.Configuration.set_default(_configuration(cp))
             self.api = client.ApiClient()
@@ -364,10 +372,12 @@ class Bench:
 
     def sandbox(self, name: str, how: str) -> Kill:
         ctl = self.node.ctl(f"{NS}-{name}")
-        if not (ctl / "bell").exists():
+        if not (ctl / "bell").exists() and not self.gvisor:
             os.mkfifo(ctl / "bell")  # the agent acts on a command at once, not at its next look
         spec = agentpods.agent_pod(name, ctl, node=NODE_NAME,
-                                   memory="24Mi" if how == "oom" else "32Mi")["spec"]  # fmt: skip
+                                   memory="24Mi" if how == "oom" else "32Mi",
+                                   runtime_class=GVISOR_RUNTIME_CLASS if self.gvisor else None,
+                                   )["spec"]  # fmt: skip
         client.CustomObjectsApi(self.api).create_namespaced_custom_object(
             *SANDBOXES[:2], NS, SANDBOXES[2],
             {"apiVersion": "/".join(SANDBOXES[:2]), "kind": "Sandbox", "metadata": {"name": name},
@@ -397,6 +407,8 @@ class Bench:
         else:
             k.at = time.time()
             (ctl / k.how).write_text("3" if k.how == "exit" else "")
+            if self.gvisor:
+                return
             bell = os.open(ctl / "bell", os.O_WRONLY | os.O_NONBLOCK)  # the agent holds it open
             try:
                 os.write(bell, b"\n")
@@ -405,6 +417,13 @@ class Bench:
 
     def _pid(self, k: Kill) -> int:
         pod = client.CoreV1Api(self.api).read_namespaced_pod(k.pod, NS, _request_timeout=10)
+        if self.gvisor:  # the sandbox's Sentry: the host can kill only the whole sandbox
+            for proc in Path("/proc").glob("[0-9]*"):
+                with contextlib.suppress(OSError):
+                    if (b"runsc-sandbox" in (proc / "cmdline").read_bytes()[:64]
+                            and f"pod{pod.metadata.uid}" in (proc / "cgroup").read_text()):  # fmt: skip
+                        return int(proc.name)
+            raise RuntimeError(f"no gVisor sandbox for {k.pod}")
         cid = pod.status.container_statuses[0].container_id.split("://", 1)[1]
         for line in self.node.ctr("tasks", "ls").stdout.splitlines()[1:]:
             task, pid, *_ = line.split()
@@ -512,7 +531,8 @@ class Bench:
                          "ms": {sp: round((t - k.at) * 1e3, 1) for sp, t in got.items()}})  # fmt: skip
             verdict = self.seen.verdicts.get(k.uid) or {}
             observed[verdict.get("observedBy", "kubelet")] += 1
-            if (verdict.get("cause"), verdict.get("exitCode")) != EXPECTED[k.how]:
+            expected = (EXPECTED_GVISOR if self.gvisor else EXPECTED)[k.how]
+            if (verdict.get("cause"), verdict.get("exitCode")) != expected:
                 wrong.append(f"{k.pod} ({k.how}): {verdict.get('cause')} {verdict.get('exitCode')}")
         return {
             "runtime": self.runtime + (" + EventedPLEG" if self.evented_pleg else ""),
@@ -637,7 +657,8 @@ def markdown(results: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench.node_latency", description=__doc__.split("\n\n")[0])
     p.add_argument("--kills", type=int, default=60)
-    p.add_argument("--runtime", choices=("containerd", "containerd2"), default="containerd")
+    p.add_argument("--runtime", choices=("containerd", "containerd2", "gvisor"),
+                   default="containerd")  # fmt: skip
     p.add_argument("--evented-pleg", action="store_true")
     p.add_argument(
         "--runtime-stream",
@@ -663,6 +684,10 @@ def main(argv: list[str] | None = None) -> int:
         draw(results, Path(args.chart[-1]))
         print(markdown(results))
         return 0
+    if args.installed and args.runtime == "gvisor":
+        print("node_latency: --runtime gvisor runs deathwatch as host processes (no --installed)",
+              file=sys.stderr)  # fmt: skip
+        return 2
     if args.evented_pleg and args.runtime != "containerd2":
         print("node_latency: --evented-pleg needs --runtime containerd2 (CRI events)",
               file=sys.stderr)  # fmt: skip
