@@ -178,6 +178,29 @@ def test_exec_probe_flaps_under_gvisor_keep_their_meaning(nenv: Env, heard: Exit
     assert pod.status.container_statuses[0].state.running is not None  # it runs on, unready
 
 
+def test_under_container_state_a_gvisor_probe_flap_is_no_death_and_an_exit_is(
+    nenv: Env, heard: Exits
+) -> None:
+    """The other policy an exec-probed sandbox runs under: `container-state` judges by the
+    containers alone, so a probe failing for longer than exec-probe's window (6 s) leaves it
+    Alive, and only the container's own exit is its death."""
+    e = nenv
+    e.start_controller(extra=NODE_EXITS)
+    e.deathwatch(policy="container-state")
+    name = agent_pod(e, "steady", probe=EXEC_PROBE, runtime_class=GVISOR)
+    e.wait_state(name, "Alive", timeout=60)
+    (ctl(e, name) / "unready").write_text("")
+    wait_for(lambda: not pod_ready(e, name), timeout=15, what="the kubelet's probe failing")
+    deadline = time.monotonic() + 8  # past exec-probe's window: a while, not once
+    while time.monotonic() < deadline:
+        assert (e.sv(name) or {})["status"]["state"] == "Alive"
+        time.sleep(0.5)
+    (ctl(e, name) / "exit").write_text("4")
+    dead = e.wait_state(name, "Dead", timeout=30)["status"]
+    assert (dead["cause"], dead["exitCode"], dead["policy"]) == (
+        "ContainerExited", 4, "container-state")  # fmt: skip
+
+
 def _connect(host: str, port: int) -> str:
     return connect_once(host, port, 2.0)[0]
 
