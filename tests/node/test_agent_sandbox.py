@@ -4,7 +4,12 @@ Sandboxes' pods. deathwatch judges them with no label of the user's (`spec.sandb
 agent-sandbox`); each verdict names its Sandbox, claim, template and warm pool; a suspended,
 expired or deleted Sandbox is Gone with that cause; a death under a live Sandbox is Dead with
 its evidence. Next to each verdict, what agent-sandbox's own Sandbox status said (printed at
-the end, for the README's table)."""
+the end, for the README's table).
+
+Every Sandbox runs under gVisor (`runtimeClassName: gvisor`, on containerd 2.x: node.py), as
+agent-sandbox's examples and GKE Sandbox run them; runc is every other node module's runtime
+(pairwise: agent-sandbox x gVisor here, runc x the rest). Under gVisor an OOM kill takes the
+whole sandbox, whose container exits 128 (ADR 0033)."""
 
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ from kubernetes import client
 
 from deathwatch._engine.timeutil import format_time
 from hack.localcluster import agentpods, agentsandbox, controlplane
-from hack.localcluster.node import NODE_NAME, Node, node_available
+from hack.localcluster.node import GVISOR_RUNTIME_CLASS, NODE_NAME, Node, gvisor_available
 from tests.controller_env import Env
 from tests.kube import wait_for
 
@@ -33,10 +38,10 @@ SIDE_BY_SIDE: dict[str, dict[str, Any]] = {}  # case -> agent-sandbox's status a
 
 @pytest.fixture(scope="module")
 def node(control_plane: controlplane.ControlPlane) -> Iterator[Node]:
-    reason = node_available() or agentsandbox.missing()
+    reason = gvisor_available() or agentsandbox.missing()
     if reason:
         pytest.skip(reason)
-    n = Node(control_plane).up()
+    n = Node(control_plane, runtime="containerd2", gvisor=True).up()
     try:
         yield n
     finally:
@@ -74,7 +79,8 @@ def pod_spec(e: Env, ctl_name: str, memory: str = "32Mi", per_pod: bool = False)
     """The test agent's pod spec (agentpods.py), pinned to the node. `per_pod`: one control
     directory per pod under the shared one (a template's pods all have the same spec)."""
     ctl = e.node.ctl(f"{e.ns}-{ctl_name}")  # type: ignore[attr-defined]
-    spec: dict[str, Any] = agentpods.agent_pod(ctl_name, ctl, node=NODE_NAME, memory=memory)["spec"]
+    spec: dict[str, Any] = agentpods.agent_pod(ctl_name, ctl, node=NODE_NAME, memory=memory,
+                                               runtime_class=GVISOR_RUNTIME_CLASS)["spec"]  # fmt: skip
     if per_pod:
         container = spec["containers"][0]
         container["env"] = [
@@ -171,7 +177,9 @@ def test_a_death_under_a_live_sandbox_is_dead_with_its_evidence(aenv: Env) -> No
     assert (dead["status"]["cause"], dead["status"]["exitCode"]) == ("ContainerExited", 3)
     record("container exits 3", e, "killed", dead)
     oom = e.wait_state(pods["hungry"], "Dead", timeout=30)
-    assert (oom["status"]["cause"], oom["status"]["reason"]) == ("OOMKilled", "OOMKilled")
+    # gVisor: the host's OOM killer takes the sandbox, its container's status unread (128)
+    assert (oom["status"]["cause"], oom["status"]["reason"], oom["status"]["exitCode"]) == (
+        "OOMKilled", "OOMKilled", 128)  # fmt: skip
     record("OOM-killed", e, "hungry", oom)
     assert e.sv("loose") is None
     # the verdicts of one Sandbox, by label
