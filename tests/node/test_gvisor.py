@@ -154,17 +154,25 @@ def test_with_no_observer_the_kubelets_report_judges_each_gvisor_death(nenv: Env
         assert dead.get("observedBy", "kubelet") == "kubelet", dead
 
 
-def test_exec_probe_flaps_under_gvisor_keep_their_meaning(nenv: Env, heard: Exits) -> None:
+def test_exec_probe_flaps_under_gvisor_keep_each_policys_meaning(nenv: Env, heard: Exits) -> None:
     """runsc runs each exec probe in the sandbox (slower than runc's), and its exits are
-    execs', never the container's: a flap is Suspect then Alive, a hang Dead Unresponsive,
-    and no exit of a probe reads as the sandbox's."""
+    execs', never the container's. Under exec-probe a flap is Suspect then Alive, a hang Dead
+    Unresponsive; under container-state (a DeathWatch of its own, the same probes, at the
+    same time) a probe failing past exec-probe's window leaves the sandbox Alive, and only its
+    own exit is its death."""
     e = nenv
     e.start_controller(extra=NODE_EXITS)
-    e.deathwatch(execProbe={"windowMultiplier": 3})
+    e.deathwatch(execProbe={"windowMultiplier": 3})  # W = 3 x (1 x 1 s + 1 s) = 6 s
+    e.deathwatch("steady", podSelector={"matchLabels": {"app": "steady"}},
+                 policy="container-state")  # fmt: skip
     name = agent_pod(e, "probed", probe=EXEC_PROBE, runtime_class=GVISOR)
+    steady = agent_pod(e, "steady", probe=EXEC_PROBE, runtime_class=GVISOR,
+                       labels={"app": "steady"})  # fmt: skip
     e.wait_state(name, "Alive", timeout=60)
+    e.wait_state(steady, "Alive", timeout=60)
     started = time.monotonic()
-    (ctl(e, name) / "unready").write_text("")
+    for pod in (name, steady):
+        (ctl(e, pod) / "unready").write_text("")
     suspect = e.wait_state(name, "Suspect", timeout=15)["status"]
     RESULTS["exec_probe_fail_to_suspect_s"] = round(time.monotonic() - started, 2)
     assert suspect["cause"] == "NotReady"
@@ -176,29 +184,18 @@ def test_exec_probe_flaps_under_gvisor_keep_their_meaning(nenv: Env, heard: Exit
     assert dead.get("observedBy", "kubelet") == "kubelet"  # no exit: the probes said it
     pod = e.core.read_namespaced_pod(name, e.ns, _request_timeout=10)
     assert pod.status.container_statuses[0].state.running is not None  # it runs on, unready
-
-
-def test_under_container_state_a_gvisor_probe_flap_is_no_death_and_an_exit_is(
-    nenv: Env, heard: Exits
-) -> None:
-    """The other policy an exec-probed sandbox runs under: `container-state` judges by the
-    containers alone, so a probe failing for longer than exec-probe's window (6 s) leaves it
-    Alive, and only the container's own exit is its death."""
-    e = nenv
-    e.start_controller(extra=NODE_EXITS)
-    e.deathwatch(policy="container-state")
-    name = agent_pod(e, "steady", probe=EXEC_PROBE, runtime_class=GVISOR)
-    e.wait_state(name, "Alive", timeout=60)
-    (ctl(e, name) / "unready").write_text("")
-    wait_for(lambda: not pod_ready(e, name), timeout=15, what="the kubelet's probe failing")
-    deadline = time.monotonic() + 8  # past exec-probe's window: a while, not once
+    # container-state's sandbox has failed its probe as long, past exec-probe's window: Alive,
+    # and for a while more, not once
+    assert not pod_ready(e, steady)
+    assert time.monotonic() - started > 6
+    deadline = time.monotonic() + 2
     while time.monotonic() < deadline:
-        assert (e.sv(name) or {})["status"]["state"] == "Alive"
+        sv = (e.sv(steady) or {})["status"]
+        assert (sv["state"], sv["policy"]) == ("Alive", "container-state"), sv
         time.sleep(0.5)
-    (ctl(e, name) / "exit").write_text("4")
-    dead = e.wait_state(name, "Dead", timeout=30)["status"]
-    assert (dead["cause"], dead["exitCode"], dead["policy"]) == (
-        "ContainerExited", 4, "container-state")  # fmt: skip
+    (ctl(e, steady) / "exit").write_text("4")
+    dead = e.wait_state(steady, "Dead", timeout=30)["status"]
+    assert (dead["cause"], dead["exitCode"], dead["observedBy"]) == ("ContainerExited", 4, "node")
 
 
 def _connect(host: str, port: int) -> str:
