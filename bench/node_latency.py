@@ -73,7 +73,13 @@ from hack.localcluster.controller_process import (
     service_account_kubeconfig,
     service_account_token,
 )
-from hack.localcluster.node import GVISOR_RUNTIME_CLASS, NODE_NAME, RUNTIME_SOCKET, Node
+from hack.localcluster.node import (
+    GVISOR_RUNTIME_CLASS,
+    NODE_NAME,
+    RUNTIME_SOCKET,
+    Node,
+    gvisor_sandbox_pid,
+)
 from hack.localcluster.receiver import Receiver, sink_secret
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -418,12 +424,10 @@ class Bench:
     def _pid(self, k: Kill) -> int:
         pod = client.CoreV1Api(self.api).read_namespaced_pod(k.pod, NS, _request_timeout=10)
         if self.gvisor:  # the sandbox's Sentry: the host can kill only the whole sandbox
-            for proc in Path("/proc").glob("[0-9]*"):
-                with contextlib.suppress(OSError):
-                    if (b"runsc-sandbox" in (proc / "cmdline").read_bytes()[:64]
-                            and f"pod{pod.metadata.uid}" in (proc / "cgroup").read_text()):  # fmt: skip
-                        return int(proc.name)
-            raise RuntimeError(f"no gVisor sandbox for {k.pod}")
+            sandbox = gvisor_sandbox_pid(pod.metadata.uid)
+            if sandbox is None:
+                raise RuntimeError(f"no gVisor sandbox for {k.pod}")
+            return sandbox
         cid = pod.status.container_statuses[0].container_id.split("://", 1)[1]
         for line in self.node.ctr("tasks", "ls").stdout.splitlines()[1:]:
             task, pid, *_ = line.split()

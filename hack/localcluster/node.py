@@ -101,6 +101,20 @@ def gvisor_available() -> str | None:
     return containerd2_available()
 
 
+def gvisor_sandbox_pid(pod_uid: str) -> int | None:
+    """The host pid of a pod's gVisor sandbox (its Sentry, `runsc-sandbox`), found by the pod's
+    cgroup: every container of the pod runs inside it, so it is what the host can kill."""
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if b"runsc-sandbox" in (proc / "cmdline").read_bytes()[:64] and (
+                f"pod{pod_uid}" in (proc / "cgroup").read_text()
+            ):
+                return int(proc.name)
+        except OSError:  # gone meanwhile
+            continue
+    return None
+
+
 def node_available() -> str | None:
     """None if a node can run here, else why not (one line)."""
     if os.geteuid() != 0:

@@ -17,6 +17,7 @@ refused oom_score_adj (the harness only, never a shipped artifact)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -31,7 +32,13 @@ import pytest
 
 from hack.localcluster import controlplane
 from hack.localcluster.netns_tool import connect_once
-from hack.localcluster.node import GVISOR_RUNTIME_CLASS, POD_SUBNET, Node, gvisor_available
+from hack.localcluster.node import (
+    GVISOR_RUNTIME_CLASS,
+    POD_SUBNET,
+    Node,
+    gvisor_available,
+    gvisor_sandbox_pid,
+)
 from tests.controller_env import Env
 from tests.kube import wait_for
 from tests.node.parts import (
@@ -69,18 +76,10 @@ def node(control_plane: controlplane.ControlPlane) -> Iterator[Node]:
 
 
 def sandbox_pid(e: Env, name: str) -> int:
-    """The host pid of the pod's gVisor sandbox (its Sentry, runsc-sandbox): every container
-    of the pod runs inside it, so it is what the host can kill."""
     uid = e.core.read_namespaced_pod(name, e.ns, _request_timeout=10).metadata.uid
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            if b"runsc-sandbox" not in (proc / "cmdline").read_bytes()[:64]:
-                continue
-            if f"pod{uid}" in (proc / "cgroup").read_text():
-                return int(proc.name)
-        except OSError:
-            continue
-    raise AssertionError(f"no gVisor sandbox for {name} ({uid})")
+    pid = gvisor_sandbox_pid(uid)
+    assert pid is not None, f"no gVisor sandbox for {name} ({uid})"
+    return pid
 
 
 def runs_under_gvisor(e: Env, name: str) -> None:
@@ -202,7 +201,8 @@ def _connect(host: str, port: int) -> str:
     return connect_once(host, port, 2.0)[0]
 
 
-def _outside(tmp_path: Path) -> Iterator[str]:
+@contextlib.contextmanager
+def _outside() -> Iterator[str]:
     """A network namespace outside the pod network (another node's host, a client beyond the
     cluster), routed to the pods through this host: the inbound rule's case."""
     ns, host_end, outer_end = "dw-gv-outside", "dwgvo0", "dwgvo1"
@@ -267,9 +267,7 @@ def test_the_firewall_refuses_the_host_and_outside_sources_at_a_gvisor_sandbox(
     wait_for(lambda: pod_ready(e, target), timeout=60, what="the gVisor sandbox Ready")
     shielded(e, target, ("False", "NoAgent"))  # no agent on its node
     ip = e.core.read_namespaced_pod(target, e.ns, _request_timeout=10).status.pod_ip
-    outside = _outside(tmp_path)
-    ns = next(outside)
-    try:
+    with _outside() as ns:
         before = (_connect(ip, AGENT_PORT), _connect_from(ns, ip, AGENT_PORT))
         assert before == ("connected", "connected"), before  # the holes, before the firewall
         agent = FirewallAgent(tmp_path, POD_SUBNET, AGENT_PORT, (control_plane, exits_token))
@@ -295,5 +293,3 @@ def test_the_firewall_refuses_the_host_and_outside_sources_at_a_gvisor_sandbox(
             print(f"--- firewall agent:\n{agent.log.read_text()[-3000:]}")
         assert _connect(ip, AGENT_PORT) == "connected"
         shielded(e, target, ("False", None))  # the agent and its table gone: never True
-    finally:
-        next(outside, None)
