@@ -9,6 +9,7 @@ and an apiserver restart (its watch cache then holds nothing older to serve)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -430,3 +431,51 @@ def test_each_refusal_is_one_line_naming_what_is_missing_or_refused(
     object_404, kind_404, group_404 = asyncio.run(refusals())
     assert object_404.not_found and not object_404.missing_resource, object_404.body
     assert kind_404.missing_resource and group_404.missing_resource, (kind_404, group_404)
+
+
+def _own_connections(port: int) -> set[int]:
+    """This process's established TCP connections to `port` (their socket inodes)."""
+    mine = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                mine.add(int(target[8:-1]))
+    found = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            remote_port, state, inode = (
+                int(fields[2].rsplit(":", 1)[1], 16),
+                fields[3],
+                int(fields[9]),
+            )
+            if remote_port == port and state == "01" and inode in mine:  # 01: ESTABLISHED
+                found.add(inode)
+    return found
+
+
+def test_a_warmed_pool_serves_a_deaths_requests_on_connections_already_open(
+    cp: controlplane.ControlPlane,
+) -> None:
+    """ADR 0034: `warm(2)` leaves two connections open, and the two requests a death sends
+    at once (its verdict, its Event) go out on them: no new handshake. Warmed again, the
+    same two are used: a warm-up keeps what it opened, it does not pile connections up."""
+
+    async def run() -> tuple[set[int], set[int], set[int]]:
+        rest = Rest(load(str(cp.kubeconfig)).configuration, identity="test", purpose="warm")
+        before = _own_connections(cp.apiserver_port)
+        try:
+            await rest.warm(2)
+            warmed = _own_connections(cp.apiserver_port) - before
+            await asyncio.gather(rest.request("GET", "/version"), rest.request("GET", "/livez"))
+            used = _own_connections(cp.apiserver_port) - before
+            await rest.warm(2)
+            again = _own_connections(cp.apiserver_port) - before
+        finally:
+            await rest.close()
+        return warmed, used, again
+
+    warmed, used, again = asyncio.run(run())
+    assert len(warmed) == 2, warmed
+    assert used == warmed and again == warmed, (warmed, used, again)

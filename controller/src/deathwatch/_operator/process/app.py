@@ -101,6 +101,9 @@ class App:
         # one client per purpose: a renewal never waits behind writes, a watch never holds a
         # writer's connection, /readyz's probe never queues behind anything
         writes = rest("writes", cfg.writers + 2)
+        # the connections a death uses at once, kept warm between deaths (ADR 0034): its
+        # verdict and its Event on the writes' pool, its pod read on the node exits' own
+        self.warm_pools: list[tuple[Rest, int]] = [(writes, 2)]
         self.watched = Watched.of(cfg.scopes, cfg.shard, agent_sandbox=cfg.agent_sandbox,
                                   pod_label_selector=cfg.pod_label_selector,
                                   node_exits_namespace=cfg.node_exits_namespace)  # fmt: skip
@@ -187,9 +190,11 @@ class App:
         s.pods.extend(reflector(x, PodReceiver(passes.pods, malformed, metrics)) for x in plan.pods)
         if plan.node_exits:
             # its own client: a pod read for an exit never queues behind a listing or a write
+            exits_rest = rest("node-exits", 4)
+            self.warm_pools.append((exits_rest, 1))
             heard = node_exits.NodeExits(passes.node_exits, core.records, self.writer,
-                                         core.shards, leadership, rest("node-exits", 4),
-                                         metrics, self.supervisor, malformed)  # fmt: skip
+                                         core.shards, leadership, exits_rest, metrics,
+                                         self.supervisor, malformed)  # fmt: skip
             s.node_exits.extend(reflector(x, heard) for x in plan.node_exits)
         self.built = True
 
@@ -242,6 +247,8 @@ class App:
                 sup.start(f"deliver-{name}", functools.partial(sender.run, name))
         for i in range(cfg.writers):
             sup.start(f"writer-{i}", self.writer.work)
+        pools = self.warm_pools
+        sup.start("warm-connections", lambda: timers.warm(pools, self.metrics))
         if self.elector is not None:
             sup.start("leader-election", self.elector.run)
             sup.start("lease-watch", self.elector.watch)
