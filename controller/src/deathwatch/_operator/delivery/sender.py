@@ -95,6 +95,7 @@ class Sender:
         """One sink's loop, for ever (supervised): take what is owed, oldest first, as the
         sink's concurrency and backoff allow."""
         box = self.deliveries.sinks[name]
+        await self._session(box)  # made now, not on the first death's path
         while True:
             await self.leadership.wait()
             taken = box.take(time.monotonic(), self.sendable)
@@ -199,7 +200,8 @@ class Sender:
                         owed=len(box.owed), answered=answer is not None)  # fmt: skip
 
     async def _session(self, box: SinkOutbox) -> aiohttp.ClientSession:
-        """The sink's session, made again when its CA file changes (a rotated Secret)."""
+        """The sink's session, made at start and again when its CA file changes (a rotated
+        Secret)."""
         sink = box.sink
         ca = sink_config.ca_file(sink)
         stamp = _mtime(ca)
@@ -208,7 +210,11 @@ class Sender:
             return current[0]
         if current is not None:
             await current[0].close()
-        context = ssl.create_default_context(cafile=str(ca)) if ca else ssl.create_default_context()
+        # loading the system's CA bundle takes ~20 ms here: in a thread (OpenSSL releases
+        # the GIL), never on the event loop, where it held the first death's verdict back
+        context = await asyncio.to_thread(
+            ssl.create_default_context, cafile=str(ca) if ca else None
+        )  # fmt: skip
         session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=sink.concurrency, ssl=context,
                                            ttl_dns_cache=10, enable_cleanup_closed=True),
