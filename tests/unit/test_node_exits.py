@@ -26,6 +26,7 @@ from google.protobuf import any_pb2, timestamp_pb2
 from deathwatch._kube import exits as wire
 from deathwatch._kube.exits import Exit, MalformedExits
 from deathwatch._kube.ports import Heartbeat
+from deathwatch.firewall import exits as exits_module
 from deathwatch.firewall.cgroups import OomKills
 from deathwatch.firewall.exits import ExitsMetrics, Observer, Publisher
 from deathwatch.firewall.protos import containerd_pb2, cri_pb2
@@ -672,6 +673,37 @@ def test_the_observer_writes_a_burst_in_few_writes_and_keeps_a_failed_batch() ->
         stop.set()
         runner.join(10)
     assert stream.closed.is_set()
+
+
+def test_an_idle_observer_keeps_its_api_connection_open_and_counts_a_failed_warm_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The API server closes a connection idle for 90 s: an observer with nothing to write
+    uses it before then (ADR 0034), so the next death's write pays no handshake; a failure
+    is counted, and the observer goes on."""
+    monkeypatch.setattr(exits_module, "WARM_AFTER", 0.0)
+    api = FakeApi()
+    stop = threading.Event()
+    stream = Scripted([])
+    metrics = ExitsMetrics()
+    observer = Observer("unused.sock", publisher(api), metrics, Heartbeat(), stop,
+                        connector=lambda _s, _w: stream)  # fmt: skip
+    runner = threading.Thread(target=observer.run, daemon=True)
+    runner.start()
+    try:
+        wait_for(lambda: metrics.warmups.labels("ok")._value.get() >= 1, timeout=10,
+                 what="a warm-up while idle")  # fmt: skip
+        assert ("GET", "/version") in api.requests
+        api.down = True
+        wait_for(lambda: metrics.warmups.labels("failed")._value.get() >= 1, timeout=10,
+                 what="a failed warm-up counted")  # fmt: skip
+        api.down = False
+        before = metrics.warmups.labels("ok")._value.get()
+        wait_for(lambda: metrics.warmups.labels("ok")._value.get() > before, timeout=10,
+                 what="warm-ups again once the API answers")  # fmt: skip
+    finally:
+        stop.set()
+        runner.join(10)
 
 
 def test_the_generated_protos_are_what_the_pinned_generator_makes(tmp_path: Path) -> None:
