@@ -320,7 +320,8 @@ def test_an_exit_heard_on_the_node_is_read_by_the_leader_alone(ha: HA) -> None:
     """ADR 0028: both replicas hear an exit on its node's exits Lease. The leader reads the pod
     and writes Dead (observed by the node) at once; the standby defers its judgement, and the
     kubelet's report having made its record final meanwhile, reads nothing (settled): one pod
-    read per death, the leader's, on the death's path (the API server's audit log)."""
+    read per death, the leader's, on the death's path (the API server's audit log). A
+    deletion's kill, whose deletion the pod watch showed first (Gone), costs no read at all."""
     heard = ("--node-exits", "deathwatch-system")
     ha.replicas.start("replica-a", heard)
     ha.replicas.start("replica-b", heard)
@@ -328,13 +329,17 @@ def test_an_exit_heard_on_the_node_is_read_by_the_leader_alone(ha: HA) -> None:
     standby = next(r for r in ha.replicas.members.values() if r is not leader)
     wait_for(lambda: standby.readyz().get("details", {}).get("leader", {}).get("leader") == leader.identity,
              what="the standby sees the leader")  # fmt: skip
-    (s,) = ha.sandboxes(1, "heard")
-    pod = ha.env.core.read_namespaced_pod(s.name, ha.env.ns, _request_timeout=10)
-    running = pod.status.container_statuses[0]
+    s, deleted = ha.sandboxes(2, "heard")
+
+    def exit_of(script: SandboxScript) -> wire.Exit:
+        pod = ha.env.core.read_namespaced_pod(script.name, ha.env.ns, _request_timeout=10)
+        running = pod.status.container_statuses[0]
+        return wire.Exit(container_id=running.container_id, pod_uid=pod.metadata.uid,
+                         namespace=ha.env.ns, pod=script.name, container=running.name,
+                         exit_code=script.exit_code, exited_at=datetime.now(UTC))  # fmt: skip
+
     at = datetime.now(UTC)
-    exit = wire.Exit(container_id=running.container_id, pod_uid=pod.metadata.uid,
-                     namespace=ha.env.ns, pod=s.name, container=running.name,
-                     exit_code=s.exit_code, exited_at=at)  # fmt: skip
+    exit, deletion_kill = exit_of(s), exit_of(deleted)
     node = f"node-{ha.env.ns}"
     leases = client.CoordinationV1Api(ha.env.api)
     leases.create_namespaced_lease("deathwatch-system", {  # as the node's exits container does
@@ -351,6 +356,22 @@ def test_an_exit_heard_on_the_node_is_read_by_the_leader_alone(ha: HA) -> None:
         assert standby.process.metric("deathwatch_node_exits_total", outcome="judged") == 0
         reads = [r.identity for r in ha.audit.reads() if r.name == s.name and r.received >= at]
         assert reads == [leader.identity], reads
+        # a deletion: the pod watch shows it (Gone), then its kill's exit comes
+        ha.env.core.delete_namespaced_pod(deleted.name, ha.env.ns, _request_timeout=10)
+        ha.env.wait_state(deleted.name, "Gone")
+        lease = leases.read_namespaced_lease(wire.lease_name(node), "deathwatch-system",
+                                             _request_timeout=10)  # fmt: skip
+        lease.metadata.annotations[wire.ANNOTATION] = wire.encode([exit, deletion_kill])
+        leases.replace_namespaced_lease(wire.lease_name(node), "deathwatch-system", lease,
+                                        _request_timeout=10)  # fmt: skip
+        wait_for(lambda: leader.process.metric("deathwatch_node_exits_total",
+                                               outcome="settled") == 1,
+                 timeout=20, what="the leader: the deletion's exit settled")  # fmt: skip
+        wait_for(lambda: standby.process.metric("deathwatch_node_exits_total",
+                                                outcome="settled") == 2,
+                 timeout=20, what="the standby: the deletion's exit settled")  # fmt: skip
+        reads = [r.identity for r in ha.audit.reads() if r.name == deleted.name]
+        assert reads == [], reads
     finally:
         leases.delete_namespaced_lease(wire.lease_name(node), "deathwatch-system",
                                        _request_timeout=10)  # fmt: skip

@@ -8,8 +8,10 @@ and the engine judges the exit beside it (Gone for a deletion, the disruption's 
 the only call an exit costs here; the verdict's write is the one the death costs anyway.
 
 An exit of a pod no record tracks (not a sandbox, another shard's, one forgotten) is dropped
-before any read. A read that fails leaves the death to the kubelet's report, as ever: said,
-counted. Writes are the writer's (only a leader's reach the API).
+before any read, and so is one whose verdict is final already: most deletions' kills, whose
+deletion the pod watch showed first (Gone), cost no read. A read that fails leaves the death
+to the kubelet's report, as ever: said, counted. Writes are the writer's (only a leader's
+reach the API).
 
 A standby (or a shard that does not write the pod's slot now) defers its judgement by
 STANDBY_DEFER: its read would otherwise reach the API server and etcd at the same moment as
@@ -143,13 +145,15 @@ class NodeExits:
     async def _judge(self, node: str, exit: wire.Exit, received: float) -> None:
         if not self.writer.writes(self.shards.slot(exit.pod_uid)):
             await self.leadership.within(STANDBY_DEFER)
-            record = self.records.get(exit.pod_uid)
-            if record is None or record.memory is None:
-                self.metrics.node_exits.labels("not-watched").inc()  # forgotten meanwhile
-                return
-            if record.memory.track.state.terminal:
-                self.metrics.node_exits.labels("settled").inc()
-                return
+        record = self.records.get(exit.pod_uid)
+        if record is None or record.memory is None:
+            self.metrics.node_exits.labels("not-watched").inc()  # forgotten meanwhile
+            return
+        if record.memory.track.state.terminal:
+            # final already (a deletion the pod watch showed before the kill's exit came, a
+            # kubelet's report): no read, which could not change it
+            self.metrics.node_exits.labels("settled").inc()
+            return
         path = f"/api/v1/namespaces/{exit.namespace}/pods/{exit.pod}"
         try:
             async with asyncio.timeout(READ_DEADLINE):
