@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import random
@@ -56,7 +57,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,18 @@ EXPECTED = {"sigkill": ("ContainerExited", 137), "exit": ("ContainerExited", 3),
 EXPECTED_GVISOR = {**EXPECTED, "sigkill": ("ContainerExited", 128), "oom": ("OOMKilled", 128)}
 SPANS = ("runtime", "heard", "verdict", "sink", "kubelet", "kubelet_path_verdict", "agent_sandbox")
 LIVE = 6  # sandboxes alive at once, each waiting for its kill
+COUNTED = 10  # --count-requests: sandboxes killed, then as many deleted, each phase counted
+# --count-requests: every request deathwatch's two identities make, from the audit log
+COUNT_POLICY = f"""apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    users:
+      - system:serviceaccount:{SYSTEM}:deathwatch-controller
+      - system:serviceaccount:{SYSTEM}:deathwatch-firewall
+  - level: None
+"""
 
 
 def whsec(key: bytes) -> str:
@@ -154,8 +167,13 @@ def follow(stop: threading.Event, lister: Callable[..., Any], on: Callable[[dict
 class Bench:
     def __init__(self, work: Path, runtime: str, evented_pleg: bool,
                  replace_at_kill: bool = False, stream: str = "auto",
-                 installed: bool = False) -> None:  # fmt: skip
+                 installed: bool = False,
+                 apart: tuple[float, float] = (0.25, 1.25),
+                 count_requests: bool = False) -> None:  # fmt: skip
         self.work, self.runtime, self.evented_pleg = work, runtime, evented_pleg
+        self.apart = apart  # seconds between kills, drawn uniformly
+        self.count_requests = count_requests
+        self.requests: dict[str, Any] = {}  # --count-requests: per death, per deletion
         self.gvisor = runtime == "gvisor"  # containerd 2.x, every Sandbox under gVisor
         self.stream = stream  # the exits container's --runtime-stream
         self.replace_at_kill = replace_at_kill
@@ -176,7 +194,8 @@ class Bench:
             with self._installed():
                 yield
             return
-        cp = controlplane.ControlPlane(self.work / "cp")
+        cp = controlplane.ControlPlane(self.work / "cp", audit=self.count_requests,
+                                       audit_policy=COUNT_POLICY)  # fmt: skip
         self.cp = cp
         node: Node | None = None
         others: list[Any] = []
@@ -445,7 +464,7 @@ class Bench:
         before = self._installed_cpu() if self.installation is not None else {}
         while pending:
             k = pending.pop(0)
-            time.sleep(rng.uniform(0.25, 1.25))
+            time.sleep(rng.uniform(*self.apart))
             self.kill(k)
             self.kills.append(k)
             # the replacement is made once this death's verdict and its delivery are seen (2 s
@@ -468,6 +487,40 @@ class Bench:
             return
         for k in self.kills:
             self._standby_verdict(k)
+        if self.count_requests:
+            self.requests = {"per_death": self._counted("dead"),
+                             "per_deletion": self._counted("deleted")}  # fmt: skip
+
+    def _in_state(self, uid: str, state: str) -> bool:
+        return self.seen.state.get(uid) == state
+
+    def _counted(self, end: str) -> dict[str, Any]:
+        """COUNTED sandboxes made and Alive, then each killed (`dead`: in turn, as the run
+        kills) or deleted (`deleted`: its Sandbox, so agent-sandbox deletes its pod and the
+        kubelet kills it): the requests deathwatch made from the first kill or deletion to
+        the last verdict (Dead, Gone), per sandbox, from the API server's audit log."""
+        batch = [self.sandbox(f"{end}-{i}", KILLS[i % len(KILLS)]) for i in range(COUNTED)]
+        for k in batch:
+            self.alive(k)
+        start = datetime.now(UTC)
+        for k in batch:
+            if end == "dead":
+                self.kill(k)
+                _until(functools.partial(self._in_state, k.uid, "Dead"), 5.0, every=0.005)
+            else:
+                client.CustomObjectsApi(self.api).delete_namespaced_custom_object(
+                    *SANDBOXES[:2], NS, SANDBOXES[2], k.sandbox, _request_timeout=30)  # fmt: skip
+            time.sleep(0.5)
+        final = "Dead" if end == "dead" else "Gone"
+        _wait(lambda: all(self.seen.state.get(k.uid) == final for k in batch), 120,
+              f"every {final}")  # fmt: skip
+        time.sleep(3.0)  # a standby's deferred judgement (2 s) included
+        counts = audited(self.cp.audit_log, start, datetime.now(UTC))
+        return {
+            "sandboxes": COUNTED,
+            "total": round(sum(counts.values()) / COUNTED, 2),
+            "by_request": {key: round(n / COUNTED, 2) for key, n in sorted(counts.items())},
+        }
 
     def _judged(self, k: Kill, timeout: float) -> None:
         """Its verdict and delivery seen, or `timeout` passed (the run goes on either way:
@@ -543,6 +596,7 @@ class Bench:
             "runtime_stream": self.stream,
             "deathwatch": "installed: local-node overlay" if self.installed else "host processes",
             "kills": len(self.kills),
+            "apart_s": list(self.apart),
             "replacement": "at the kill" if self.replace_at_kill else "after the verdict",
             "by_kind": {how: sum(1 for k in self.kills if k.how == how) for how in KILLS},
             "observed_by": observed,
@@ -555,6 +609,8 @@ class Bench:
             "oom_gap_ms": self.oom_gaps(),
             "exits_container_ms": self.exits_container(),
             "controller_read_ms": self.controller_reads(),
+            "controller_write_ms": self.controller_writes(),
+            "api_requests": self.requests,
             "cpu_over_the_kills": self.cpu,
             "kills_ms": rows,
         }
@@ -583,6 +639,19 @@ class Bench:
             if '"exit heard on its node"' in line:
                 reads.append(json.loads(line)["read_seconds"] * 1e3)
         return summary(reads) | {"n": len(reads)}
+
+    def controller_writes(self) -> dict[str, Any]:
+        """The leader's share from the exits Lease's event to its Dead verdict written: the
+        whole (received), until the status was sent (queued: the read, the engine, the
+        writer's queue) and the write itself, as its log says."""
+        spans: dict[str, list[float]] = {"received": [], "queued": [], "write": []}
+        log = self.work / "leader.log"
+        for line in log.read_text().splitlines() if log.exists() else ():
+            if '"dead verdict written"' in line:
+                said = json.loads(line)
+                for span, values in spans.items():
+                    values.append(said[f"{span}_ms"])
+        return {span: summary(v) | {"n": len(v)} for span, v in spans.items()}
 
     def oom_gaps(self) -> dict[str, list[float]]:
         """containerd's task events: how far each OOM event came from its exit, by order
@@ -658,6 +727,39 @@ def markdown(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def audited(log: Path, start: datetime, end: datetime) -> dict[str, int]:
+    """deathwatch's requests the audit log holds from `start` to `end`, by who (the user
+    agent: `leader (writes)`, `exits container`), verb and resource."""
+    counts: dict[str, int] = {}
+    for line in log.read_text().splitlines():
+        entry = json.loads(line)
+        if entry.get("stage") != "ResponseComplete":
+            continue
+        at = datetime.fromisoformat(entry["requestReceivedTimestamp"].replace("Z", "+00:00"))
+        if not start <= at < end:
+            continue
+        agent = str(entry.get("userAgent") or "")
+        who = agent.split("/", 1)[1] if agent.startswith("deathwatch/") else "exits container"
+        ref = entry.get("objectRef") or {}
+        what = ref.get("resource", entry.get("requestURI", "?").split("?")[0])
+        if ref.get("subresource"):
+            what += "/" + ref["subresource"]
+        key = f"{who} {entry['verb']} {what}"
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def _seconds_range(text: str) -> tuple[float, float]:
+    lo, _, hi = text.partition(":")
+    try:
+        low, high = float(lo), float(hi or lo)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: want LO:HI seconds, e.g. 20:21") from None
+    if not 0 <= low <= high:
+        raise argparse.ArgumentTypeError(f"{text!r}: want 0 <= LO <= HI")
+    return low, high
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench.node_latency", description=__doc__.split("\n\n")[0])
     p.add_argument("--kills", type=int, default=60)
@@ -676,6 +778,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--installed", action="store_true",
                    help="deathwatch as installed from manifests/overlays/local-node (pods under "
                         "their CPU limits) on a whole cluster, not host processes")  # fmt: skip
+    p.add_argument("--apart", type=_seconds_range, default=(0.25, 1.25), metavar="LO:HI",
+                   help="seconds between kills, drawn uniformly (default 0.25:1.25); past "
+                        "15 s, each death finds the clients' connections idle")  # fmt: skip
+    p.add_argument("--count-requests", action="store_true",
+                   help="after the run, count deathwatch's API requests per death and per "
+                        "deletion (the API server's audit log; host processes only)")  # fmt: skip
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--chart", nargs="+", metavar="FILE", default=None,
                    help="RESULT.json ... OUT.png: draw runs side by side")  # fmt: skip
@@ -688,6 +796,10 @@ def main(argv: list[str] | None = None) -> int:
         draw(results, Path(args.chart[-1]))
         print(markdown(results))
         return 0
+    if args.installed and args.count_requests:
+        print("node_latency: --count-requests counts host processes' requests (no --installed)",
+              file=sys.stderr)  # fmt: skip
+        return 2
     if args.installed and args.runtime == "gvisor":
         print("node_latency: --runtime gvisor runs deathwatch as host processes (no --installed)",
               file=sys.stderr)  # fmt: skip
@@ -701,7 +813,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix="bench-node-"))
     bench = Bench(work, args.runtime, args.evented_pleg, args.replace_at_kill, args.runtime_stream,
-                  args.installed)  # fmt: skip
+                  args.installed, args.apart, args.count_requests)  # fmt: skip
     with bench.cluster():
         bench.run(args.kills)
         result = bench.result()

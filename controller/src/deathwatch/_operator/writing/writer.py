@@ -595,6 +595,7 @@ class Writer:
                 held = self.held[key] = Held(EMPTY, version, created)
             if held.gist != d.gist:
                 self._check(d.slot)
+                sent = time.monotonic()
                 try:
                     version = await self._call(
                         f"replace_{noun}_status", self.api.replace_status, d.plural,
@@ -606,7 +607,7 @@ class Writer:
                     raise
                 was_dead = held.dead
                 held = self.held[key] = Held(d.gist, version, held.labels, says_dead(d.status))
-                self._written(d, was_dead)
+                self._written(d, was_dead, sent)
             if d.labels is not None and held.labels != d.label_gist:
                 self._check(d.slot)
                 try:
@@ -635,15 +636,20 @@ class Writer:
             return True
         return False
 
-    def _written(self, d: Desired, was_dead: bool) -> None:
+    def _written(self, d: Desired, was_dead: bool, sent: float) -> None:
         """A status written: a verdict's latency observed the once the API first holds it
         Dead (not again when a Dead verdict is written again: its pod's deletion time, a
-        takeover's rewrite)."""
+        takeover's rewrite), and said with its share of the path (the benches read it)."""
         if not was_dead and d.ready_drop_at is not None and says_dead(d.status):
             latency = (self.clock() - d.ready_drop_at).total_seconds()
             self.metrics.verdict_latency.observe(max(0.0, latency))
             if d.received is not None:
-                self.metrics.processing_latency.observe(time.monotonic() - d.received)
+                now = time.monotonic()
+                self.metrics.processing_latency.observe(now - d.received)
+                log.info("dead verdict written", namespace=d.namespace, name=d.name,
+                         received_ms=round((now - d.received) * 1e3, 1),
+                         queued_ms=round((sent - d.received) * 1e3, 1),
+                         write_ms=round((now - sent) * 1e3, 1))  # fmt: skip
 
     async def _delete(self, d: Desired, uid: str) -> None:
         """Delete the verdict while it still is `uid`'s (a newer pod of the same name keeps
