@@ -16,10 +16,10 @@ never against the connect timeout, which is the TCP and TLS handshake's alone.
 A pool's connections are kept between deaths (ADR 0034): aiohttp closes a connection idle
 for 15 s by default, so in a quiet cluster every death's pod read, verdict write and Event
 each paid a TCP and TLS handshake (measured: exit -> verdict p50 22 ms with deaths 0.25-1.25 s
-apart, 37 ms 20 s apart). Idle connections are kept KEEPALIVE seconds, and every WARM_EVERY
-seconds `warm` sends as many requests at once as a death needs connections at once, as
-client-go's HTTP/2 pings keep its one connection: the next death finds them open (a busy pool
-reuses its most recent connection only, and lets the others close).
+apart, 37 ms 20 s apart). Idle connections are kept `keepalive.KEEP` seconds, and every
+WARM_EVERY seconds `warm` sends as many requests at once as a death needs connections at
+once, as client-go's HTTP/2 pings keep its one connection: the next death finds them open (a
+busy pool reuses its most recent connection only, and lets the others close).
 
 Credentials come from the `kubernetes` client's configuration loader (kubeconfig or
 in-cluster): the CA, a client certificate, or a bearer token read through the loader's own
@@ -45,14 +45,11 @@ import msgspec
 from kubernetes import client
 
 from deathwatch._kube.errors import ApiError, NoAnswer
+from deathwatch._kube.keepalive import KEEP, WARM_PATH
 
 API_TIMEOUT = 30.0  # seconds: the cap of every call (field note: a hung call hides for ever)
 CONNECT_TIMEOUT = 10.0
-# seconds an idle pooled connection is kept (aiohttp's default is 15); under the 90 s past
-# which a load balancer or the API server may close it, so a closed one is never reused
-KEEPALIVE = 75.0
 WARM_EVERY = 30.0  # seconds between a pool's warm-ups (`warm`)
-WARM_PATH = "/version"  # readable by every identity (system:public-info-viewer), no storage
 TOKEN_TTL = 30.0  # seconds a bearer token is used before the loader is asked again
 MAX_LINE = 64 * 1024 * 1024  # a watch event larger than this is a broken stream, not an object
 _encode = msgspec.json.Encoder().encode
@@ -111,7 +108,7 @@ class Rest:
 
     def _new_session(self, limit: int) -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(limit=limit, ssl=self._ssl(), enable_cleanup_closed=True,
-                                         keepalive_timeout=KEEPALIVE)  # fmt: skip
+                                         keepalive_timeout=KEEP)  # fmt: skip
         return aiohttp.ClientSession(connector=connector, headers={"User-Agent": self.user_agent})
 
     def _headers(self, content_type: str | None) -> dict[str, str]:

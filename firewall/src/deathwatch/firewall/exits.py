@@ -23,7 +23,7 @@ from typing import Any, Final
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from deathwatch._kube import backoff
+from deathwatch._kube import backoff, keepalive
 from deathwatch._kube.errors import ApiError, KubeError, describe
 from deathwatch._kube.exits import (
     ANNOTATION,
@@ -44,10 +44,9 @@ from deathwatch.firewall.runtime import ContainerdStream, RuntimeUnreadable, Str
 
 log = structlog.get_logger("deathwatch.firewall.exits")
 LABELS: Final = {"app.kubernetes.io/name": "deathwatch", "app.kubernetes.io/component": COMPONENT}
-# an idle connection is used again before the API server closes it (at 90 s idle), so the
-# next death's write pays no handshake (ADR 0034); the cheapest request there is
-WARM_AFTER: Final = 75.0
-WARM_PATH: Final = "/version"
+# an idle connection is used again before the API server closes it, so the next death's
+# write pays no handshake (ADR 0034)
+WARM_AFTER: Final = keepalive.KEEP
 WRITE_BUCKETS: Final = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 OOM_GAP_BUCKETS: Final = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 
@@ -203,7 +202,7 @@ class Publisher:
         """One cheap request on this thread's connection, so it stays open; any answer will
         do, a refusal too (it came on the connection). Raises NoAnswer."""
         try:
-            self.api.call("GET", WARM_PATH)
+            self.api.call("GET", keepalive.WARM_PATH)
         except ApiError:
             return
 
