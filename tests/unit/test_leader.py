@@ -472,3 +472,48 @@ async def test_a_write_of_another_term_seen_while_leading_is_counted_and_taken_a
         "state": "Dead", "podUID": "uid-a", "declaredAt": "2026-11-29T10:00:05Z",
     }  # fmt: skip
     assert [op for op, _ in api.calls] == ["replace_status"]
+
+
+async def test_a_release_that_meets_its_own_late_renewal_reads_again_and_releases() -> None:
+    """A renewal of the leader's own that lands between the release's read and its write
+    makes the write a 409: the release reads again and clears the holder (once it gave up on
+    the first 409, and the Lease stayed held by a process that was gone)."""
+    lease, clock = fake_lease(), Clock()
+    a = elector(lease, "a", clock)
+    assert await a._try()
+    a.is_leader, a._renewed_at = True, clock()
+    reads = 0
+
+    async def get_then_renewed() -> dict[str, Any] | None:
+        nonlocal reads
+        reads += 1
+        current = await lease.get()
+        if reads == 1:  # the held renewal lands right after this read
+            lease.bump()
+        return current
+
+    a.api = type("Late", (), {"get": staticmethod(get_then_renewed), "replace": lease.replace,
+                              "create": lease.create})()  # fmt: skip
+    await a.release()
+    assert reads == 2
+    assert lease.holder is None
+
+
+async def test_after_the_election_task_is_cancelled_no_renewal_follows_the_release() -> None:
+    """Shutdown's order (app.stop): the supervised election loop is cancelled and awaited,
+    then the Lease released; time passing after that takes nothing back."""
+    from deathwatch._operator.instruments.supervisor import Supervisor
+
+    lease, clock = fake_lease(), Clock()
+    a = elector(lease, "a", clock)
+    a.timings = LeaseTimings(lease_duration=1.5, renew_deadline=1.0, retry_period=0.01)
+    supervisor = Supervisor(a.metrics)
+    supervisor.start("leader-election", a.run)
+    await _until(lambda: a.is_leader)
+    await supervisor.cancel("leader-election")
+    await a.release()
+    assert lease.holder is None
+    await asyncio.sleep(0.1)  # ten retry periods: nothing renews any more
+    assert lease.holder is None
+    assert "leader-election" not in supervisor._running
+    await supervisor.stop()

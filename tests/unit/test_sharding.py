@@ -4,6 +4,9 @@ writes it back."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -173,8 +176,6 @@ def assign_all(i: int, n: int) -> frozenset[int]:
 
 # --- a shard's controller: its slots only, verdicts labelled, its part of the status ---------
 
-import asyncio  # noqa: E402
-
 from deathwatch._api.objects import EventType  # noqa: E402
 from deathwatch._api.resources import DW_PLURAL, SV_PLURAL  # noqa: E402
 from deathwatch._engine.podview import read_pod  # noqa: E402
@@ -293,3 +294,50 @@ async def test_a_shards_counts_are_written_at_most_every_part_every_and_its_lead
         clock.now = at(2 + 6)
         assert await publish("pod-1b") == 3  # another leader: said at once
         assert await publish("pod-1b") == 3  # and nothing new: nothing written
+
+
+async def test_a_standby_times_the_other_leases_so_on_taking_over_it_waits_only_what_is_left() -> (
+    None
+):
+    """A Lease first seen counts as just renewed. A standby reads the shards' Leases too, so a
+    dead holder's Lease (here: a one-shard release's, left behind) has been timed by the time
+    it leads, and is not waited out again from zero (seen: 15 s more per leader change)."""
+    from deathwatch._operator.instruments.metrics import Metrics
+    from deathwatch._operator.leadership.group import Leadership
+    from deathwatch._operator.shards.slot_leases import Ownership
+
+    t = [100.0]
+    left = {**lease("dw", Spec(0, 1, 0), ALL, holder="gone"),
+            "spec": {"holderIdentity": "gone", "leaseDurationSeconds": 15}}  # fmt: skip
+    left["metadata"] = {**left["metadata"], "resourceVersion": "7"}  # type: ignore[dict-item]
+
+    def replica() -> tuple[Ownership, Leadership]:
+        metrics = Metrics()
+        leadership = Leadership(metrics, "me", elected=True)
+        mine = Ownership(Spec(0, 2, 5), "dw-shard-0", "ns", metrics, 2.0, leadership,
+                         clock=lambda: t[0])  # fmt: skip
+        leadership.follow(mine)
+        return mine, leadership
+
+    class Rest:
+        reads = 0
+
+        async def request(self, method: str, path: str, **_: object) -> bytes:
+            Rest.reads += 1
+            return json.dumps({"items": [left]}).encode()
+
+    warm, warm_lead = replica()
+    warm.retry_period = 0.001
+    loop = asyncio.create_task(warm.run(Rest()))  # type: ignore[arg-type]
+    async with asyncio.timeout(5):
+        while Rest.reads < 2:  # noqa: ASYNC110 - standing by, its loop reads them all the same
+            await asyncio.sleep(0.001)
+    loop.cancel()
+    assert warm.owned == frozenset()  # timed, nothing gained
+    t[0] += 15.0
+    cold, cold_lead = replica()
+    warm_lead.lead(1, "test")
+    cold_lead.lead(1, "test")
+    warm_step, cold_step = warm.step([left]), cold.step([left])
+    assert warm_step is not None and warm_step.gain == Spec(0, 2, 5).slots
+    assert cold_step is not None and cold_step.gain == frozenset()  # first seen: 15 s more

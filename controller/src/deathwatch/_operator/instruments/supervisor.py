@@ -118,6 +118,22 @@ class Supervisor:
             if state.crashes_in_a_row >= self.failing_after
         }
 
+    async def cancel(self, *names: str) -> None:
+        """Stop these tasks for good (not restarted), and wait until each has ended: shutdown
+        ends the leader election before the Lease is released, so no renewal of its own can
+        land after the release."""
+        for name in names:
+            task = self._running.pop(name, None)
+            if task is None:
+                continue
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            except Exception:
+                log.exception("task failed while stopping", task=name)
+
     async def stop(self) -> None:
         """Cancel every task and wait for each; an error on the way out is logged, not lost."""
         spawned = [t for held in self._spawned.values() for t in held]

@@ -273,25 +273,35 @@ class Elector:
         return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta,
                 "spec": spec}  # fmt: skip
 
-    async def release(self) -> None:
-        """Give the lease up (shutdown): holder cleared, duration 1 s, so a standby takes over
-        on its next try. Only while still ours; errors are logged, never raised."""
+    async def release(self, tries: int = 3) -> None:
+        """Give the lease up (shutdown, once the election loop has ended): holder cleared,
+        duration 1 s, so a standby takes over on its next try. Only while still ours; a
+        conflict (a renewal of ours that landed late) is read again and retried; other errors
+        are logged, never raised."""
         if not self.is_leader:
             return
         self._set(False, "releasing the lease")
-        try:
-            lease = await asyncio.wait_for(self.api.get(), self.timings.renew_deadline / 2)
-            if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+        bound = self.timings.renew_deadline / 2
+        for attempt in range(1, tries + 1):
+            try:
+                lease = await asyncio.wait_for(self.api.get(), bound)
+                holder = None if lease is None else (lease.get("spec") or {}).get("holderIdentity")
+                if lease is None or holder != self.identity:
+                    return
+                spec = dict(lease["spec"])
+                spec.update(holderIdentity=None, leaseDurationSeconds=1,
+                            renewTime=format_time(self.wall()))  # fmt: skip
+                await asyncio.wait_for(self.api.replace(self._body(lease, spec)), bound)
+            except Exception as exc:
+                if isinstance(exc, ApiError) and exc.conflict and attempt < tries:
+                    continue  # written meanwhile: read it again
+                self.metrics.api_errors.labels("lease_release", label(exc)).inc()
+                log.warning("lease not released; a standby takes over when it expires",
+                            error=describe(exc)[:200], attempt=attempt)  # fmt: skip
                 return
-            spec = dict(lease["spec"])
-            spec.update(holderIdentity=None, leaseDurationSeconds=1,
-                        renewTime=format_time(self.wall()))  # fmt: skip
-            await asyncio.wait_for(
-                self.api.replace(self._body(lease, spec)), self.timings.renew_deadline / 2
-            )
-        except Exception as exc:
-            log.warning("lease not released; a standby takes over when it expires",
-                        error=describe(exc)[:200])  # fmt: skip
+            else:
+                log.info("lease released", lease=f"{self.namespace}/{self.name}")
+                return
 
     def status(self) -> dict[str, Any]:
         return {

@@ -305,6 +305,9 @@ class App:
                 await asyncio.wait_for(self.writer.idle(), 10)
             self.leadership.standby("shutting down: stopped writing")
         if self.elector is not None:
+            # the election ends first: a renewal sent after the release would take the Lease
+            # back (seen: a release's PUT refused 409, the loop's renewal 21 ms later taken)
+            await self.supervisor.cancel("leader-election", "lease-watch", "shard-slots")
             await self.elector.release()
         await self.supervisor.stop()
         if self.gc_pauses is not None:

@@ -98,18 +98,20 @@ class Ownership:
     # --- the loop (sharded only) ----------------------------------------------------------
 
     async def run(self, rest: Rest) -> None:
-        """Every retry period, while leading: read the shards' Leases, gain and give up."""
+        """Every retry period: read the shards' Leases; while leading, gain and give up. A
+        standby reads them too, so that it has timed every other Lease's renewals when it takes
+        over: a Lease first seen counts as just renewed, and a new leader that first read them
+        then would wait a whole lease duration for a slot a dead holder still names."""
         path = f"{LEASES}/namespaces/{self.namespace}/leases"
         while True:
-            if self.leading:
-                try:
-                    ours = {"labelSelector": f"{LEASE_LABEL}=true"}
-                    data = await rest.request("GET", path, params=ours)
-                except Exception as exc:  # the API's: nothing gained or given up meanwhile
-                    self.metrics.api_errors.labels("shard_leases", label(exc)).inc()
-                    log.warning("shard Leases not read", error=describe(exc)[:200])
-                else:
-                    self.step(msgspec.json.decode(data).get("items") or [])
+            try:
+                ours = {"labelSelector": f"{LEASE_LABEL}=true"}
+                data = await rest.request("GET", path, params=ours)
+            except Exception as exc:  # the API's: nothing gained or given up meanwhile
+                self.metrics.api_errors.labels("shard_leases", label(exc)).inc()
+                log.warning("shard Leases not read", error=describe(exc)[:200])
+            else:
+                self.step(msgspec.json.decode(data).get("items") or [])
             await asyncio.sleep(self.retry_period)
 
     def step(self, leases: Iterable[dict[str, Any]]) -> Handover | None:
