@@ -358,7 +358,8 @@ class Discovery:
                         "targets": [f"{address.ip}:{notes['prometheus.io/port']}"],
                         "labels": {"__metrics_path__": notes.get("prometheus.io/path", "/metrics"),
                                    "__scheme__": notes.get("prometheus.io/scheme", "http"),
-                                   "__meta_service": svc.metadata.name, "__meta_pod": pod},
+                                   "__meta_service": svc.metadata.name, "__meta_pod": pod,
+                                   "__meta_namespace": namespace},
                     })  # fmt: skip
         return groups
 
@@ -445,7 +446,8 @@ def prometheus_config(c: cluster.Cluster, tmp: Path, discovery: str) -> Path:
     """A plain Prometheus scraping what the annotations name (see `Discovery`), every 2 s,
     with deathwatch's rules."""
     rules = subprocess.run(
-        [str(helm_bin()), "template", "deathwatch", str(CHART), "--set", "prometheusRule.enabled=true",
+        [str(helm_bin()), "template", "deathwatch", str(CHART), "-n", SYSTEM,
+         "--set", "prometheusRule.enabled=true",
          *[a for s in LANE_RULES for a in ("--set", s)], "--show-only",
          "templates/monitoring/prometheusrule.yaml"],
         capture_output=True, text=True, check=True, timeout=60,
@@ -465,6 +467,8 @@ def prometheus_config(c: cluster.Cluster, tmp: Path, discovery: str) -> Path:
             "relabel_configs": [
                 {"source_labels": ["__meta_service"], "target_label": "job"},
                 {"source_labels": ["__meta_pod"], "target_label": "pod"},
+                # the rules pick their release by job and namespace (prometheusRule.selectors)
+                {"source_labels": ["__meta_namespace"], "target_label": "namespace"},
             ],
         }],
     }))  # fmt: skip

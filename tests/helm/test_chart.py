@@ -423,7 +423,10 @@ def test_name_overrides_rename_every_object_and_every_reference_to_one() -> None
     assert all(n.startswith("platform-dw-controller-shard-") for n in names[1:])
     rules = rendered[("PrometheusRule", NAMESPACE, "platform-dw")]["spec"]["groups"]
     exprs = " ".join(r["expr"] for g in rules for r in g["rules"])
-    assert ".*platform-dw-controller.*" in exprs and ".*platform-dw-firewall.*" in exprs
+    assert (
+        'job="platform-dw-controller-metrics"' in exprs
+        and 'job="platform-dw-firewall-metrics"' in exprs
+    )
     with pytest.raises(SystemExit, match="fullnameOverride"):
         template("fullnameOverride=" + "x" * 41)
 

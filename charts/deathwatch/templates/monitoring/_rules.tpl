@@ -1,21 +1,40 @@
 {{/*
 deathwatch's alerting rules, as Prometheus rule groups: the PrometheusRule (prometheusrule.yaml)
 and the plain file monitoring/deathwatch.rules.yaml (hack/render_manifests.py) both come from
-here. Each alert's runbook is a section of docs/runbook.md. Both controller replicas judge
-every sandbox, so counters they both keep are taken once (max over replicas), never summed.
+here. Each alert's runbook is a section of docs/runbook.md.
+
+Every expression is this release's alone, whatever else the Prometheus scrapes: its series are
+picked by exact matchers (the job, i.e. the metrics Service's name, and the namespace: what
+the chart's ServiceMonitor and PodMonitor give; prometheusRule.selectors for a scrape of your
+own), and its alerts carry `namespace` and `job` to say whose they are. Leadership and counting
+are per shard (controller.shards, ADR 0025): each shard's Lease has one leader, and both
+replicas of a shard judge its sandboxes, so a counter they both keep is taken once per shard
+(max over the shard's replicas) and summed over the shards. A replica's shard is the `shard`
+label of its deathwatch_shard_owned_slots ("0" for the only one): `$shard` joins it on.
 */}}
 {{- define "deathwatch.rules" -}}
 {{- $r := .Values.prometheusRule -}}
 {{- $for := $r.for -}}
 {{- $runbook := $r.runbookUrl | default (printf "https://github.com/deathwatch-dev/deathwatch/blob/v%s/docs/runbook.md" .Chart.AppVersion) -}}
 {{- $fullname := include "deathwatch.fullname" . -}}
-{{- $controllerJob := $r.controllerJob | default (printf ".*%s-controller.*" $fullname) -}}
-{{- $firewallJob := $r.firewallJob | default (printf ".*%s-firewall.*" $fullname) -}}
+{{- $namespace := include "deathwatch.namespace" . -}}
+{{- range $old := list "controllerJob" "firewallJob" }}
+{{- if hasKey $r $old }}
+{{- fail (printf "prometheusRule.%s: replaced by prometheusRule.selectors (exact matchers: a regex job also matched other releases' targets); the chart's monitors need neither" $old) }}
+{{- end }}
+{{- end }}
+{{- $C := $r.selectors.controller | default (printf "job=%q, namespace=%q" (printf "%s-controller-metrics" $fullname) $namespace) -}}
+{{- $F := $r.selectors.firewall | default (printf "job=%q, namespace=%q" (printf "%s-firewall-metrics" $fullname) $namespace) -}}
+{{- $shard := printf "on (instance) group_left (shard) group by (instance, shard) (deathwatch_shard_owned_slots{%s})" $C -}}
 groups:
   - name: deathwatch.controller
     rules:
       - alert: DeathwatchControllerDown
-        expr: absent(up{job=~{{ $controllerJob | quote }}} == 1)
+        # its targets known and all down: it says whose (namespace, job); none known at all
+        # (the Deployment gone, or not scraped): absent() says it, without them
+        expr: >-
+          max by (namespace, job) (up{ {{- $C -}} }) == 0
+          or on () absent(up{ {{- $C -}} } == 1)
         for: {{ $for.controllerDown }}
         labels: {severity: critical}
         annotations:
@@ -26,29 +45,30 @@ groups:
           runbook_url: {{ $runbook }}#deathwatchcontrollerdown
       - alert: DeathwatchNoLeader
         expr: >-
-          (sum(deathwatch_leader) or vector(0)) < 1
-          and on() count(up{job=~{{ $controllerJob | quote }}} == 1) > 0
+          sum by (namespace, job, shard) (deathwatch_leader{ {{- $C -}} } * {{ $shard }}) < 1
         for: {{ $for.noLeader }}
         labels: {severity: critical}
         annotations:
           summary: deathwatch controllers are up but none holds the Lease
           description: >-
-            The controller replicas answer, but none has written for {{ $for.noLeader }}:
-            verdicts are judged and held, not published.
+            The controller replicas of shard {{`{{ $labels.shard }}`}} answer, but none has
+            written for {{ $for.noLeader }}: verdicts are judged and held, not published.
           runbook_url: {{ $runbook }}#deathwatchnoleader
       - alert: DeathwatchSplitLeadership
-        expr: sum(deathwatch_leader) > 1
+        expr: >-
+          sum by (namespace, job, shard) (deathwatch_leader{ {{- $C -}} } * {{ $shard }}) > 1
         for: {{ $for.noLeader }}
         labels: {severity: critical}
         annotations:
           summary: More than one deathwatch replica says it leads
           description: >-
-            {{`{{ $value }}`}} replicas report deathwatch_leader 1 for {{ $for.noLeader }}.
+            {{`{{ $value }}`}} replicas of shard {{`{{ $labels.shard }}`}} report
+            deathwatch_leader 1 for {{ $for.noLeader }}.
           runbook_url: {{ $runbook }}#deathwatchsplitleadership
       - alert: DeathwatchWatchStale
         expr: >-
-          time() - max by (instance, resource)
-          (deathwatch_watch_stream_activity_timestamp_seconds{resource="pods"})
+          time() - max by (namespace, job, instance, resource)
+          (deathwatch_watch_stream_activity_timestamp_seconds{ {{- $C -}}, resource="pods"})
           > {{ $r.watchStaleSeconds }}
         for: {{ $for.watchStale }}
         labels: {severity: warning}
@@ -59,7 +79,7 @@ groups:
             bookmark, for {{`{{ $value | humanizeDuration }}`}}: verdicts may be late.
           runbook_url: {{ $runbook }}#deathwatchwatchstale
       - alert: DeathwatchWatchNotOpen
-        expr: max by (instance, resource, scope) (deathwatch_watch_not_open) == 1
+        expr: max by (namespace, job, instance, resource, scope) (deathwatch_watch_not_open{ {{- $C -}} }) == 1
         for: {{ $for.watchNotOpen }}
         labels: {severity: critical}
         annotations:
@@ -71,7 +91,7 @@ groups:
             names the watch and its last error.
           runbook_url: {{ $runbook }}#deathwatchwatchnotopen
       - alert: DeathwatchTaskCrashLooping
-        expr: increase(deathwatch_task_restarts_total[10m]) > 3
+        expr: increase(deathwatch_task_restarts_total{ {{- $C -}} }[10m]) > 3
         for: {{ $for.taskCrashLooping }}
         labels: {severity: warning}
         annotations:
@@ -82,8 +102,8 @@ groups:
           runbook_url: {{ $runbook }}#deathwatchtaskcrashlooping
       - alert: DeathwatchAPIErrors
         expr: >-
-          sum by (instance, operation, code)
-          (rate(deathwatch_api_errors_total{code!~"404|409"}[5m])) > 0.05
+          sum by (namespace, job, instance, operation, code)
+          (rate(deathwatch_api_errors_total{ {{- $C -}}, code!~"404|409"}[5m])) > 0.05
         for: {{ $for.apiErrors }}
         labels: {severity: warning}
         annotations:
@@ -93,7 +113,7 @@ groups:
             {{`{{ $labels.instance }}`}} ({{`{{ $value | printf "%.2f" }}`}}/s).
           runbook_url: {{ $runbook }}#deathwatchapierrors
       - alert: DeathwatchPolicyErrors
-        expr: max by (policy) (increase(deathwatch_policy_errors_total[1m])) > 0
+        expr: max by (namespace, job, policy) (increase(deathwatch_policy_errors_total{ {{- $C -}} }[1m])) > 0
         for: {{ $for.policyErrors }}
         labels: {severity: warning}
         annotations:
@@ -105,7 +125,7 @@ groups:
             restarted container).
           runbook_url: {{ $runbook }}#deathwatchpolicyerrors
       - alert: DeathwatchWritesRefused
-        expr: max by (resource, code) (increase(deathwatch_writes_refused_total[15m])) > 0
+        expr: max by (namespace, job, resource, code) (increase(deathwatch_writes_refused_total{ {{- $C -}} }[15m])) > 0
         for: {{ $for.writesRefused }}
         labels: {severity: warning}
         annotations:
@@ -116,7 +136,7 @@ groups:
             once with the reason.
           runbook_url: {{ $runbook }}#deathwatchwritesrefused
       - alert: DeathwatchWritesRetrying
-        expr: sum by (instance, resource) (rate(deathwatch_write_retries_total[5m])) > 0
+        expr: sum by (namespace, job, instance, resource) (rate(deathwatch_write_retries_total{ {{- $C -}} }[5m])) > 0
         for: {{ $for.writesRetrying }}
         labels: {severity: warning}
         annotations:
@@ -128,8 +148,8 @@ groups:
           runbook_url: {{ $runbook }}#deathwatchwritesretrying
       - alert: DeathwatchVerdictLatencyHigh
         expr: >-
-          histogram_quantile(0.99, sum by (le)
-          (rate(deathwatch_verdict_latency_seconds_bucket[10m]))) > {{ $r.verdictLatencySeconds }}
+          histogram_quantile(0.99, sum by (namespace, job, le)
+          (rate(deathwatch_verdict_latency_seconds_bucket{ {{- $C -}} }[10m]))) > {{ $r.verdictLatencySeconds }}
         for: {{ $for.verdictLatency }}
         labels: {severity: warning}
         annotations:
@@ -141,8 +161,9 @@ groups:
     rules:
       - alert: DeathwatchNodeDeathBurst
         expr: >-
-          max by (node) (sum by (instance, node)
-          (increase(deathwatch_sandbox_deaths_total[5m]))) > {{ $r.deathBurst.perNode }}
+          sum by (namespace, job, node) (max by (namespace, job, shard, node) (
+          sum by (namespace, job, instance, node) (increase(deathwatch_sandbox_deaths_total{ {{- $C -}} }[5m]))
+          * {{ $shard }})) > {{ $r.deathBurst.perNode }}
         for: {{ $for.deathBurst }}
         labels: {severity: critical}
         annotations:
@@ -153,8 +174,9 @@ groups:
           runbook_url: {{ $runbook }}#deathwatchnodedeathburst
       - alert: DeathwatchDeathBurst
         expr: >-
-          max(sum by (instance) (increase(deathwatch_sandbox_deaths_total[5m])))
-          > {{ $r.deathBurst.cluster }}
+          sum by (namespace, job) (max by (namespace, job, shard) (
+          sum by (namespace, job, instance) (increase(deathwatch_sandbox_deaths_total{ {{- $C -}} }[5m]))
+          * {{ $shard }})) > {{ $r.deathBurst.cluster }}
         for: {{ $for.deathBurst }}
         labels: {severity: critical}
         annotations:
@@ -164,9 +186,9 @@ groups:
           runbook_url: {{ $runbook }}#deathwatchdeathburst
       - alert: DeathwatchInfrastructureDeathBurst
         expr: >-
-          max by (cause) (sum by (instance, cause)
-          (increase(deathwatch_sandbox_deaths_total{origin="Infrastructure"}[10m])))
-          > {{ $r.deathBurst.infrastructure }}
+          sum by (namespace, job, cause) (max by (namespace, job, shard, cause) (
+          sum by (namespace, job, instance, cause) (increase(deathwatch_sandbox_deaths_total{ {{- $C -}}, origin="Infrastructure"}[10m]))
+          * {{ $shard }})) > {{ $r.deathBurst.infrastructure }}
         for: {{ $for.deathBurst }}
         labels: {severity: warning}
         annotations:
@@ -178,7 +200,9 @@ groups:
             nothing wrong.
           runbook_url: {{ $runbook }}#deathwatchinfrastructuredeathburst
       - alert: DeathwatchUncoveredNode
-        expr: max by (node) (deathwatch_node_sandboxes{shielded="False"}) > 0
+        expr: >-
+          sum by (namespace, job, node) (max by (namespace, job, shard, node) (
+          deathwatch_node_sandboxes{ {{- $C -}}, shielded="False"} * {{ $shard }})) > 0
         for: {{ $for.uncoveredNodes }}
         labels: {severity: critical}
         annotations:
@@ -190,7 +214,7 @@ groups:
   - name: deathwatch.firewall
     rules:
       - alert: DeathwatchFirewallAgentDown
-        expr: up{job=~{{ $firewallJob | quote }}} == 0
+        expr: up{ {{- $F -}} } == 0
         for: {{ $for.firewallDown }}
         labels: {severity: warning}
         annotations:
@@ -200,7 +224,7 @@ groups:
             {{ $for.firewallDown }} (its rule stays in force; its coverage Lease will go stale).
           runbook_url: {{ $runbook }}#deathwatchfirewallagentdown
       - alert: DeathwatchFirewallSyncFailing
-        expr: increase(deathwatch_firewall_sync_failures_total[10m]) > 2
+        expr: increase(deathwatch_firewall_sync_failures_total{ {{- $F -}} }[10m]) > 2
         for: {{ $for.firewallSyncFailing }}
         labels: {severity: warning}
         annotations:
@@ -210,7 +234,7 @@ groups:
             {{`{{ $value | printf "%.0f" }}`}} times in 10 minutes ({{`{{ $labels.reason }}`}}).
           runbook_url: {{ $runbook }}#deathwatchfirewallsyncfailing
       - alert: DeathwatchFirewallRuleMissing
-        expr: deathwatch_firewall_rule_present == 0
+        expr: deathwatch_firewall_rule_present{ {{- $F -}} } == 0
         for: {{ $for.firewallSyncFailing }}
         labels: {severity: critical}
         annotations:
@@ -220,7 +244,7 @@ groups:
             {{ $for.firewallSyncFailing }}: the sandboxes on that node may be reachable.
           runbook_url: {{ $runbook }}#deathwatchfirewallrulemissing
       - alert: DeathwatchFirewallRuleBypassed
-        expr: deathwatch_firewall_rule_bypassed == 1
+        expr: deathwatch_firewall_rule_bypassed{ {{- $F -}} } == 1
         for: {{ $for.firewallSyncFailing }}
         labels: {severity: critical}
         annotations:
@@ -235,11 +259,11 @@ groups:
       # is whether this stays quiet: then nothing legitimate would be refused there
       - alert: DeathwatchFirewallWouldRefuse
         expr: >-
-          sum by (instance, port, source)
-          (increase(deathwatch_firewall_audited_connections_total[{{ $r.auditWindow }}])) > 0
-          or sum by (instance, port, source)
-          (deathwatch_firewall_audited_connections_total
-          unless deathwatch_firewall_audited_connections_total offset {{ $r.auditWindow }}) > 0
+          sum by (namespace, job, instance, port, source)
+          (increase(deathwatch_firewall_audited_connections_total{ {{- $F -}} }[{{ $r.auditWindow }}])) > 0
+          or sum by (namespace, job, instance, port, source)
+          (deathwatch_firewall_audited_connections_total{ {{- $F -}} }
+          unless deathwatch_firewall_audited_connections_total{ {{- $F -}} } offset {{ $r.auditWindow }}) > 0
         for: 0m
         labels: {severity: info}
         annotations:
@@ -254,7 +278,7 @@ groups:
       # deaths heard on the node (firewall.exits, ADR 0028): without its observer a node's
       # deaths are still judged, from the kubelet's reports, up to a second later
       - alert: DeathwatchNodeExitsDeaf
-        expr: deathwatch_node_exits_runtime_connected == 0
+        expr: deathwatch_node_exits_runtime_connected{ {{- $F -}} } == 0
         for: {{ $for.nodeExitsDeaf }}
         labels: {severity: warning}
         annotations:
@@ -266,7 +290,8 @@ groups:
           runbook_url: {{ $runbook }}#deathwatchnodeexitsdeaf
       - alert: DeathwatchNodeExitDisputed
         expr: >-
-          max by (policy) (increase(deathwatch_node_exit_disputes_total{job=~{{ $controllerJob | quote }}}[1h])) > 0
+          sum by (namespace, job, policy) (max by (namespace, job, shard, policy) (
+          increase(deathwatch_node_exit_disputes_total{ {{- $C -}} }[1h]) * {{ $shard }})) > 0
         for: {{ $for.nodeExitDisputed }}
         labels: {severity: info}
         annotations:
@@ -283,8 +308,8 @@ groups:
       # leaves a slot to nobody for seconds, a shard with no leader for good
       - alert: DeathwatchShardNoLeader
         expr: >-
-          64 - sum(max by (shard) (deathwatch_shard_owned_slots{job=~{{ $controllerJob | quote }}})) > 0
-          or absent(deathwatch_shard_owned_slots{job=~{{ $controllerJob | quote }}}) * 64
+          64 - sum by (namespace, job) (max by (namespace, job, shard) (deathwatch_shard_owned_slots{ {{- $C -}} })) > 0
+          or absent(deathwatch_shard_owned_slots{ {{- $C -}} }) * 64
         for: {{ $for.shardNoLeader }}
         labels: {severity: critical}
         annotations:
@@ -300,7 +325,8 @@ groups:
       # the two replicas' is the leader's, never a standby's that lags it
       - alert: DeathwatchDeliveryBacklog
         expr: >-
-          min by (sink) (deathwatch_delivery_oldest_undelivered_seconds{job=~{{ $controllerJob | quote }}})
+          max by (namespace, job, sink) (min by (namespace, job, shard, sink) (
+          deathwatch_delivery_oldest_undelivered_seconds{ {{- $C -}} } * {{ $shard }}))
           > {{ $r.deliveryLateSeconds }}
         for: {{ $for.deliveryBacklog }}
         labels: {severity: warning}
@@ -316,10 +342,11 @@ groups:
       # starting) shows no increase(): a series above 0 that did not exist 10 minutes ago fires too
       - alert: DeathwatchDeliveryRefused
         expr: >-
-          max by (sink, outcome) (
-          increase(deathwatch_delivery_events_total{job=~{{ $controllerJob | quote }}, outcome=~"refused|expired"}[10m]) > 0
-          or (deathwatch_delivery_events_total{job=~{{ $controllerJob | quote }}, outcome=~"refused|expired"} > 0
-          unless deathwatch_delivery_events_total{job=~{{ $controllerJob | quote }}, outcome=~"refused|expired"} offset 10m))
+          sum by (namespace, job, sink, outcome) (max by (namespace, job, shard, sink, outcome) ((
+          increase(deathwatch_delivery_events_total{ {{- $C -}}, outcome=~"refused|expired"}[10m]) > 0
+          or (deathwatch_delivery_events_total{ {{- $C -}}, outcome=~"refused|expired"} > 0
+          unless deathwatch_delivery_events_total{ {{- $C -}}, outcome=~"refused|expired"} offset 10m))
+          * {{ $shard }}))
         for: {{ $for.deliveryRefused }}
         labels: {severity: critical}
         annotations:
@@ -333,9 +360,9 @@ groups:
     rules:
       - alert: DeathwatchPortUnderPressure
         expr: >-
-          sum by (job, instance) (
-          rate(deathwatch_http_refused_total{reason=~"evicted|busy|head_timeout|handshake|idle"}[5m])
-          or rate(deathwatch_firewall_http_refused_total{reason=~"evicted|busy|head_timeout|handshake|idle"}[5m])
+          sum by (namespace, job, instance) (
+          rate(deathwatch_http_refused_total{ {{- $C -}}, reason=~"evicted|busy|head_timeout|handshake|idle"}[5m])
+          or rate(deathwatch_firewall_http_refused_total{ {{- $F -}}, reason=~"evicted|busy|head_timeout|handshake|idle"}[5m])
           ) > {{ $r.portPressurePerSecond }}
         for: {{ $for.portPressure }}
         labels: {severity: warning}
@@ -346,4 +373,17 @@ groups:
             connections a second that held it without asking (slowloris) or past its cap.
             Its work and its liveness probe are unaffected by design; its metrics may not be.
           runbook_url: {{ $runbook }}#deathwatchportunderpressure
+{{- end }}
+
+{{/* The alerts about a part the chart can leave out, by that part: a release without it renders
+them not at all (they could never fire; a test that they do would be one that cannot fail). */}}
+{{- define "deathwatch.rules.parts" -}}
+DeathwatchUncoveredNode: firewall
+DeathwatchFirewallAgentDown: firewall
+DeathwatchFirewallSyncFailing: firewall
+DeathwatchFirewallRuleMissing: firewall
+DeathwatchFirewallRuleBypassed: firewall
+DeathwatchFirewallWouldRefuse: firewall
+DeathwatchNodeExitsDeaf: exits
+DeathwatchNodeExitDisputed: exits
 {{- end }}
