@@ -400,3 +400,94 @@ def test_with_the_gate_off_each_shard_filters_what_it_is_sent(
         replica = fleet.replicas.members[identity]
         assert replica.readyz()["details"]["shard"]["server_filtered"] == [False]
         assert filtered_here(replica) > 0  # the others' pods arrived, and were dropped here
+
+
+def _deployment(api: client.ApiClient, name: str) -> str:
+    """A controller's Deployment as the chart makes it (no replicas here: the processes play
+    its pods); its uid."""
+    made = client.AppsV1Api(api).create_namespaced_deployment(NAMESPACE, {
+        "metadata": {"name": name},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": name}},
+                 "template": {"metadata": {"labels": {"app": name}},
+                              "spec": {"containers": [{"name": "c", "image": "none"}]}}},
+    }, _request_timeout=10)  # fmt: skip
+    return str(made.metadata.uid)
+
+
+def _lease(api: client.ApiClient, name: str) -> Any:
+    try:
+        return client.CoordinationV1Api(api).read_namespaced_lease(name, NAMESPACE,
+                                                                   _request_timeout=10)  # fmt: skip
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def test_an_uninstall_takes_its_lease_and_a_sharded_reinstall_waits_on_no_ghost(
+    fleet: Fleet,
+) -> None:
+    """#59: the Lease belongs to its Deployment (--lease-owner, as the chart runs it). Deleting
+    the Deployment (helm uninstall, kubectl delete, a prune) has the garbage collector delete
+    the Lease, even while its replicas, still stopping, cannot release it; they never make it
+    again. A sharded install applied next finds no Lease naming the old holder and every slot
+    has a writer as soon as its shards elect one. Before: the old Lease stayed held, and every
+    new shard waited out its lease duration on it (20-34 s with the chart's 15 s)."""
+    api = fleet.env.api
+    uid = _deployment(api, "deathwatch-controller")
+    for r in "ab":
+        identity = f"one-{r}"
+        fleet.shards_of[identity] = (0, 1, 1)
+        fleet.replicas.start(identity, ("--lease-owner", "deathwatch-controller"))
+    leader = fleet.replicas.wait_leader(timeout=60)
+    held = _lease(api, "deathwatch-controller")
+    assert held is not None and held.spec.holder_identity == leader.identity
+    assert [(o.kind, o.name, o.uid) for o in held.metadata.owner_references] == [
+        ("Deployment", "deathwatch-controller", uid)
+    ]
+    # the uninstall: the Deployment goes (background, as Helm and kubectl delete it); its
+    # replicas keep running meanwhile, as pods in their grace period do
+    deleted = time.monotonic()
+    client.AppsV1Api(api).delete_namespaced_deployment("deathwatch-controller", NAMESPACE,
+                                                       _request_timeout=10)  # fmt: skip
+    wait_for(lambda: _lease(api, "deathwatch-controller") is None, timeout=60, interval=0.1,
+             what="the Lease deleted with its Deployment")  # fmt: skip
+    gone_after = round(time.monotonic() - deleted, 2)
+    wait_for(lambda: all(not fleet.leading(f"one-{r}") for r in "ab"), timeout=30, interval=0.1,
+             what="the old replicas stood down")  # fmt: skip
+    wait_for(lambda: all("not creating the lease again" in
+                         fleet.replicas.members[f"one-{r}"].process.tail(400) for r in "ab"),
+             timeout=30, interval=0.2, what="each old replica found its owner gone")  # fmt: skip
+    said = [fleet.replicas.members[f"one-{r}"].process.tail(400).count("not creating the lease")
+            for r in "ab"]  # fmt: skip
+    assert said == [1, 1], said  # said once; tried again every retry period, not in a loop
+    assert _lease(api, "deathwatch-controller") is None
+    # the reinstall, sharded, while the old replicas are still stopping
+    for i in range(2):
+        _deployment(api, f"deathwatch-controller-shard-{i}")
+    for i in range(2):
+        for r in "ab":
+            identity = f"two-s{i}-{r}"
+            fleet.shards_of[identity] = (i, 2, 2)
+            fleet.replicas.start(identity, ("--shards", "2", "--shard", str(i), "--shard-epoch",
+                                            "2", "--lease-owner",
+                                            f"deathwatch-controller-shard-{i}"))  # fmt: skip
+    # timed from the moment every new replica answers (a process's start is not the gap)
+    wait_for(lambda: all(fleet.replicas.members[f"two-s{i}-{r}"].readyz()
+                         for i in range(2) for r in "ab"), timeout=90, interval=0.05,
+             what="the new replicas up")  # fmt: skip
+    started = time.monotonic()
+    fleet.wait_owning(2, 2, timeout=90)
+    writers_after = round(time.monotonic() - started, 2)
+    for r in "ab":
+        fleet.replicas.stop(f"one-{r}")
+    assert _lease(api, "deathwatch-controller") is None
+    for i in range(2):
+        claim = _lease(api, f"deathwatch-controller-shard-{i}")
+        assert claim.metadata.owner_references[0].name == f"deathwatch-controller-shard-{i}"
+    RESULTS["uninstall_then_sharded_reinstall"] = {
+        "lease_deleted_after_seconds": gone_after,
+        "every_slot_written_after_start_seconds": writers_after,
+    }
+    for name in ("deathwatch-controller-shard-0", "deathwatch-controller-shard-1"):
+        client.AppsV1Api(api).delete_namespaced_deployment(name, NAMESPACE, _request_timeout=10)

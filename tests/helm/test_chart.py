@@ -491,7 +491,8 @@ def test_three_shards_are_three_pairs_each_on_its_own_lease_and_disruption_budge
         d = deployments[f"deathwatch-controller-shard-{i}"]["spec"]
         args = d["template"]["spec"]["containers"][0]["args"]
         assert {"--shards=3", f"--shard={i}", "--shard-epoch=pod:$(POD_NAMESPACE)/$(POD_NAME)",
-                "--lease-name=deathwatch-controller"} <= set(args)  # fmt: skip
+                "--lease-name=deathwatch-controller",
+                f"--lease-owner=deathwatch-controller-shard-{i}"} <= set(args)  # fmt: skip
         assert d["replicas"] == 2 and d["template"]["metadata"]["labels"][
             "deathwatch.dev/shard"
         ] == str(i)
@@ -500,10 +501,10 @@ def test_three_shards_are_three_pairs_each_on_its_own_lease_and_disruption_budge
         assert pdb["spec"]["selector"] == d["selector"] and pdb["spec"]["minAvailable"] == 1
     assert len(selectors) == 3  # no Deployment adopts another shard's pods
     role = rendered[("Role", NAMESPACE, "deathwatch-controller-leader-election")]
-    names = [r.get("resourceNames") for r in role["rules"] if r.get("resourceNames")]
-    assert names == [
-        ["deathwatch-controller", *(f"deathwatch-controller-shard-{i}" for i in range(64))]
-    ]
+    every = ["deathwatch-controller", *(f"deathwatch-controller-shard-{i}" for i in range(64))]
+    named = [(r["resources"], r["resourceNames"]) for r in role["rules"] if r.get("resourceNames")]
+    # its Lease, and the Deployment that owns it (deleted with it), under any shard count
+    assert named == [(["leases"], every), (["deployments"], every)]
     cluster_role = rendered[("ClusterRole", "", "deathwatch-controller")]
     status_verbs = next(r["verbs"] for r in cluster_role["rules"]
                         if r["resources"] == ["deathwatches/status"])  # fmt: skip

@@ -17,6 +17,7 @@ from deathwatch._api.resources import DW_PLURAL, SV_PLURAL
 from deathwatch._operator.instruments.metrics import Metrics
 from deathwatch._operator.leadership.group import Leadership
 from deathwatch._operator.leadership.leader import Elector, LeaseTimings
+from deathwatch._operator.leadership.owner import LeaseOwner
 from deathwatch._operator.writing.kube import ApiWrites, Fenced
 from deathwatch._operator.writing.writer import LOW, URGENT, Desired, Writer
 from tests.builders import T0
@@ -517,3 +518,72 @@ async def test_after_the_election_task_is_cancelled_no_renewal_follows_the_relea
     assert lease.holder is None
     assert "leader-election" not in supervisor._running
     await supervisor.stop()
+
+
+class Owner(LeaseOwner):
+    """The Lease's Deployment as a dict in memory (None: deleted)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        super().__init__(None, "deathwatch-system", "deathwatch-controller", metrics)  # type: ignore[arg-type]
+        self.deployment: dict[str, Any] | None = {"metadata": {"uid": "u-1"}}
+
+    async def _read(self) -> dict[str, Any] | None:
+        return copy.deepcopy(self.deployment)
+
+
+async def test_the_lease_belongs_to_its_deployment_and_is_not_made_again_once_that_is_gone() -> (
+    None
+):
+    """An uninstall deletes the Deployment, and the garbage collector its Lease: a replica of
+    that Deployment never creates the Lease again (it would claim every slot while its
+    successors take them); while the Deployment exists, a deleted Lease is made again, in a
+    new term."""
+    lease, clock = fake_lease(), Clock()
+    a = elector(lease, "a", clock)
+    a.owner = owner = Owner(a.metrics)
+    await owner.learn()
+    assert await a._try()
+    a._set(True, "test")
+    assert lease.lease is not None
+    assert lease.lease["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "name": "deathwatch-controller",
+            "uid": "u-1",
+        }
+    ]
+    assert await a._try()  # a renewal keeps it
+    assert lease.lease["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    # a person deletes the Lease: the leader stands down, then makes it again, a new term
+    terms: list[int | None] = []
+    a.leadership.follow(type("T", (), {"lead": lambda s, t: terms.append(t),
+                                        "standby": lambda s: terms.append(None)})())  # fmt: skip
+    a.seen("DELETED", None)
+    assert not a.is_leader and terms == [None]
+    del lease.api.objects[lease.key]
+    assert await a._try()
+    a._set(True, "test")
+    assert terms == [None, 0]
+    # the Deployment is deleted, then its Lease: the leader stands down and makes nothing
+    owner.deployment = None
+    del lease.api.objects[lease.key]
+    assert await a._try() is False
+    assert not a.is_leader and lease.lease is None
+    assert a._orphaned  # its next try waits a retry period: never a loop of reads
+    # a Deployment of the same name made again (a reinstall) is another owner: not this one's
+    owner.deployment = {"metadata": {"uid": "u-2"}}
+    assert await a._try() is False and lease.lease is None
+
+
+async def test_an_owner_that_cannot_be_read_is_said_and_the_lease_works_without_one() -> None:
+    lease, clock = fake_lease(), Clock()
+    a = elector(lease, "a", clock)
+    a.owner = owner = Owner(a.metrics)
+    owner.deployment = None
+    await owner.learn()
+    assert owner.reference is None and owner.error is not None
+    assert "not found" in owner.error
+    assert await a._try()
+    assert lease.lease is not None and "ownerReferences" not in lease.lease["metadata"]
+    assert a.status()["owner"]["error"] == owner.error

@@ -31,6 +31,7 @@ from deathwatch._engine.timeutil import UTC, format_time
 from deathwatch._kube.errors import ApiError, describe, label
 from deathwatch._operator.instruments.metrics import Metrics
 from deathwatch._operator.leadership.group import Leadership
+from deathwatch._operator.leadership.owner import LeaseOwner
 
 log = structlog.get_logger("deathwatch.leader")
 
@@ -81,6 +82,7 @@ class Elector:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
         claim: Callable[[], tuple[dict[str, str], dict[str, str]]] | None = None,
+        owner: LeaseOwner | None = None,
     ) -> None:
         """`claim()`: the labels and annotations written on the Lease with each acquisition
         and renewal (a shard's slots: slot_claims.py). `leadership`: told of every transition,
@@ -88,6 +90,7 @@ class Elector:
         across the shards' Leases)."""
         self.api = api
         self.claim = claim
+        self.owner = owner  # the Deployment the Lease is deleted with (owner.py)
         self.identity = identity
         self.name, self.namespace = name, namespace
         self.metrics = metrics
@@ -108,6 +111,7 @@ class Elector:
         self._observed_version: str | None = None  # ... and its resourceVersion
         self._observed_at = float("-inf")  # when we saw it change, on our clock
         self._wake = asyncio.Event()  # the watch saw the lease change
+        self._orphaned = False  # the Lease is gone, and so is its owner: never made again
         metrics.leader.labels(identity).set(0)
 
     # --- what the writer asks ----------------------------------------------------------
@@ -150,7 +154,7 @@ class Elector:
         after a retry period, or sooner, the moment the lease can be taken: released or
         deleted (seen on the watch), or expired on its own clock (timed from when the watch
         showed the holder's last renewal, not from our next poll)."""
-        if self.is_leader or failed:
+        if self.is_leader or failed or self._orphaned:
             await asyncio.sleep(self.timings.retry_period)
             return
         until = self.clock() + self.timings.retry_period
@@ -193,6 +197,10 @@ class Elector:
         self._observe(None if event_type == "DELETED" else lease)
         if self.is_leader and self.leader not in (None, self.identity):
             self._set(False, f"the lease is held by {self.leader}: stopped writing")
+        elif self.is_leader and event_type == "DELETED":
+            # its Deployment's deletion (owner.py) or a person's: it stops at once, not at its
+            # renew deadline, since nothing claims its slots any more
+            self._set(False, "the lease was deleted: stopped writing")
         self._wake.set()
 
     def _fence_if_overdue(self) -> None:
@@ -214,6 +222,15 @@ class Elector:
         now = format_time(self.wall())
         self._observe(lease)
         if lease is None:
+            if self.is_leader:  # deleted under us: whatever comes next is a new term
+                self._set(False, "the lease was deleted: stopped writing")
+            if self.owner is not None and not await self.owner.present():
+                if not self._orphaned:
+                    log.warning("the lease's owner is gone: not creating the lease again",
+                                owner=self.owner.status())  # fmt: skip
+                self._orphaned = True  # tried again every retry period, said once
+                return False
+            self._orphaned = False
             try:
                 created = await self.api.create(self._body(None, {
                     "holderIdentity": self.identity,
@@ -268,6 +285,9 @@ class Elector:
         meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
         if self.claim is not None:
             meta["labels"], meta["annotations"] = self.claim()
+        reference = None if self.owner is None else self.owner.reference
+        if reference is not None:
+            meta["ownerReferences"] = [reference]
         if lease is not None:
             meta["resourceVersion"] = lease["metadata"]["resourceVersion"]
         return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta,
@@ -311,6 +331,7 @@ class Elector:
             "may_write": self.may_write(),
             "term": self.term,
             "lease": f"{self.namespace}/{self.name}",
+            **({"owner": self.owner.status()} if self.owner is not None else {}),
             "seconds_since_renew": None
             if self._renewed_at == float("-inf")
             else round(self.clock() - self._renewed_at, 1),

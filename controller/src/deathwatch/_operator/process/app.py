@@ -35,6 +35,7 @@ from deathwatch._operator.instruments.metrics import Metrics
 from deathwatch._operator.instruments.supervisor import Supervisor
 from deathwatch._operator.leadership.group import Leadership
 from deathwatch._operator.leadership.leader import Elector
+from deathwatch._operator.leadership.owner import LeaseOwner
 from deathwatch._operator.memory.core import Core, Firewall
 from deathwatch._operator.memory.coverage import Coverage
 from deathwatch._operator.memory.deathwatches import DeathWatches, Revised
@@ -82,6 +83,7 @@ class App:
         self.listening = False
         self.gc_pauses: gcpauses.PauseLog | None = None
         self.elector: Elector | None = None
+        self.lease_owner: LeaseOwner | None = None
         self.rests: list[Rest] = []
         self.sender: Sender | None = None
 
@@ -127,9 +129,13 @@ class App:
             self.lease_rest = rest("lease", 2)
             lease = ApiLease(self.lease_rest, lease_name, cfg.lease_namespace,
                              cfg.lease_timings.renew_deadline / 2, cfg.identity)  # fmt: skip
+            if cfg.lease_owner:
+                self.lease_owner = LeaseOwner(self.lease_rest, cfg.lease_namespace,
+                                              cfg.lease_owner, metrics)  # fmt: skip
             self.elector = Elector(lease, cfg.identity, lease_name, cfg.lease_namespace,
                                    metrics, cfg.lease_timings, leadership=leadership,
-                                   term_of=shard.term, claim=ownership.claim)  # fmt: skip
+                                   term_of=shard.term, claim=ownership.claim,
+                                   owner=self.lease_owner)  # fmt: skip
         # the only writer stamps its statuses with its start time: a new process is a new term
         term = 0 if cfg.leader_elect else time.time_ns() // 1_000_000
         self.writer = Writer(
@@ -250,6 +256,8 @@ class App:
         pools = self.warm_pools
         sup.start("warm-connections", lambda: timers.warm(pools, self.metrics))
         if self.elector is not None:
+            if self.lease_owner is not None:
+                await self.lease_owner.learn()  # bounded; a failure is said, not fatal
             sup.start("leader-election", self.elector.run)
             sup.start("lease-watch", self.elector.watch)
             if cfg.shard.sharded:

@@ -164,6 +164,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     election.add_argument(
         "--lease-namespace", default=os.environ.get("POD_NAMESPACE") or "deathwatch-system"
     )
+    election.add_argument(
+        "--lease-owner",
+        metavar="DEPLOYMENT",
+        help="the Deployment (in the Lease's namespace) the Lease is deleted with: an "
+        "uninstall takes the Lease, and no next install waits on it",
+    )
     for flag, default, what in (
         ("--lease-duration", 15.0, "a standby takes over a lease unchanged this long"),
         ("--renew-deadline", 10.0, "a leader unable to renew this long stops writing"),
@@ -304,6 +310,7 @@ def run(args: argparse.Namespace) -> int:
         identity=args.identity,
         lease_name=args.lease_name,
         lease_namespace=args.lease_namespace,
+        lease_owner=args.lease_owner,
         lease_timings=timings,
         delivery=delivery,
         shard=shard,

@@ -40,6 +40,8 @@ class Config:
     identity: str = "deathwatch"  # the pod's name: on the Lease, and as field manager
     lease_name: str = "deathwatch-controller"
     lease_namespace: str = "deathwatch-system"
+    # the Deployment (in lease_namespace) whose deletion deletes the Lease; None: no owner
+    lease_owner: str | None = None
     lease_timings: LeaseTimings = field(default_factory=LeaseTimings)
     delivery: DeliveryConfig | None = None  # the sinks verdicts are delivered to (delivery/)
     shard: Spec = field(default_factory=Spec)  # which slots this process judges (ADR 0025)
