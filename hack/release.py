@@ -115,7 +115,12 @@ def image_names(version: str) -> dict[str, str]:
     """Each image's release name: the chart's default repository (where the project publishes
     its releases: stated once, in values.yaml) and the version."""
     values = yaml.safe_load((ROOT / "charts" / "deathwatch" / "values.yaml").read_text())
-    return {dist: f"{values[dist]['image']['repository']}:{version}" for dist in IMAGES}
+    return {dist: f"{published(values[dist]['image'])}:{version}" for dist in IMAGES}
+
+
+def published(image: dict[str, str]) -> str:
+    """An image of the chart's values, as published: its registry, then its repository."""
+    return f"{image['registry']}/{image['repository']}"
 
 
 def sign(key: Path, path: Path) -> Path:

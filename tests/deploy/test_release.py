@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from hack.localcluster import released
-from hack.release import tool
+from hack.release import published, tool
 
 pytestmark = pytest.mark.deploy
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +76,7 @@ def test_the_release_of_the_tag_is_every_artifact_signed_with_sboms(made: Path) 
     for dist, must in (("controller", "deathwatch"), ("firewall", "deathwatch-firewall")):
         image = images[dist]
         # where the chart's defaults look: installed with no image value, it runs these
-        assert image["name"] == f"{values[dist]['image']['repository']}:{version}"
+        assert image["name"] == f"{published(values[dist]['image'])}:{version}"
         with tarfile.open(made / image["archive"]) as archive:
             index = json.loads(archive.extractfile("index.json").read())  # type: ignore[union-attr]
             [manifest] = index["manifests"]

@@ -663,8 +663,9 @@ def test_the_notes_say_what_this_release_installed(tmp_path: Path) -> None:
     assert "daemonset/dw-deathwatch-firewall" in sharded and "AUDITS" in sharded
     # the off switch runs in the release's namespace (labelled privileged), with its image
     assert ("helm install dw-cleanup CHART --version VERSION -n sandbox-system --set cleanup=true "
-            "--set firewall.table=deathwatch "
-            "--set firewall.image.repository=registry.example.com/fw") in sharded  # fmt: skip
+            "--set firewall.table=deathwatch --set firewall.image.registry=\"ghcr.io\" "
+            "--set firewall.image.repository=registry.example.com/fw "
+            "--set firewall.image.tag=0.1.0") in sharded  # fmt: skip
     assert "imagePullSecrets[0].name=regcred" in sharded and "--create-namespace" not in sharded
     # every pull secret, each at its own index (issue #53: one index for all kept the last)
     two = notes("dw", "sandbox-system", "imagePullSecrets[0].name=a", "imagePullSecrets[1].name=b",
@@ -676,6 +677,19 @@ def test_the_notes_say_what_this_release_installed(tmp_path: Path) -> None:
     none = notes("deathwatch", NAMESPACE, "firewall.enabled=false", "scope.clusterWide=false",
                  "scope.namespaces={a,b}", tmp=tmp_path)  # fmt: skip
     assert "daemonset" not in none and "No firewall" in none and "in a, b" in none
+    # #59: the emergency path's step 1 (firewall.enabled=false) keeps step 2's command, and
+    # behind a mirror the cleanup pulls from the mirror, with every pull secret
+    assert "helm install deathwatch-cleanup CHART" in none and "cleanup=true" in none
+    mirrored = notes("deathwatch", NAMESPACE, "firewall.enabled=false",
+                     "global.imageRegistry=registry.corp.example/mirror",
+                     "global.imagePullSecrets[0].name=corp", "imagePullSecrets[0].name=own",
+                     "firewall.image.digest=sha256:" + "a" * 64, tmp=tmp_path)  # fmt: skip
+    for said in ("--set global.imageRegistry=registry.corp.example/mirror",
+                 "'global.imagePullSecrets[0].name=corp'", "'imagePullSecrets[0].name=own'",
+                 "--set firewall.image.digest=sha256:" + "a" * 64):  # fmt: skip
+        assert said in mirrored, (said, mirrored)
+    # the CRDs are the chart's: upgraded with it, kept on uninstall (crds.keep)
+    assert "Helm never upgrades CRDs" not in none and "upgrades the CRDs with the release" in none
 
 
 def test_the_exits_container_holds_the_socket_alone_and_the_controller_reads_its_leases() -> None:
@@ -777,7 +791,7 @@ def test_every_liveness_probe_reads_its_processs_heartbeat_file_not_a_port() -> 
 def test_the_conventions_an_umbrella_chart_and_a_monitoring_stack_expect(tmp_path: Path) -> None:
     """#53, as cert-manager's and kube-prometheus-stack's charts do: `enabled` and any
     `global` a parent sets are accepted; global.imageRegistry and global.imagePullSecrets are
-    read (an image's own registry wins); namespaceOverride places every namespaced object;
+    read (the global registry replaces each image's own); namespaceOverride places every namespaced object;
     revisionHistoryLimit, the PDB's minAvailable, the monitors' relabelings, extraObjects with
     templates expanded; the alerts' additional labels, one disabled, a runbook of one's own."""
     values = tmp_path / "values.yaml"
@@ -809,8 +823,10 @@ def test_the_conventions_an_umbrella_chart_and_a_monitoring_stack_expect(tmp_pat
     probe = deployment["template"]["spec"]["containers"][0]["livenessProbe"]
     assert (probe["periodSeconds"], probe["failureThreshold"]) == (20, 6)
     assert "heartbeat" in str(probe["exec"]["command"])  # the check stays the chart's
-    for spec, image in ((deployment, "mirror.example.com/k8s/ghcr.io/deathwatch-dev/controller:"),
-                        (daemonset, "agents.example.com/ghcr.io/deathwatch-dev/firewall:")):  # fmt: skip
+    # global.imageRegistry replaces each image's registry, its own included (#59: Bitnami's
+    # and kube-prometheus-stack's convention; a prefix made mirror/ghcr.io/...)
+    for spec, image in ((deployment, "mirror.example.com/k8s/deathwatch-dev/controller:"),
+                        (daemonset, "mirror.example.com/k8s/deathwatch-dev/firewall:")):  # fmt: skip
         pod = spec["template"]["spec"]
         assert all(c["image"].startswith(image) for c in pod["containers"]), pod["containers"]
         assert pod["imagePullSecrets"] == [{"name": "own"}, {"name": "parent"}]
@@ -864,9 +880,9 @@ def test_an_umbrella_chart_turns_it_on_and_off_and_shares_its_globals(tmp_path: 
     on = objects(helm("template", "platform", str(parent), "-n", NAMESPACE))
     images = {c["image"] for (kind, _, _), o in on.items() if kind in ("Deployment", "DaemonSet")
               for c in o["spec"]["template"]["spec"]["containers"]}  # fmt: skip
-    assert images and all(
-        i.startswith("mirror.example.com/ghcr.io/deathwatch-dev/") for i in images
-    ), images
+    assert images and all(i.startswith("mirror.example.com/deathwatch-dev/") for i in images), (
+        images
+    )
     off = objects(helm("template", "platform", str(parent), "-n", NAMESPACE,
                        "--set", "deathwatch.enabled=false"))  # fmt: skip
     assert off == {}

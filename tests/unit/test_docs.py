@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from hack.release import published
+
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 
@@ -141,7 +143,7 @@ def test_where_releases_are_published_is_said_once_and_everywhere_the_same() -> 
     """#53: the chart's default images are where releases are published (values.yaml says
     it); every page that names the place names those images, or the chart beside them."""
     values = yaml.safe_load((ROOT / "charts" / "deathwatch" / "values.yaml").read_text())
-    images = {values[part]["image"]["repository"] for part in ("controller", "firewall")}
+    images = {published(values[part]["image"]) for part in ("controller", "firewall")}
     [home] = {i.rsplit("/", 1)[0] for i in images}  # one place for both
     known = {*images, f"{home}/charts/deathwatch", home}
     pages = [README, ROOT / "charts" / "deathwatch" / "README.md", *(ROOT / "docs").rglob("*.md")]
@@ -151,3 +153,18 @@ def test_where_releases_are_published_is_said_once_and_everywhere_the_same() -> 
     assert named, "no page says where releases are published"
     stray = {n for n in named if n not in known and not any(n.startswith(k + ":") for k in known)}
     assert not stray, stray
+
+
+def test_the_runbooks_image_edit_names_the_image_the_uninstall_manifest_holds() -> None:
+    """#59: `kustomize edit set image NAME=...` changes only an image named NAME; the runbook
+    once named deathwatch/firewall, which the manifest does not hold, so the edit did nothing."""
+    runbook = (ROOT / "docs" / "runbook.md").read_text()
+    names = re.findall(r"kustomize edit set\s+image\s+([^=\s]+)=", runbook)
+    assert names
+    manifest = yaml.safe_load(
+        (ROOT / "manifests" / "uninstall" / "cleanup-daemonset.yaml").read_text()
+    )
+    images = {c["image"].rsplit(":", 1)[0]
+              for c in [*manifest["spec"]["template"]["spec"].get("initContainers", []),
+                        *manifest["spec"]["template"]["spec"]["containers"]]}  # fmt: skip
+    assert set(names) <= images, (names, images)

@@ -62,14 +62,20 @@ kube-prometheus-stack's charts do, for an umbrella chart that installs into anot
 {{- default .Release.Namespace .Values.namespaceOverride -}}
 {{- end }}
 
-{{/* An image's reference: [registry/]repository, then @digest or :tag (the chart's
-appVersion by default); the registry is the image's own, else global.imageRegistry.
-(list image $) */}}
+{{/* An image's reference: registry/repository, then @digest or :tag (the chart's appVersion
+by default). The registry is global.imageRegistry, else the image's own (`ghcr.io`), replaced
+whole, as Bitnami's and kube-prometheus-stack's charts do: a mirror is
+`registry.corp.example/mirror/deathwatch-dev/controller`. A repository that names its own
+host (its first part has a dot or a port, or is localhost: Docker's rule) is taken as it is,
+so `--set controller.image.repository=my.registry/x` means my.registry/x. (list image $) */}}
 {{- define "deathwatch.image" -}}
 {{- $image := index . 0 -}}
 {{- $root := index . 1 -}}
-{{- $registry := $image.registry | default ($root.Values.global.imageRegistry | default "") -}}
-{{- $repository := ternary (printf "%s/%s" (trimSuffix "/" $registry) $image.repository) $image.repository (ne $registry "") -}}
+{{- $registry := $root.Values.global.imageRegistry | default $image.registry | default "" -}}
+{{- $parts := splitList "/" $image.repository -}}
+{{- $first := first $parts -}}
+{{- $hosted := and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
+{{- $repository := ternary $image.repository (printf "%s/%s" (trimSuffix "/" $registry) $image.repository) (or $hosted (eq $registry "")) -}}
 {{- if $image.digest -}}
 {{ $repository }}@{{ $image.digest }}
 {{- else -}}
