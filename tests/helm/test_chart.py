@@ -935,3 +935,23 @@ def test_helm_test_waits_for_a_verdict_of_its_own_where_the_controller_serves() 
     assert not [k for k in objects(helm("template", "deathwatch", str(CHART), "-n", NAMESPACE,
                                         "--set", "helmTest.enabled=false"))
                 if k[2] == "deathwatch-test"]  # fmt: skip
+
+
+def test_the_crds_come_first_under_argo_cd_and_the_test_hook_stays_out_of_a_skip_tests_render() -> (
+    None
+):
+    """docs/gitops.md: the CRDs in sync wave -1 (the DeathWatches of the same sync need their
+    kind); `helm template --skip-tests` renders no test hook (Argo CD ignores it anyway)."""
+    rendered = template()
+    crds = [o for (kind, _, _), o in rendered.items() if kind == "CustomResourceDefinition"]
+    assert len(crds) == 2
+    for crd in crds:
+        assert crd["metadata"]["annotations"]["argocd.argoproj.io/sync-wave"] == "-1"
+
+    def hooks(text: str) -> list[str]:
+        return [o["kind"] for o in objects(text).values()
+                if (o["metadata"].get("annotations") or {}).get("helm.sh/hook") == "test"]  # fmt: skip
+
+    # helmTest.enabled: the test's pod, DeathWatch and RBAC
+    assert "Pod" in hooks(helm("template", "deathwatch", str(CHART), "-n", NAMESPACE))
+    assert hooks(helm("template", "deathwatch", str(CHART), "-n", NAMESPACE, "--skip-tests")) == []

@@ -145,7 +145,8 @@ def test_where_releases_are_published_is_said_once_and_everywhere_the_same() -> 
     values = yaml.safe_load((ROOT / "charts" / "deathwatch" / "values.yaml").read_text())
     images = {published(values[part]["image"]) for part in ("controller", "firewall")}
     [home] = {i.rsplit("/", 1)[0] for i in images}  # one place for both
-    known = {*images, f"{home}/charts/deathwatch", home}
+    # the chart, and its repository as Argo CD names an OCI one (docs/gitops.md)
+    known = {*images, f"{home}/charts/deathwatch", f"{home}/charts", home}
     pages = [README, ROOT / "charts" / "deathwatch" / "README.md", *(ROOT / "docs").rglob("*.md")]
     named = {m.group(0).rstrip(".:/")  # `ghcr.io/deathwatch-dev/{controller,firewall}`: home
              for page in pages
