@@ -900,10 +900,11 @@ def test_the_crds_are_templates_kept_on_uninstall_unless_told_and_equal_to_their
     for (_, _, name), crd in crds.items():
         source = yaml.safe_load((CHART / "files" / "crds" / f"{name}.yaml").read_text())
         assert crd["spec"] == source["spec"], name
-        assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}, name
+        assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep",
+                                                  "argocd.argoproj.io/sync-wave": "-1"}, name  # fmt: skip
     loose = template("crds.keep=false")
-    assert all("annotations" not in o["metadata"] for k, o in loose.items()
-               if k[0] == "CustomResourceDefinition")  # fmt: skip
+    assert all(o["metadata"]["annotations"] == {"argocd.argoproj.io/sync-wave": "-1"}
+               for k, o in loose.items() if k[0] == "CustomResourceDefinition")  # fmt: skip
     assert not [k for k in template("crds.enabled=false") if k[0] == "CustomResourceDefinition"]
     assert not [k for k in template("cleanup=true") if k[0] == "CustomResourceDefinition"]
 
