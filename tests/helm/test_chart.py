@@ -222,8 +222,15 @@ def test_monitoring_is_opt_in_and_complete() -> None:
     endpoints = monitor["spec"]["endpoints"]
     assert [(e["port"], e["scheme"]) for e in endpoints] == [("metrics", "https"),
                                                              ("exits-metrics", "https")]  # fmt: skip
+    # #59: the scraper's token from its Secret, no file of the Prometheus's own (a Prometheus
+    # that forbids monitors file access refuses bearerTokenFile)
     for endpoint in endpoints:
-        assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+        assert "bearerTokenFile" not in endpoint
+        assert endpoint["authorization"] == {"type": "Bearer", "credentials": {
+            "name": "deathwatch-metrics-scraper-token", "key": "token"}}  # fmt: skip
+    alone = template("metrics.serviceMonitor.enabled=true")
+    assert ("Secret", NAMESPACE, "deathwatch-metrics-scraper-token") in alone
+    assert ("ClusterRoleBinding", "", "deathwatch-metrics-scraper") in alone
     pods = rendered[("PodMonitor", NAMESPACE, "deathwatch")]
     for endpoint in pods["spec"]["podMetricsEndpoints"]:
         assert (
