@@ -61,6 +61,10 @@ from tests.kube import WaitTimeout, wait_for
 pytestmark = [pytest.mark.deploy, pytest.mark.monitoring]
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEM, NS, PLUGIN_NS = "deathwatch-system", "sandboxes", "plugin-sandboxes"
+SECOND = "deathwatch-second"  # the second release's namespace
+# what pages while two healthy releases run side by side, if the rules count the other's series
+LEADERSHIP = ("DeathwatchSplitLeadership", "DeathwatchNoLeader", "DeathwatchControllerDown",
+              "DeathwatchShardNoLeader")  # fmt: skip
 SCRAPER = ("monitoring", "prometheus")  # whose token Prometheus scrapes with
 SINK_HOST = "sink.deathwatch.test"  # the delivery sink's name, resolved by the cluster's DNS
 RESULTS: dict[str, Any] = {"alerts_fired_after_seconds": {}}
@@ -202,6 +206,11 @@ class Lane:
         assert body["status"] == "success", body
         return body["data"]["result"]  # type: ignore[no-any-return]
 
+    def alerts(self) -> list[tuple[str, str]]:
+        """Every alert pending or firing now: (name, state)."""
+        with urllib.request.urlopen(f"{self.prometheus}/api/v1/alerts", timeout=10) as r:  # noqa: S310
+            return [(a["labels"]["alertname"], a["state"]) for a in json.load(r)["data"]["alerts"]]
+
     def firing(self, alert: str) -> list[dict[str, Any]]:
         with urllib.request.urlopen(f"{self.prometheus}/api/v1/alerts", timeout=10) as r:  # noqa: S310
             alerts = json.load(r)["data"]["alerts"]
@@ -321,14 +330,15 @@ class Discovery:
     replica that fails /readyz (cut off from the API server) is the one whose metrics say
     why. Read from the API at every poll."""
 
-    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+    def __init__(self, api: client.ApiClient, namespaces: tuple[str, ...]) -> None:
         import http.server
 
         core, outer = client.CoreV1Api(api), self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                body = json.dumps(outer.targets(core, namespace)).encode()
+                found = [t for ns in namespaces for t in outer.targets(core, ns)]
+                body = json.dumps(found).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.end_headers()
@@ -507,7 +517,9 @@ def lane() -> Iterator[Lane]:
         c.kubectl("create", "serviceaccount", SCRAPER[1], "-n", SCRAPER[0])
         (tmp / "scraper.token").write_text(service_account_token(api, *SCRAPER))
         port = free_port()
-        discovery = Discovery(api, SYSTEM)
+        # the second release's namespace too (its test): one Prometheus scrapes both, as a
+        # cluster's does, and the first release's rules must count only the first's series
+        discovery = Discovery(api, (SYSTEM, SECOND))
         prometheus = subprocess.Popen(
             ["prometheus", f"--config.file={prometheus_config(c, tmp, discovery.url)}",
              f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
@@ -1136,7 +1148,7 @@ def test_a_second_release_with_its_own_table_ports_and_controller_is_in_force_be
     # upgrade test above left the first at 5 s (valid 8 s), where a renewal 3 s late on this
     # loaded 2-core lane reads AgentStale (a fresh-clone CI run: 24 of 31 samples True)
     lane.upgrade("firewall.resyncSeconds=10")
-    second, sandboxes_b = "deathwatch-second", "sandboxes-b"
+    second, sandboxes_b = SECOND, "sandboxes-b"
     for ns in (second, sandboxes_b):
         lane.c.kubectl("create", "namespace", ns)
         lane.c.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=privileged")
@@ -1193,11 +1205,17 @@ def _second_release_in_force(lane: Lane, second: str, sandboxes_b: str, a: str, 
     for name, ns in ((a, NS), (b, sandboxes_b)):
         wait_for(lambda name=name, ns=ns: shielded(name, ns) == "True RuleInForce", timeout=90,  # type: ignore[misc]
                  what=f"{name} shielded")  # fmt: skip
+    # #59: the one Prometheus scrapes both releases' leaders (before, the first release's
+    # rules summed them: DeathwatchSplitLeadership paged for two healthy releases)
+    wait_for(lambda: len(lane.query("deathwatch_leader == 1")) >= 2, timeout=60,
+             what="both releases' leaders scraped")  # fmt: skip
+    assert lane.query(f'up{{job="second-deathwatch-controller-metrics", namespace="{second}"}}')
     # both rules in force at once, over three resyncs of each agent: from the host, every
     # few milliseconds, to each release's sandbox on its agent port; the verdicts sampled
     outcomes = {"first": {"connected": 0, "refused": 0, "other": 0},
                 "second": {"connected": 0, "refused": 0, "other": 0}}  # fmt: skip
     samples: list[tuple[str | None, str | None]] = []
+    paged: set[str] = set()  # leadership and down alerts pending or firing meanwhile
     deadline = time.monotonic() + 31
     next_sample = 0.0
     while time.monotonic() < deadline:
@@ -1206,6 +1224,7 @@ def _second_release_in_force(lane: Lane, second: str, sandboxes_b: str, a: str, 
             outcomes[which][outcome if outcome in outcomes[which] else "other"] += 1
         if time.monotonic() >= next_sample:
             samples.append((shielded(a, NS), shielded(b, sandboxes_b)))
+            paged.update(f"{n} {s}" for n, s in lane.alerts() if n in LEADERSHIP)
             next_sample = time.monotonic() + 1
         time.sleep(0.01)
     table = SystemNft(table="second").list_table()
@@ -1215,7 +1234,11 @@ def _second_release_in_force(lane: Lane, second: str, sandboxes_b: str, a: str, 
     true = {which: sum(s[i] == "True RuleInForce" for s in samples)
             for i, which in enumerate(("first", "second"))}  # fmt: skip
     RESULTS["two_releases"] = {"host_connections": outcomes, "shielded_samples": len(samples),
-                               "shielded_true": true, "shielded_said": said}  # fmt: skip
+                               "shielded_true": true, "shielded_said": said,
+                               "leadership_or_down_alerts": sorted(paged)}  # fmt: skip
+    # both healthy, each with its own leader: the first's rules page for neither (rules for:
+    # 5 s here, evaluated every 2 s: 31 s of samples)
+    assert paged == set(), paged
     for which in ("first", "second"):
         # never a connection through while a verdict says Shielded (none got through at all)
         assert outcomes[which]["connected"] == 0 and outcomes[which]["refused"] > 500, outcomes

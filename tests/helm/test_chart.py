@@ -670,7 +670,7 @@ def test_the_notes_say_what_this_release_installed(tmp_path: Path) -> None:
     assert "daemonset/dw-deathwatch-firewall" in sharded and "AUDITS" in sharded
     # the off switch runs in the release's namespace (labelled privileged), with its image
     assert ("helm install dw-cleanup CHART --version VERSION -n sandbox-system --set cleanup=true "
-            "--set firewall.table=deathwatch --set firewall.image.registry=\"ghcr.io\" "
+            "--set firewall.table=deathwatch --set firewall.image.registry=ghcr.io "
             "--set firewall.image.repository=registry.example.com/fw "
             "--set firewall.image.tag=0.1.0") in sharded  # fmt: skip
     assert "imagePullSecrets[0].name=regcred" in sharded and "--create-namespace" not in sharded
