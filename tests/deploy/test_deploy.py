@@ -435,3 +435,9 @@ def test_the_runbooks_off_switch_opens_the_node_and_uninstall_leaves_nothing(
     assert d.c.kubectl("get", "pods", "-n", SYSTEM, check=False).stdout.strip() == ""
     leftovers = d.c.kubectl("get", "crd,clusterrole,clusterrolebinding", "-o", "name").stdout
     assert "deathwatch" not in leftovers, leftovers
+    # nothing of the controller's left in the API: its Lease too (its Deployment owns it, #59;
+    # here its namespace, which the overlay deletes, takes it as well: the Helm lane, where the
+    # namespace stays, proves the ownership)
+    wait_for(lambda: "deathwatch-controller" not in d.c.kubectl(
+        "get", "lease", "-A", "-o", "name", check=False).stdout, timeout=60,
+        what="the controller's Lease deleted with its Deployment")  # fmt: skip

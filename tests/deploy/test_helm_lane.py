@@ -1464,6 +1464,12 @@ def test_helm_uninstall_with_remove_table_on_uninstall_opens_the_node_and_cleanu
         except WaitTimeout as exc:
             raise WaitTimeout(f"{exc}\n--- the agents' logs\n{printed()[-6000:]}") from None
     RESULTS["uninstall_removed_table_after_seconds"] = round(time.monotonic() - started, 1)
+    # #59: the controller's Lease went with its Deployment (before: left held, the stopping
+    # leader's release refused with its Role deleted first, and the next install waited on it)
+    leases = client.CoordinationV1Api(lane.api)
+    wait_for(lambda: not [x for x in leases.list_namespaced_lease(SYSTEM, _request_timeout=10).items
+                          if x.metadata.name == "deathwatch-controller"],
+             timeout=60, what="the controller's Lease deleted with its Deployment")  # fmt: skip
     assert connect_once(ip, AGENT_PORT, 2)[0] == "connected"
     # the release's namespace outlives it, with its label: the off switch runs there
     lane.helm("install", "deathwatch-cleanup", str(CHART), "-n", SYSTEM, "--set", "cleanup=true",
