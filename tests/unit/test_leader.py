@@ -574,6 +574,12 @@ async def test_the_lease_belongs_to_its_deployment_and_is_not_made_again_once_th
     # a Deployment of the same name made again (a reinstall) is another owner: not this one's
     owner.deployment = {"metadata": {"uid": "u-2"}}
     assert await a._try() is False and lease.lease is None
+    # being deleted in the foreground (Argo CD's prune): it stands until its pods are gone,
+    # and it is gone as far as its Lease goes
+    owner.deployment = {"metadata": {"uid": "u-1", "deletionTimestamp": "2026-12-06T00:00:00Z"}}
+    assert await a._try() is False and lease.lease is None
+    owner.deployment = {"metadata": {"uid": "u-1"}}
+    assert await a._try() is True  # standing again (a person deleted only the Lease)
 
 
 async def test_an_owner_that_cannot_be_read_is_said_and_the_lease_works_without_one() -> None:

@@ -74,7 +74,9 @@ class LeaseOwner:
                  uid=self.uid)  # fmt: skip
 
     async def present(self) -> bool:
-        """Whether the owner still exists, as this replica knew it (same uid). Asked before the
+        """Whether the owner still stands, as this replica knew it: the same uid, and not being
+        deleted (a foreground deletion, Argo CD's prune by default, keeps the Deployment until
+        its pods are gone, while the garbage collector deletes the Lease). Asked before the
         Lease is created; an unknown owner, or an unanswered read, does not stop a creation."""
         if self.uid is None:
             return True
@@ -83,7 +85,10 @@ class LeaseOwner:
         except Exception as exc:
             self.metrics.api_errors.labels("lease_owner", label(exc)).inc()
             return True
-        return deployment is not None and deployment["metadata"].get("uid") == self.uid
+        if deployment is None:
+            return False
+        meta = deployment["metadata"]
+        return meta.get("uid") == self.uid and not meta.get("deletionTimestamp")
 
     def status(self) -> dict[str, Any]:
         return {"owner": f"deployment/{self.name}", "uid": self.uid, "error": self.error}
