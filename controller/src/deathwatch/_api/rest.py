@@ -176,6 +176,17 @@ class Rest:
     async def get(self, path: str, **params: str | int) -> Any:
         return msgspec.json.decode(await self.request("GET", path, params=params or None))
 
+    async def find(self, path: str, deadline: float = API_TIMEOUT) -> dict[str, Any] | None:
+        """One object, or None where the API says it does not exist (a 404)."""
+        try:
+            data = await self.request("GET", path, deadline=deadline)
+        except ApiError as exc:
+            if exc.not_found:
+                return None
+            raise
+        found: dict[str, Any] = msgspec.json.decode(data)
+        return found
+
     @asynccontextmanager
     async def stream(
         self, path: str, params: Mapping[str, str | int], *, inactivity: float

@@ -124,15 +124,9 @@ class Supervisor:
         land after the release."""
         for name in names:
             task = self._running.pop(name, None)
-            if task is None:
-                continue
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
-            except Exception:
-                log.exception("task failed while stopping", task=name)
+            if task is not None:
+                task.cancel()
+                await _ended(name, task)
 
     async def stop(self) -> None:
         """Cancel every task and wait for each; an error on the way out is logged, not lost."""
@@ -142,10 +136,15 @@ class Supervisor:
         if spawned:  # one-shot work: cancelled is its end, a failure was said by its callback
             await asyncio.gather(*spawned, return_exceptions=True)
         for name, task in self._running.items():
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
-            except Exception:
-                log.exception("task failed while stopping", task=name)
+            await _ended(name, task)
         self._running.clear()
+
+
+async def _ended(name: str, task: asyncio.Task[None]) -> None:
+    """Wait for a cancelled task: cancelled is its end; an error on the way out is logged."""
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    except Exception:
+        log.exception("task failed while stopping", task=name)

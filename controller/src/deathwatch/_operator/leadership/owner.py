@@ -15,11 +15,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import msgspec
 import structlog
 
 from deathwatch._api.rest import Rest
-from deathwatch._kube.errors import ApiError, describe, label
+from deathwatch._kube.errors import describe, label
 from deathwatch._operator.instruments.metrics import Metrics
 
 log = structlog.get_logger("deathwatch.leader")
@@ -44,14 +43,7 @@ class LeaseOwner:
                 "uid": self.uid}  # fmt: skip
 
     async def _read(self) -> dict[str, Any] | None:
-        try:
-            data = await self.rest.request("GET", self.path, deadline=TIMEOUT)
-        except ApiError as exc:
-            if exc.not_found:
-                return None
-            raise
-        deployment: dict[str, Any] = msgspec.json.decode(data)
-        return deployment
+        return await self.rest.find(self.path, deadline=TIMEOUT)
 
     async def learn(self) -> None:
         """At start: the owner's uid. A failure is said (log, metric, /readyz) and leaves the

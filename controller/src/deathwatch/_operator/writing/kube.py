@@ -156,16 +156,7 @@ class ApiLease:
         self.manager = {"fieldManager": field_manager}
 
     async def get(self) -> dict[str, Any] | None:
-        try:
-            data = await self.rest.request(
-                "GET", f"{self.collection}/{self.name}", deadline=self.timeout
-            )
-        except ApiError as exc:
-            if exc.not_found:
-                return None
-            raise
-        lease: dict[str, Any] = msgspec.json.decode(data)
-        return lease
+        return await self.rest.find(f"{self.collection}/{self.name}", deadline=self.timeout)
 
     async def create(self, body: dict[str, Any]) -> dict[str, Any]:
         data = await self.rest.request(
