@@ -335,7 +335,11 @@ class FakeLease:
 class FakeAgentApi:
     """The store as the firewall agent calls it (deathwatch.firewall.kubeapi.Api)."""
 
-    COLLECTIONS: Mapping[str, str] = {"/api/v1/pods": "pods", "/api/v1/nodes": "nodes"}
+    COLLECTIONS: Mapping[str, str] = {
+        "/api/v1/pods": "pods",
+        "/api/v1/nodes": "nodes",
+        "/apis/deathwatch.dev/v1alpha1/deathwatches": "deathwatches",
+    }
 
     def __init__(self, api: FakeApi) -> None:
         self.api = api

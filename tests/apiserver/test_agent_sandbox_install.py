@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from deathwatch._api.agent_sandbox import TRACKING_LABEL
+from deathwatch._kube.selection import TRACKING_LABEL
 from hack.localcluster import agentsandbox, controlplane
 from hack.localcluster.sandbox_script import pod_manifest
 from tests.conftest import _binaries_or_skip

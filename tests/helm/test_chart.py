@@ -168,7 +168,7 @@ def test_values_reach_the_objects() -> None:
         "controller.leaderElection.leaseDurationSeconds=20", "controller.nodeSelector.pool=system",
         "firewall.podCIDRs={10.0.0.0/16,fd00::/48}", "firewall.agentPorts={49983,49984}",
         "firewall.inbound=false", "firewall.allowedSources={192.0.2.10/32}",
-        "firewall.tolerations=null",
+        "firewall.tolerations=null", "controller.controllerId=blue",
     )  # fmt: skip
     deployment = rendered[("Deployment", NAMESPACE, "deathwatch-controller")]["spec"]
     container = deployment["template"]["spec"]["containers"][0]
@@ -183,8 +183,10 @@ def test_values_reach_the_objects() -> None:
     )
     assert config == {
         "podCIDRs": ["10.0.0.0/16", "fd00::/48"], "agentPorts": [49983, 49984], "resyncSeconds": 10,
-        "inbound": False, "allowedSources": ["192.0.2.10/32"], "sandboxSelector": "app=sandbox",
+        "inbound": False, "allowedSources": ["192.0.2.10/32"],
         "hostPodCIDROffsets": [0, 1], "mode": "enforce", "enforceNodeSelector": "",
+        # the pods of this release's DeathWatches are the sandboxes it guards (ADR 0037)
+        "sandboxSelector": "", "controllerId": "blue",
     }  # fmt: skip
     assert (
         "tolerations"

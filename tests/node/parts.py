@@ -1,8 +1,10 @@
 """What the node lane's modules share: sandboxes of the test agent on the node, the
-exits observer as a process, and watches that stamp when each change was seen."""
+firewall agent and the exits observer as processes, watches that stamp when each change was
+seen, and connections to a sandbox from the host and from outside the pod network."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -10,12 +12,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from kubernetes import watch
 
 from hack.localcluster import agentpods, controlplane
+from hack.localcluster.netns_tool import connect_once
 from hack.localcluster.node import NODE_NAME, RUNTIME_SOCKET, Node
 from tests.controller_env import Env
 from tests.kube import wait_for
@@ -243,3 +247,58 @@ def each_death_heard(e: Env, prefix: str, stamps: Stamps | None = None,
         sigkill = next(i for i, death in enumerate(DEATHS) if death[0] == "sigkill")
         assert exits.sigkills().get(f"{prefix}{sigkill}") == "none", exits.sigkills()
     return ahead
+
+
+def connect(host: str, port: int) -> str:
+    return connect_once(host, port, 2.0)[0]
+
+
+@contextlib.contextmanager
+def outside() -> Iterator[str]:
+    """A network namespace outside the pod network (another node's host, a client beyond the
+    cluster), routed to the pods through this host: the inbound rule's case."""
+    ns, host_end, outer_end = "dw-gv-outside", "dwgvo0", "dwgvo1"
+    subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False, timeout=10)
+    for cmd in (["ip", "netns", "add", ns],
+                ["ip", "link", "add", host_end, "type", "veth", "peer", "name", outer_end],
+                ["ip", "link", "set", outer_end, "netns", ns],
+                ["ip", "addr", "add", "172.31.250.1/30", "dev", host_end],
+                ["ip", "link", "set", host_end, "up"],
+                ["ip", "-n", ns, "addr", "add", "172.31.250.2/30", "dev", outer_end],
+                ["ip", "-n", ns, "link", "set", outer_end, "up"],
+                ["ip", "-n", ns, "route", "add", "default", "via", "172.31.250.1"]):  # fmt: skip
+        subprocess.run(cmd, capture_output=True, check=True, timeout=10)
+    forward = Path("/proc/sys/net/ipv4/ip_forward")
+    was = forward.read_text().strip()
+    forward.write_text("1")
+    try:
+        yield ns
+    finally:
+        forward.write_text(was)
+        subprocess.run(["ip", "link", "del", host_end], capture_output=True, check=False,
+                       timeout=10)  # fmt: skip
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False, timeout=10)
+
+
+def connect_from(ns: str, host: str, port: int) -> str:
+    tool = str(ROOT / "hack" / "localcluster" / "netns_tool.py")
+    out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, tool, "connect", host,
+                          str(port), "2"], capture_output=True, text=True, timeout=30,
+                         check=False)  # fmt: skip
+    return out.stdout.split()[0] if out.stdout else f"error: {out.stderr.strip()}"
+
+
+def shielded(e: Env, pod: str, want: tuple[str, str | None], timeout: float = 30) -> None:
+    """Wait for the verdict's Shielded condition to say `want` (status, reason; None: any)."""
+
+    def said() -> tuple[str, str] | None:
+        conditions = ((e.sv(pod) or {}).get("status") or {}).get("conditions") or []
+        found = next((c for c in conditions if c["type"] == "Shielded"), None)
+        return (found["status"], found["reason"]) if found else None
+
+    def matches() -> bool:
+        now = said()
+        return now is not None and now[0] == want[0] and want[1] in (None, now[1])
+
+    wait_for(matches, timeout=timeout,
+             what=f"Shielded {want} (it says {said()})")  # fmt: skip

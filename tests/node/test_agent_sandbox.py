@@ -22,18 +22,27 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
 from deathwatch._engine.timeutil import format_time
 from hack.localcluster import agentpods, agentsandbox, controlplane
-from hack.localcluster.node import GVISOR_RUNTIME_CLASS, NODE_NAME, Node, gvisor_available
+from hack.localcluster.node import (
+    GVISOR_RUNTIME_CLASS,
+    NODE_NAME,
+    POD_SUBNET,
+    Node,
+    gvisor_available,
+)
 from tests.controller_env import Env
 from tests.kube import wait_for
+from tests.node.parts import ROOT, FirewallAgent, connect, connect_from, outside, shielded
 
 pytestmark = pytest.mark.node
 CORE = ("agents.x-k8s.io", "v1beta1")
 EXT = ("extensions.agents.x-k8s.io", "v1beta1")
-SIDE_BY_SIDE: dict[str, dict[str, Any]] = {}  # case -> agent-sandbox's status and our verdict
+SIDE_BY_SIDE: dict[str, dict[str, Any]] = {}
+AGENT_PORT = 49983  # case -> agent-sandbox's status and our verdict
 
 
 @pytest.fixture(scope="module")
@@ -283,3 +292,60 @@ def test_a_warm_pool_sandbox_claimed_keeps_its_verdict_and_gains_the_claim(aenv:
     record("claimed, then exits 3", e, name, dead)
     rows = e.cp.kubectl_run("get", "sv", "-n", e.ns, "-o", "wide").stdout
     assert "alice" in rows and name in rows, rows
+
+
+def test_on_the_charts_defaults_a_sandboxs_pod_is_guarded_with_no_label_of_ours(
+    nenv: Env, agent_sandbox: agentsandbox.AgentSandboxController,
+    control_plane: controlplane.ControlPlane, exits_token: Path, tmp_path: Path,
+) -> None:  # fmt: skip
+    """One definition of a sandbox (#59, ADR 0037): with the chart's defaults (no
+    `firewall.sandboxSelector`, no controller id) the node's agent guards exactly the pods
+    the DeathWatch selects, here agent-sandbox's by its ownerReference and label, which carry
+    no label of ours. Measured from the host and from outside the pod network: the Sandbox's
+    pod is refused on its agent port and says Shielded=True; a pod no Sandbox owns, with the
+    same program, is no sandbox and stays reachable from outside."""
+    values = yaml.safe_load((ROOT / "charts/deathwatch/values.yaml").read_text())
+    assert (values["firewall"]["sandboxSelector"], values["controller"]["controllerId"]) == ("", "")
+    e = nenv
+    e.start_controller(extra=["--firewall-daemonset", "deathwatch-system/deathwatch-firewall",
+                              "--coverage-interval", "0.5"])  # fmt: skip
+    e.deathwatch(podSelector={}, sandboxes="agent-sandbox")
+    body = agentpods.agent_pod("loose", ctl_of(e, "loose"), node=NODE_NAME,
+                               runtime_class=GVISOR_RUNTIME_CLASS)  # fmt: skip
+    e.core.create_namespaced_pod(e.ns, body, _request_timeout=30)
+    sandbox(e, "guarded", pod_spec(e, "guarded"))
+    pod = alive(e, "guarded")["metadata"]["name"]
+    assert e.sv("loose") is None  # not selected: no verdict, and (below) not guarded
+
+    def ip_of(name: str) -> str:
+        ip: str | None = e.core.read_namespaced_pod(name, e.ns, _request_timeout=10).status.pod_ip
+        return ip or ""
+
+    ip, loose = wait_for(lambda: (ip_of(pod), ip_of("loose")) if ip_of("loose") else None,
+                         timeout=60, what="both pods addressed")  # fmt: skip
+    with outside() as ns:
+        wait_for(lambda: connect_from(ns, loose, AGENT_PORT) == "connected", timeout=60,
+                 what="the loose pod's agent listening")  # fmt: skip
+        assert connect_from(ns, ip, AGENT_PORT) == "connected"  # the hole, before the firewall
+        agent = FirewallAgent(tmp_path, POD_SUBNET, AGENT_PORT, (control_plane, exits_token))
+        agent.up()
+        try:
+            wait_for(lambda: connect_from(ns, ip, AGENT_PORT) != "connected", timeout=20,
+                     what="the Sandbox's pod in the inbound rule's set")  # fmt: skip
+            shielded(e, pod, ("True", "RuleInForce"))
+            assert connect(ip, AGENT_PORT) == "refused"  # the host: the output rule
+            refused = [connect_from(ns, ip, AGENT_PORT) for _ in range(10)]
+            assert "connected" not in refused, refused
+            # the same program in a pod no DeathWatch selects: not a sandbox, not guarded
+            assert connect_from(ns, loose, AGENT_PORT) == "connected"
+            lease = client.CoordinationV1Api(e.core.api_client).read_namespaced_lease(
+                f"deathwatch-firewall.{NODE_NAME}", "deathwatch-system", _request_timeout=10
+            )
+            notes = lease.metadata.annotations
+            assert notes["deathwatch.dev/sandboxes-from"] == "deathwatches"
+            assert ip in notes["deathwatch.dev/guarded"].split(",")
+            assert loose not in notes["deathwatch.dev/guarded"].split(",")
+        finally:
+            agent.down()
+            print(f"--- firewall agent:\n{agent.log.read_text()[-3000:]}")
+        shielded(e, pod, ("False", None))  # the agent and its table gone: never True

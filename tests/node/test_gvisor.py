@@ -17,12 +17,9 @@ refused oom_score_adj (the harness only, never a shipped artifact)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +28,6 @@ from typing import Any
 import pytest
 
 from hack.localcluster import controlplane
-from hack.localcluster.netns_tool import connect_once
 from hack.localcluster.node import (
     GVISOR_RUNTIME_CLASS,
     POD_SUBNET,
@@ -48,8 +44,12 @@ from tests.node.parts import (
     FirewallAgent,
     Stamps,
     agent_pod,
+    connect,
+    connect_from,
     ctl,
+    outside,
     pod_ready,
+    shielded,
 )
 
 pytestmark = pytest.mark.node
@@ -197,61 +197,6 @@ def test_exec_probe_flaps_under_gvisor_keep_each_policys_meaning(nenv: Env, hear
     assert (dead["cause"], dead["exitCode"], dead["observedBy"]) == ("ContainerExited", 4, "node")
 
 
-def _connect(host: str, port: int) -> str:
-    return connect_once(host, port, 2.0)[0]
-
-
-@contextlib.contextmanager
-def _outside() -> Iterator[str]:
-    """A network namespace outside the pod network (another node's host, a client beyond the
-    cluster), routed to the pods through this host: the inbound rule's case."""
-    ns, host_end, outer_end = "dw-gv-outside", "dwgvo0", "dwgvo1"
-    subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False, timeout=10)
-    for cmd in (["ip", "netns", "add", ns],
-                ["ip", "link", "add", host_end, "type", "veth", "peer", "name", outer_end],
-                ["ip", "link", "set", outer_end, "netns", ns],
-                ["ip", "addr", "add", "172.31.250.1/30", "dev", host_end],
-                ["ip", "link", "set", host_end, "up"],
-                ["ip", "-n", ns, "addr", "add", "172.31.250.2/30", "dev", outer_end],
-                ["ip", "-n", ns, "link", "set", outer_end, "up"],
-                ["ip", "-n", ns, "route", "add", "default", "via", "172.31.250.1"]):  # fmt: skip
-        subprocess.run(cmd, capture_output=True, check=True, timeout=10)
-    forward = Path("/proc/sys/net/ipv4/ip_forward")
-    was = forward.read_text().strip()
-    forward.write_text("1")
-    try:
-        yield ns
-    finally:
-        forward.write_text(was)
-        subprocess.run(["ip", "link", "del", host_end], capture_output=True, check=False,
-                       timeout=10)  # fmt: skip
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False, timeout=10)
-
-
-def _connect_from(ns: str, host: str, port: int) -> str:
-    tool = str(ROOT / "hack" / "localcluster" / "netns_tool.py")
-    out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, tool, "connect", host,
-                          str(port), "2"], capture_output=True, text=True, timeout=30,
-                         check=False)  # fmt: skip
-    return out.stdout.split()[0] if out.stdout else f"error: {out.stderr.strip()}"
-
-
-def shielded(e: Env, pod: str, want: tuple[str, str | None], timeout: float = 30) -> None:
-    """Wait for the verdict's Shielded condition to say `want` (status, reason; None: any)."""
-
-    def said() -> tuple[str, str] | None:
-        conditions = ((e.sv(pod) or {}).get("status") or {}).get("conditions") or []
-        found = next((c for c in conditions if c["type"] == "Shielded"), None)
-        return (found["status"], found["reason"]) if found else None
-
-    def matches() -> bool:
-        now = said()
-        return now is not None and now[0] == want[0] and want[1] in (None, now[1])
-
-    wait_for(matches, timeout=timeout,
-             what=f"Shielded {want} (it says {said()})")  # fmt: skip
-
-
 def test_the_firewall_refuses_the_host_and_outside_sources_at_a_gvisor_sandbox(
     nenv: Env, control_plane: controlplane.ControlPlane, exits_token: Path, tmp_path: Path
 ) -> None:
@@ -267,29 +212,29 @@ def test_the_firewall_refuses_the_host_and_outside_sources_at_a_gvisor_sandbox(
     wait_for(lambda: pod_ready(e, target), timeout=60, what="the gVisor sandbox Ready")
     shielded(e, target, ("False", "NoAgent"))  # no agent on its node
     ip = e.core.read_namespaced_pod(target, e.ns, _request_timeout=10).status.pod_ip
-    with _outside() as ns:
-        before = (_connect(ip, AGENT_PORT), _connect_from(ns, ip, AGENT_PORT))
+    with outside() as ns:
+        before = (connect(ip, AGENT_PORT), connect_from(ns, ip, AGENT_PORT))
         assert before == ("connected", "connected"), before  # the holes, before the firewall
         agent = FirewallAgent(tmp_path, POD_SUBNET, AGENT_PORT, (control_plane, exits_token))
         agent.up()
         try:
             # the inbound rule is keyed on the node's sandboxes, learned from the API
-            wait_for(lambda: _connect_from(ns, ip, AGENT_PORT) != "connected", timeout=20,
+            wait_for(lambda: connect_from(ns, ip, AGENT_PORT) != "connected", timeout=20,
                      what="the gVisor sandbox in the inbound rule's set")  # fmt: skip
             shielded(e, target, ("True", "RuleInForce"))
-            assert _connect(ip, AGENT_PORT) == "refused"
-            assert _connect_from(ns, ip, AGENT_PORT) != "connected"
-            assert _connect(ip, 8080) == "connected"
-            assert _connect_from(ns, ip, 8080) == "connected"
+            assert connect(ip, AGENT_PORT) == "refused"
+            assert connect_from(ns, ip, AGENT_PORT) != "connected"
+            assert connect(ip, 8080) == "connected"
+            assert connect_from(ns, ip, 8080) == "connected"
             client = agent_pod(e, "client", environment={"TARGET": f"{ip}:{AGENT_PORT}"},
                                labels={"app": "client"}, runtime_class=GVISOR)  # fmt: skip
             result = ctl(e, client) / "result"
             wait_for(lambda: result.exists() and result.read_text().strip() == "connected",
                      timeout=60, what="a gVisor pod reaching the agent port")  # fmt: skip
-            refusals = [_connect(ip, AGENT_PORT) for _ in range(50)]
+            refusals = [connect(ip, AGENT_PORT) for _ in range(50)]
             assert set(refusals) == {"refused"}
         finally:
             agent.down()
             print(f"--- firewall agent:\n{agent.log.read_text()[-3000:]}")
-        assert _connect(ip, AGENT_PORT) == "connected"
+        assert connect(ip, AGENT_PORT) == "connected"
         shielded(e, target, ("False", None))  # the agent and its table gone: never True

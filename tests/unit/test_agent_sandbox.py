@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 
-from deathwatch._api.agent_sandbox import TRACKING_LABEL, read
+from deathwatch._api.agent_sandbox import read
 from deathwatch._api.resources import SANDBOX_LABEL, SandboxRef
 from deathwatch._api.rules import read_deathwatch
 from deathwatch._engine.contract import PolicySettings
 from deathwatch._engine.podview import read_pod
 from deathwatch._engine.verdict import Cause, State
+from deathwatch._kube.selection import TRACKING_LABEL
 from deathwatch._operator.judging.documents import verdict_object
 from deathwatch._operator.memory.agent_sandboxes import AgentSandboxes
 from deathwatch._policies import default_registry

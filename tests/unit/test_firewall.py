@@ -24,6 +24,7 @@ import pytest
 from deathwatch.firewall.agent import Agent, ClusterLink
 from deathwatch.firewall.config import ConfigError, load_config, parse_config
 from deathwatch.firewall.coverage import lease_name
+from deathwatch.firewall.deathwatches import DeathWatches, read, selections
 from deathwatch.firewall.kubeapi import ApiError
 from deathwatch.firewall.nft import NftError
 from deathwatch.firewall.ruleset import COMMENT, INBOUND_COMMENT, SANDBOX_SETS, desired
@@ -587,6 +588,123 @@ class Nodes:
 
     def snapshot(self) -> list[Mapping[str, Any]] | None:
         return list(self.nodes)
+
+
+def deathwatch(namespace: str, name: str, controller: str = "", **spec: Any) -> dict[str, Any]:
+    notes = {"deathwatch.dev/controller-id": controller} if controller else {}
+    return {"metadata": {"namespace": namespace, "name": name, "uid": f"uid-{name}",
+                         "annotations": notes}, "spec": spec}  # fmt: skip
+
+
+def test_with_no_selector_the_agent_guards_exactly_the_pods_the_deathwatches_select(
+    tmp_path: Path,
+) -> None:
+    """One definition of a sandbox (ADR 0037): no sandboxSelector (the default), and the
+    inbound rule holds the pods a DeathWatch selects: by its podSelector in its namespace,
+    and agent-sandbox's pods (a Sandbox's ownerReference and label) with no label of ours;
+    only this release's DeathWatches (its controller id). Until the DeathWatches are listed,
+    the sandboxes are unknown, never none."""
+    path = tmp_path / "fw.yaml"
+    path.write_text(json.dumps(GOOD))
+    api, nft = FakeApi(), FakeNft()
+    sandbox_ref = {"apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox", "name": "s1",
+                   "uid": "u", "controller": True}  # fmt: skip
+    pods = {
+        "10.244.1.2": ("sandboxes", {"app": "sandbox"}, []),  # selected by its DeathWatch
+        "10.244.1.3": ("other", {"app": "sandbox"}, []),  # no DeathWatch in its namespace
+        "10.244.1.4": ("sandboxes", {"app": "web"}, []),  # not selected
+        "10.244.1.5": ("tenant", {"agents.x-k8s.io/sandbox-name-hash": "ab"}, [sandbox_ref]),
+        "10.244.1.6": ("tenant", {"agents.x-k8s.io/sandbox-name-hash": "cd"}, []),  # no owner
+    }
+    for ip, (namespace, labels, owners) in pods.items():
+        pod = sandbox_pod(ip)
+        pod["metadata"] = {"name": f"pod-{ip}", "namespace": namespace, "labels": labels,
+                           "ownerReferences": owners}  # fmt: skip
+        api.add("pods", namespace, pod)
+    agent = Agent(path, nft, link=ClusterLink(api.agent(), "node-a", "fw-a", "deathwatch-system"))
+    agent.deathwatches = Seen(None)  # type: ignore[assignment]
+    agent.step()
+    notes = coverage_lease(api)["metadata"]["annotations"]
+    assert notes["deathwatch.dev/sandboxes"] == "unknown"
+    assert notes["deathwatch.dev/sandboxes-from"] == "deathwatches"
+    assert "deathwatch.dev/sandbox-selector" not in notes  # the controller checks no labels
+    listed = Seen([
+        read(deathwatch("sandboxes", "dw", podSelector={"matchLabels": {"app": "sandbox"}})),
+        read(deathwatch("tenant", "dw", podSelector={}, sandboxes="agent-sandbox")),
+        read(deathwatch("other", "bad", podSelector={"matchLabels": {"app": "-bad"}})),
+        # another release's (its controller id): its firewall guards its pods, not this one
+        read(deathwatch("sandboxes", "web", "staging", podSelector={"matchLabels": {"app": "web"}})),
+    ])  # fmt: skip
+    agent.deathwatches = listed  # type: ignore[assignment]
+    agent.step()
+    config = parse_config(GOOD)
+    assert nft.table == desired(config, [ip_address("10.244.1.2"), ip_address("10.244.1.5")])
+    # every pod of the node is listed (the DeathWatches choose), not a label's
+    assert ("GET", "/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-a") in api.requests
+    assert coverage_lease(api)["metadata"]["annotations"]["deathwatch.dev/sandboxes"] == "2"
+    # the DeathWatches not known again (a relist under way): the last known stay guarded
+    agent.deathwatches = Seen(None)  # type: ignore[assignment]
+    agent.step()
+    assert nft.table == desired(config, [ip_address("10.244.1.2"), ip_address("10.244.1.5")])
+    # an operator's selector overrides the DeathWatches, and the Lease says which it is
+    path.write_text(json.dumps({**GOOD, "sandboxSelector": "app=web"}))
+    agent.step()
+    config = parse_config({**GOOD, "sandboxSelector": "app=web"})
+    assert nft.table == desired(config, [ip_address("10.244.1.4")])
+    notes = coverage_lease(api)["metadata"]["annotations"]
+    assert (notes["deathwatch.dev/sandboxes-from"], notes["deathwatch.dev/sandbox-selector"]) \
+        == ("selector", "app=web")  # fmt: skip
+    # the staging release's agent (its controllerId) guards the staging DeathWatch's pod
+    agent.deathwatches = listed  # type: ignore[assignment]
+    path.write_text(json.dumps({**GOOD, "controllerId": "staging"}))
+    agent.step()
+    staging = parse_config({**GOOD, "controllerId": "staging"})
+    assert nft.table == desired(staging, [ip_address("10.244.1.4")])  # not 1.2 nor 1.5
+    api.add("pods", "sandboxes", {**sandbox_pod("10.244.1.9"), "metadata": {
+        "name": "web-2", "namespace": "sandboxes", "labels": {"app": "web"}}})  # fmt: skip
+    agent.step()
+    config = parse_config({**GOOD, "controllerId": "staging"})
+    assert nft.table == desired(config, [ip_address("10.244.1.4"), ip_address("10.244.1.9")])
+    notes = coverage_lease(api)["metadata"]["annotations"]
+    assert notes["deathwatch.dev/sandboxes-from"] == "deathwatches"
+
+
+class Seen:
+    """The DeathWatches as the agent's watch last saw them (None: not listed yet)."""
+
+    def __init__(self, read: list[Any] | None) -> None:
+        self.read = read
+
+    def snapshot(self) -> list[Any] | None:
+        return self.read
+
+
+def test_the_deathwatch_watch_keeps_each_selection_and_wakes_the_agent() -> None:
+    stop, wakes = threading.Event(), []
+    api = FakeApi()
+    api.add("deathwatches", "sandboxes", deathwatch("sandboxes", "a", podSelector={}))
+    path = "/apis/deathwatch.dev/v1alpha1/deathwatches"
+    edited = deathwatch("sandboxes", "a", podSelector={"matchLabels": {"app": "x"}})
+    edited["metadata"]["resourceVersion"] = "12"
+    api.streams[path] = [[
+        {"type": "MODIFIED", "object": edited},
+        {"type": "ADDED", "object": {**deathwatch("t", "b", sandboxes="nope"),
+                                     "metadata": {"namespace": "t", "name": "b"}}},
+        {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "13"}}},
+    ]]  # fmt: skip
+    watch = DeathWatches(api.agent(), lambda: wakes.append(1), lambda: None, stop)
+    assert watch.snapshot() is None
+    watch.start()
+    wait_for(lambda: any("resourceVersion=13" in p for _, p in api.requests), what="resumed")
+    stop.set()
+    snapshot = watch.snapshot()
+    assert snapshot is not None
+    chosen = selections(snapshot)
+    assert len(chosen) == 1 and chosen[0].namespace == "sandboxes"
+    assert chosen[0].selects({"metadata": {"namespace": "sandboxes", "labels": {"app": "x"}}})
+    assert not chosen[0].selects({"metadata": {"namespace": "sandboxes", "labels": {}}})
+    assert snapshot[1] == "spec.sandboxes: expected 'agent-sandbox', got 'nope'"
+    assert len(wakes) == 3  # listed, edited, the unreadable one added
 
 
 def test_pod_ranges_are_learned_from_the_nodes_and_the_inbound_rule_waits_for_all_of_them(

@@ -65,7 +65,7 @@ def test_the_agents_lease_reads_back_as_the_controller_expects() -> None:
         measured="none",
         mode="enforce",
         table="deathwatch",
-        selector="",
+        selector=None,  # no sandboxSelector: the DeathWatches' pods
         guarded=None,  # not listed: the inbound rule waits for the sandboxes
         repairs=0,
         repaired_at="",

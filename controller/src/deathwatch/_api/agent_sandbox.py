@@ -1,6 +1,7 @@
-"""agent-sandbox's API as deathwatch reads it (agents.x-k8s.io/v1beta1): the group, the
-label its controller puts on every pod of a Sandbox, and a Sandbox decoded from its bytes
-into just what a verdict needs (`SandboxObject`). Pure."""
+"""agent-sandbox's API as deathwatch reads it (agents.x-k8s.io/v1beta1): the group, and a
+Sandbox decoded from its bytes into just what a verdict needs (`SandboxObject`). The label
+its controller puts on every pod of a Sandbox is part of what a DeathWatch selects
+(deathwatch._kube.selection). Pure."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ from datetime import datetime
 
 import msgspec
 
-GROUP = "agents.x-k8s.io"
+from deathwatch._kube.selection import SANDBOX_GROUP
+
+GROUP = SANDBOX_GROUP
 VERSION = "v1beta1"
 PLURAL = "sandboxes"
-# the label agent-sandbox's controller puts on every pod it makes for a Sandbox
-TRACKING_LABEL = "agents.x-k8s.io/sandbox-name-hash"
 TEMPLATE_ANNOTATION = "agents.x-k8s.io/sandbox-template-ref"
 SUSPENDED = "Suspended"  # spec.operatingMode
 

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 
 from deathwatch._engine.verdict import Cause, Observer, Origin, State
+from deathwatch._kube import selection
 
 GROUP: Final = "deathwatch.dev"
 VERSION: Final = "v1alpha1"
@@ -87,7 +88,7 @@ DeathWatchKey = tuple[str, str]  # a DeathWatch by (namespace, name): how every 
 # controller started with --controller-id ID serves the DeathWatches annotated with ID, and
 # one started without it those with none. Every controller still applies one rule to all of
 # them: the oldest DeathWatch in a namespace that selects a pod judges it (ADR 0029).
-CONTROLLER_ID_ANNOTATION = "deathwatch.dev/controller-id"
+CONTROLLER_ID_ANNOTATION: Final = selection.CONTROLLER_ID_ANNOTATION
 
 
 class EventReason(StrEnum):

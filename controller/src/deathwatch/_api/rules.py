@@ -16,12 +16,12 @@ from typing import Any
 
 import msgspec
 
-from deathwatch._api.agent_sandbox import TRACKING_LABEL
 from deathwatch._api.resources import API_VERSION, DeathWatchSpec, LabelSelector
 from deathwatch._engine.podview import PodView
 from deathwatch._engine.raw import validation_field
 from deathwatch._engine.timeutil import UTC, parse_time
-from deathwatch._kube.selector import Requirement, Selector, SelectorError, check_key, check_value
+from deathwatch._kube.selection import compile_selector, selects
+from deathwatch._kube.selector import Selector, SelectorError
 from deathwatch._policies import PolicyRegistry, PolicySettings, UnknownPolicy
 
 DEFAULT_RETENTION = timedelta(hours=1)
@@ -93,9 +93,8 @@ class Rules:
         return (self.uid, self.generation)
 
     def selects(self, pod: PodView) -> bool:
-        if self.sandboxes is not None and (pod.sandbox is None or TRACKING_LABEL not in pod.labels):
-            return False  # agent-sandbox's own pods only: its ownerReference and its label
-        return self.selector.matches(pod.labels)
+        # the firewall agent asks the same of the pods on its node (ADR 0037)
+        return selects(self.selector, self.sandboxes, pod.labels, pod.sandbox)
 
     def owner_reference(self) -> dict[str, Any]:
         """What each of its SandboxVerdicts names as owner: they go with it."""
@@ -117,23 +116,8 @@ def _selector(selector: LabelSelector | None, where: str) -> Selector:
     """A metav1.LabelSelector (matchLabels + matchExpressions). None selects everything."""
     if selector is None:
         return Selector()
-    requirements: list[Requirement] = []
-    for key, value in sorted((selector.match_labels or {}).items()):
-        w = f"{where}.matchLabels.{key}"
-        requirements.append(
-            Requirement(check_key(key, w), "In", frozenset({check_value(value, w)}))
-        )
-    for i, expr in enumerate(selector.match_expressions or ()):
-        w = f"{where}.matchExpressions[{i}]"
-        values = expr.values or []
-        if expr.operator in ("In", "NotIn") and not values:
-            raise SelectorError(f"{w}.values: operator {expr.operator} needs at least one value")
-        if expr.operator in ("Exists", "DoesNotExist") and values:
-            raise SelectorError(
-                f"{w}.values: operator {expr.operator} takes no values, got {values!r}"
-            )
-        requirements.append(Requirement(check_key(expr.key, w), expr.operator, frozenset(values)))
-    return Selector(tuple(requirements))
+    terms = [(e.key, e.operator, e.values or []) for e in selector.match_expressions or ()]
+    return compile_selector(selector.match_labels, terms, where)
 
 
 def read_deathwatch(body: Mapping[str, Any], registry: PolicyRegistry) -> Rules:

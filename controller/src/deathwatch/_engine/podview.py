@@ -19,6 +19,7 @@ from typing import Final, Literal
 import msgspec
 
 from deathwatch._engine import raw
+from deathwatch._kube.selection import SANDBOX_GROUP
 
 ProbeKind = Literal["exec", "tcpSocket", "httpGet", "grpc", "unknown"]
 NETWORK_PROBES: Final = frozenset({"tcpSocket", "httpGet", "grpc"})
@@ -263,9 +264,6 @@ def _probe(container: raw.Container) -> ProbeView | None:
         period_seconds=probe.period_seconds or DEFAULT_PERIOD_SECONDS,
         timeout_seconds=probe.timeout_seconds or DEFAULT_TIMEOUT_SECONDS,
     )
-
-
-SANDBOX_GROUP = "agents.x-k8s.io"
 
 
 def _controlling_sandbox(meta: raw.ObjectMeta) -> str | None:

@@ -38,6 +38,7 @@ from deathwatch.firewall.config import (
     load_config,
 )
 from deathwatch.firewall.coverage import LEASE_PREFIX, NodeState, lease_body, publish
+from deathwatch.firewall.deathwatches import DeathWatches, selections
 from deathwatch.firewall.hosts import Hosts, NodeAddresses, host_addresses, ranges_unknown
 from deathwatch.firewall.kubeapi import Api
 from deathwatch.firewall.metrics import FirewallMetrics
@@ -120,6 +121,9 @@ class Agent:
         outside = () if link is None else None  # outside a cluster: no node to learn from
         self.hosts = Hosts(self._given_hosts, outside, (), outside)
         self.nodes: NodeAddresses | None = None
+        # the DeathWatches, whose pods are this node's sandboxes unless a selector is given
+        self.deathwatches: DeathWatches | None = None
+        self._deathwatches_waited = False  # "waiting for the DeathWatches listing" logged
         self._file_digest = "invalid"  # the config the mounted file asks for
         self._in_force = False
         self.wake = threading.Event()
@@ -334,8 +338,22 @@ class Agent:
         """Learn this node's sandboxes; on failure keep the last known (counted, logged)."""
         if self.link is None or self.config is None or not self.config.inbound:
             return
+        chosen = None
+        if not self.config.sandbox_selector:  # the pods the DeathWatches select (ADR 0037)
+            read = self.deathwatches.snapshot() if self.deathwatches is not None else None
+            if read is None:
+                self._sandboxes_known = False
+                if not self._deathwatches_waited:
+                    self._deathwatches_waited = True
+                    log.warning("waiting for the DeathWatches listing; the last known "
+                                "sandboxes stay guarded", guarded=len(self.sandboxes))  # fmt: skip
+                return
+            self._deathwatches_waited = False
+            served = self.config.controller_id  # this release's DeathWatches only
+            chosen = tuple(s for s in selections(read) if s.controller == served)
         try:
-            found = list_sandboxes(self.link.api, self.link.node, self.config.sandbox_selector)
+            found = list_sandboxes(self.link.api, self.link.node, self.config.sandbox_selector,
+                                   chosen)  # fmt: skip
         except (KubeError, ValueError) as exc:  # the API's, or an answer that is not JSON
             self._sandboxes_known = False
             self.metrics.sync_failures.labels("sandboxes").inc()
@@ -523,6 +541,11 @@ class Agent:
                 stop,
             )  # fmt: skip
             self.nodes.start()
+            self.deathwatches = DeathWatches(
+                link.api, self.wake.set,
+                lambda: self.metrics.sync_failures.labels("deathwatches").inc(), stop,
+            )  # fmt: skip
+            self.deathwatches.start()
             if link.remove_on_uninstall is not None:
                 self.daemonset = DaemonSetWatch(
                     link.api, link.namespace, link.remove_on_uninstall,

@@ -8,7 +8,10 @@
     inbound: true                  # also refuse, on the sandbox's own node, connections from
                                    # outside the pod ranges (other nodes' hosts, NodePorts)
     allowedSources: ["10.0.5.7/32"]                    # ... except from these (a gateway)
-    sandboxSelector: "app=sandbox"  # which pods on this node are sandboxes (label selector)
+    sandboxSelector: ""            # which pods on this node are sandboxes: empty, the pods
+                                   # the DeathWatches select (ADR 0037); else a label selector
+    controllerId: ""               # ... the DeathWatches of this controller id (the chart's
+                                   # controller.controllerId)
     mode: enforce                  # or audit: the same rules count and record what they
                                    # would refuse, and let it through (ruleset.py)
     enforceNodeSelector: ""        # in audit mode, the nodes whose labels match enforce: the
@@ -102,11 +105,14 @@ class ConfigFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_onl
     enforce_node_selector: Annotated[str, msgspec.Meta(max_length=1024)] = msgspec.field(
         name="enforceNodeSelector", default=""
     )
+    controller_id: Annotated[str, msgspec.Meta(max_length=253)] = msgspec.field(
+        name="controllerId", default=""
+    )
 
 
 KEYS = ("podCIDRs", "agentPorts", "resyncSeconds", "inbound", "allowedSources", "sandboxSelector",
         "hostAddressAnnotations", "hostPodCIDROffsets", "extraHostAddresses", "mode",
-        "enforceNodeSelector")  # fmt: skip
+        "enforceNodeSelector", "controllerId")  # fmt: skip
 ENFORCE, AUDIT = "enforce", "audit"
 # a label selector as kubectl takes it: key=value, key!=value, key, !key, key in (a,b)
 _SELECTOR = re.compile(
@@ -132,6 +138,7 @@ _EXPECTED = {
     "extraHostAddresses[]": "an IP address string",
     "mode": "enforce or audit",
     "enforceNodeSelector": "a label selector of the nodes that enforce in audit mode",
+    "controllerId": 'the controller id whose DeathWatches choose the sandboxes ("": none)',
 }
 
 
@@ -148,6 +155,9 @@ class FirewallConfig:
     extra_host_addresses: tuple[Address, ...] = ()
     mode: str = ENFORCE  # as configured; the agent resolves its node's (`for_node`)
     enforce_node_selector: str = ""
+    # with no sandboxSelector, the sandboxes are the pods selected by the DeathWatches this
+    # release's controller serves: those annotated with this controller id ("": none)
+    controller_id: str = ""
 
     def for_node(self, labels: Mapping[str, str] | None) -> FirewallConfig:
         """This config as one node runs it: in audit mode, a node whose labels match
@@ -195,6 +205,7 @@ class FirewallConfig:
                 "extraHostAddresses": sorted(str(a) for a in self.extra_host_addresses),
                 "mode": self.mode,
                 "enforceNodeSelector": self.enforce_node_selector,
+                "controllerId": self.controller_id,
             },
             sort_keys=True,
         )
@@ -264,6 +275,7 @@ def parse_config(data: object, source: str = "config") -> FirewallConfig:
         tuple(sorted(set(extra), key=lambda a: (a.version, int(a)))),
         raw.mode,
         raw.enforce_node_selector.strip(),
+        raw.controller_id,
     )
 
 

@@ -81,7 +81,7 @@ def lease_body(
         measured=state.measured,
         mode=state.mode,
         table=state.table,
-        selector=config.sandbox_selector,
+        selector=config.sandbox_selector or None,  # none: the DeathWatches' pods (ADR 0037)
         guarded=frozenset(str(a) for a in state.guarded) if state.guarded is not None else None,
         repairs=state.repairs,
         repaired_at=wire.stamp(state.repaired_at) if state.repaired_at else "",

@@ -9,15 +9,13 @@ current agent would pass it with such a source (ADR 0012).
 
 `host_addresses` is pure: Node objects and the config in, the addresses and the nodes whose
 addresses could not be learned out (a node with no podCIDR and none of the annotations: its
-host may use a pod-range address nobody told us of). `NodeAddresses` keeps them current: one
-list, then a watch resumed from its resourceVersion (a 410 lists again), waking the agent on
-every change; failures are counted and retried with backoff, never the end of the thread.
+host may use a pod-range address nobody told us of). `NodeAddresses` keeps them current
+(mirror.py: list, then watch, waking the agent on every change; failures counted, retried).
 """
 
 from __future__ import annotations
 
 import ipaddress
-import json
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -25,14 +23,11 @@ from typing import Any
 
 import structlog
 
-from deathwatch._kube import backoff
-from deathwatch._kube.errors import describe
-from deathwatch._kube.listwatch import LISTED, Item, Listed, Listing, ListWatch, Noted, Output
 from deathwatch.firewall.config import Address, FirewallConfig, Network
-from deathwatch.firewall.kubeapi import Api, ThreadTransport, follow
+from deathwatch.firewall.kubeapi import Api
+from deathwatch.firewall.mirror import Mirror
 
 log = structlog.get_logger("deathwatch.firewall")
-WATCH_SECONDS = 300
 
 
 @dataclass(frozen=True)
@@ -132,69 +127,14 @@ def host_addresses(nodes: Iterable[Mapping[str, Any]], config: FirewallConfig) -
                  ranges, unranged)  # fmt: skip
 
 
-class NodeAddresses:
-    """The Node objects this agent needs (annotations and podCIDRs), kept current by the
-    list/watch protocol (deathwatch._kube.listwatch: resumed, relisted on 410, backoff);
-    `wake()` on every change that matters. Read-only: nodes get/list/watch. Its thread never
-    ends before the agent does: a failure is counted (`failed()`) and retried."""
+class NodeAddresses(Mirror[Mapping[str, Any]]):
+    """The Node objects this agent needs (annotations, labels and podCIDRs), kept current
+    (mirror.py), waking the agent on every change that matters. Read-only: nodes
+    get/list/watch."""
 
     def __init__(self, api: Api, wake: Callable[[], None], failed: Callable[[], None],
                  stop: threading.Event) -> None:  # fmt: skip
-        self.api, self.wake, self.failed, self.stop = api, wake, failed, stop
-        self.nodes: dict[str, Mapping[str, Any]] = {}
-        self.listed = False
-        self._listing: dict[str, Mapping[str, Any]] = {}
-        self._lock = threading.Lock()
-
-    def snapshot(self) -> list[Mapping[str, Any]] | None:
-        """The nodes as last seen (None: never listed yet)."""
-        with self._lock:
-            return list(self.nodes.values()) if self.listed else None
-
-    def start(self) -> threading.Thread:
-        thread = threading.Thread(target=self.run, name="node-watch", daemon=True)
-        thread.start()
-        return thread
-
-    def run(self) -> None:
-        transport = ThreadTransport(self.api, "/api/v1/nodes", self.stop, WATCH_SECONDS + 30)
-        while not self.stop.is_set():
-            try:
-                protocol = ListWatch(server_timeout=WATCH_SECONDS, backoff=backoff.NODE_WATCH)
-                follow(protocol, transport, self._handle)
-            except Exception:  # a bug: counted, logged with its traceback, started again
-                self.failed()
-                log.exception("node watch failed; starting it again")
-                self.stop.wait(backoff.NODE_WATCH[-1])
-
-    def _handle(self, out: Output) -> bool:
-        if isinstance(out, Item):
-            node = json.loads(bytes(out.raw))
-            name = str((node.get("metadata") or {}).get("name"))
-            if out.type == LISTED:
-                self._listing[name] = _kept(node)
-                return True
-            with self._lock:
-                before = self.nodes.get(name)
-                if out.type == "DELETED":
-                    self.nodes.pop(name, None)
-                else:
-                    self.nodes[name] = _kept(node)
-                changed = self.nodes.get(name) != before
-            if changed:
-                self.wake()
-        elif isinstance(out, Listing):
-            self._listing = {}
-        elif isinstance(out, Listed):
-            with self._lock:
-                self.nodes, self.listed = self._listing, True
-            self._listing = {}
-            self.wake()
-        elif isinstance(out, Noted) and out.error is not None:
-            self.failed()
-            log.warning("node watch failed; retrying", error=describe(out.error)[:300],
-                        retry_in=out.retry_in)  # fmt: skip
-        return True
+        super().__init__(api, "/api/v1/nodes", "node", _kept, wake, failed, stop)
 
 
 def _kept(node: Mapping[str, Any]) -> Mapping[str, Any]:

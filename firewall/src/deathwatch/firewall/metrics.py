@@ -18,7 +18,8 @@ class FirewallMetrics:
         self.sync_failures = Counter(
             "deathwatch_firewall_sync_failures",
             "Failed syncs, by reason (nft, config, sandboxes: the pod list, coverage: the Lease,"
-            " watch: the pod watch)",
+            " watch: the pod watch, nodes: the node watch, deathwatches: the DeathWatch watch,"
+            " state: the state file)",
             ["reason"],
             registry=r,
         )
@@ -58,7 +59,16 @@ class FirewallMetrics:
             registry=r,
         )
         # finite label sets: their series exist, at 0, from the start (a rate is 0, not absent)
-        for reason in ("nft", "config", "sandboxes", "coverage", "watch", "nodes", "state"):
+        for reason in (
+            "nft",
+            "config",
+            "sandboxes",
+            "coverage",
+            "watch",
+            "nodes",
+            "deathwatches",
+            "state",
+        ):
             self.sync_failures.labels(reason)
         for result in ("unchanged", "applied", "repaired"):
             self.syncs.labels(result)

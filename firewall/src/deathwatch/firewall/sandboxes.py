@@ -1,5 +1,7 @@
 """Which sandboxes run on this node: their addresses, for the inbound rule.
 
+A sandbox is a pod a DeathWatch selects (deathwatches.py, ADR 0037): the agent lists every pod
+of its node and keeps those; an operator's `sandboxSelector`, where given, chooses instead.
 `addresses` is pure: a pod list in, the IPs of the running sandbox pods out. A pod that has
 finished (Succeeded/Failed) is left out at once, since its address can be given to another
 pod; a hostNetwork pod has the node's address and is no sandbox of ours.
@@ -16,7 +18,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -24,6 +26,7 @@ import structlog
 from deathwatch._kube import backoff
 from deathwatch._kube.errors import describe
 from deathwatch._kube.listwatch import Item, Listed, ListWatch, Noted, Output
+from deathwatch._kube.selection import Selection
 from deathwatch.firewall.kubeapi import Api, ThreadTransport, follow
 from deathwatch.firewall.ruleset import Address
 
@@ -41,11 +44,16 @@ def pod_params(node: str, selector: str) -> dict[str, str | int]:
     return params
 
 
-def addresses(pod_list: Mapping[str, Any]) -> tuple[Address, ...]:
+def addresses(pod_list: Mapping[str, Any], chosen: Sequence[Selection] | None = None
+              ) -> tuple[Address, ...]:  # fmt: skip
+    """The addresses of the running sandbox pods listed; with `chosen`, only of the pods one
+    of those DeathWatches selects (none: the list was made by the operator's selector)."""
     found: set[Address] = set()
     for pod in pod_list.get("items") or []:
         spec, status = pod.get("spec") or {}, pod.get("status") or {}
         if spec.get("hostNetwork") or status.get("phase") in ("Succeeded", "Failed"):
+            continue
+        if chosen is not None and not any(s.selects(pod) for s in chosen):
             continue
         ips = [p.get("ip") for p in status.get("podIPs") or []] or [status.get("podIP")]
         for ip in ips:
@@ -56,8 +64,11 @@ def addresses(pod_list: Mapping[str, Any]) -> tuple[Address, ...]:
     return tuple(sorted(found, key=lambda a: (a.version, int(a))))
 
 
-def list_sandboxes(api: Api, node: str, selector: str) -> tuple[Address, ...]:
-    return addresses(json.loads(api.get(PODS, pod_params(node, selector))))
+def list_sandboxes(api: Api, node: str, selector: str,
+                   chosen: Sequence[Selection] | None = None) -> tuple[Address, ...]:  # fmt: skip
+    """This node's sandboxes: the pods `selector` selects, or (no selector) those one of the
+    `chosen` DeathWatches selects, of every pod on the node."""
+    return addresses(json.loads(api.get(PODS, pod_params(node, selector))), chosen)
 
 
 class PodWatch:

@@ -43,6 +43,10 @@ MODE: Final = f"{PREFIX}mode"
 TABLE, SANDBOX_SELECTOR, GUARDED = (f"{PREFIX}{k}" for k in ("table", "sandbox-selector",
                                                              "guarded"))  # fmt: skip
 REPAIRS, REPAIRED_AT = f"{PREFIX}repairs", f"{PREFIX}repaired-at"
+# which pods the inbound rule guards: "deathwatches" (the pods the DeathWatches select, the
+# default: ADR 0037), or "selector" (the operator's sandbox selector, noted above)
+SANDBOXES_FROM: Final = f"{PREFIX}sandboxes-from"
+FROM_DEATHWATCHES, FROM_SELECTOR = "deathwatches", "selector"
 
 COMPONENT: Final = "firewall-coverage"
 LABELS: Final = {"app.kubernetes.io/name": "deathwatch", "app.kubernetes.io/component": COMPONENT}
@@ -86,7 +90,8 @@ class Claim:
     measured: str = ""  # the agent's self-check of its output rule ("": an older agent)
     mode: str = "enforce"  # enforce, or audit ("enforce": an older agent, which only enforced)
     table: str = "deathwatch"
-    selector: str | None = None  # its sandbox selector (None: an older agent said none)
+    # its sandbox selector (None: it guards the DeathWatches' pods, or an older agent)
+    selector: str | None = None
     guarded: frozenset[str] | None = None  # the inbound rule's addresses (None: not said)
     repairs: int = 0  # times its table was replaced under it and repaired
     repaired_at: str = ""  # when last ("": never)
@@ -122,6 +127,7 @@ def lease(claim: Claim, namespace: str, prefix: str = LEASE_PREFIX) -> dict[str,
     }
     if claim.selector is not None:
         notes[SANDBOX_SELECTOR] = claim.selector
+    notes[SANDBOXES_FROM] = FROM_DEATHWATCHES if claim.selector is None else FROM_SELECTOR
     if claim.guarded is not None:
         notes[GUARDED] = ",".join(sorted(claim.guarded, key=_address_order))
     if claim.repaired_at:

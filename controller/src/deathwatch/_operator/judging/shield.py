@@ -252,8 +252,8 @@ def _left_out(
         chosen = f"{coverage.selector!r}" if coverage.selector else "every pod"
         return (
             f"does not guard this pod: its sandbox selector ({chosen}) does not select "
-            "it, so its inbound rule leaves it out; set firewall.sandboxSelector to select "
-            "every pod your DeathWatches select"
+            "it, so its inbound rule leaves it out; leave firewall.sandboxSelector empty "
+            "(the default) and it guards exactly the pods your DeathWatches select"
         )
     if coverage.guarded is None or addressed_at is None or sighting is None:
         return None
