@@ -62,6 +62,7 @@ pytestmark = [pytest.mark.deploy, pytest.mark.monitoring]
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEM, NS, PLUGIN_NS = "deathwatch-system", "sandboxes", "plugin-sandboxes"
 SECOND = "deathwatch-second"  # the second release's namespace
+THIRD = "deathwatch-third"  # a release that collides, applied as Argo CD applies it
 # what pages while two healthy releases run side by side, if the rules count the other's series
 LEADERSHIP = ("DeathwatchSplitLeadership", "DeathwatchNoLeader", "DeathwatchControllerDown",
               "DeathwatchShardNoLeader")  # fmt: skip
@@ -75,7 +76,7 @@ FOR_KEYS = (
     "controllerDown", "noLeader", "watchStale", "taskCrashLooping", "apiErrors", "policyErrors",
     "writesRefused", "writesRetrying", "deathBurst", "uncoveredNodes", "firewallDown",
     "firewallSyncFailing", "verdictLatency", "portPressure", "deliveryBacklog", "deliveryRefused",
-    "shardNoLeader",
+    "shardNoLeader", "releaseCollision",
 )  # fmt: skip
 LANE_RULES = [
     *(f"prometheusRule.for.{k}=5s" for k in FOR_KEYS),
@@ -1269,6 +1270,112 @@ def _second_release_in_force(lane: Lane, second: str, sandboxes_b: str, a: str, 
     assert held["connected"] == 0 and held["refused"] > 100, held
     assert SystemNft().list_table() is not None
     RESULTS["two_releases"]["first_held_through_the_seconds_cleanup"] = held.outcomes
+
+
+def test_a_colliding_release_applied_with_kubectl_gives_way_and_both_name_the_other(
+    lane: Lane,
+) -> None:
+    """#59 item 2, ADR 0038: a release rendered by `helm template` (no `lookup`: the chart's
+    refusal never runs) and applied with `kubectl apply --server-side`, as Argo CD applies
+    it, that shares everything with the first: its controller id over every namespace, its
+    table, the CRDs (its agents on other host ports, so that they run and meet the table).
+    Measured: the later release's controller never leads and is not ready; its agent never
+    touches the table and its Lease names the first; the first's rule in force throughout
+    (from the host, every ~2 ms), its verdicts written by it alone and still Shielded; the
+    first's DeathWatch condition, an Event, the metric and the alert name the other side.
+    Removed (and the first's CRDs applied again), the first says nothing is shared."""
+    lane.c.kubectl("create", "namespace", THIRD)
+    lane.c.kubectl("label", "namespace", THIRD, "pod-security.kubernetes.io/enforce=privileged")
+    rendered = lane.helm(
+        "template", "third", str(CHART), "-n", THIRD, "--skip-tests",
+        "-f", str(values(lane.tmp, lane.c.cp.apiserver_port)), "--set", "controller.replicas=1",
+        "--set-json", "controller.extraVolumes=[]", "--set-json", "controller.extraVolumeMounts=[]",
+        "--set-json", "controller.extraEnv=[]",
+        "--set", "firewall.metricsPort=9121", "--set", "firewall.exits.metricsPort=9122",
+    )  # fmt: skip
+    objects = [d for d in yaml.safe_load_all(rendered) if d]
+    crds = [d for d in objects if d["kind"] == "CustomResourceDefinition"]
+    assert len(crds) == 2 and all(
+        d["metadata"]["annotations"]["deathwatch.dev/release"] == f"{THIRD}/third" for d in crds
+    )
+    path = lane.tmp / "third.yaml"
+    path.write_text(rendered)
+    a = lane.sandbox("before-third")
+    wait_for(lambda: lane.state(a) == "Alive", timeout=60, what=f"{a} Alive")
+    ip_a = lane.core.read_namespaced_pod(a, NS, _request_timeout=10).status.pod_ip
+    repaired = f'sum(deathwatch_firewall_syncs_total{{namespace="{SYSTEM}", result="repaired"}})'
+    repairs_before = float(lane.query(repaired)[0]["value"][1])
+    since = time.monotonic()
+    try:
+        with Prober(ip_a) as held:
+            lane.c.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path),
+                           timeout=120)  # fmt: skip
+            collided = _third_gives_way(lane, a, since)
+        assert held["connected"] == 0 and held["refused"] > 100, held
+        repairs_after = float(lane.query(repaired)[0]["value"][1])
+        assert repairs_after == repairs_before  # the third's agent never touched the table
+        RESULTS["colliding_release"] = {**collided, "host_connections": held.outcomes}
+    finally:
+        # everything of the third but the CRDs (deleting them would delete every DeathWatch)
+        kept = [d for d in objects if d["kind"] != "CustomResourceDefinition"]
+        path.write_text(yaml.safe_dump_all(kept))
+        lane.c.kubectl("delete", "-f", str(path), "--ignore-not-found", "--wait=true",
+                       timeout=300, check=False)  # fmt: skip
+        lane.c.kubectl("delete", "namespace", THIRD, "--wait=true", timeout=300, check=False)
+        lane.upgrade()  # the first's CRDs applied again: theirs, by their annotation
+    wait_for(lambda: _release_conflict(lane) == ("False", "NoCollision"), timeout=90,
+             what="the first release sharing nothing again")  # fmt: skip
+
+
+def _release_conflict(lane: Lane, name: str = "sandboxes") -> tuple[str, str] | None:
+    dw = client.CustomObjectsApi(lane.api).get_namespaced_custom_object(
+        "deathwatch.dev", "v1alpha1", NS, "deathwatches", name, _request_timeout=10)  # fmt: skip
+    found = [c for c in (dw.get("status") or {}).get("conditions") or []
+             if c["type"] == "ReleaseConflict"]  # fmt: skip
+    return (found[0]["status"], found[0]["reason"]) if found else None
+
+
+def _third_gives_way(lane: Lane, a: str, since: float) -> dict[str, Any]:
+    first = f"release deathwatch (namespace {SYSTEM}"
+    # the third's controller: never leads, not ready, says why, and an Event names the first
+    pod = wait_for(lambda: next(iter(lane.core.list_namespaced_pod(
+        THIRD, label_selector="app.kubernetes.io/component=controller",
+        _request_timeout=10).items), None), timeout=60, what="the third's controller pod")  # fmt: skip
+    name = pod.metadata.name
+
+    def third_log() -> str:
+        return lane.c.kubectl("logs", "-n", THIRD, name, "--tail=-1", check=False).stdout
+
+    wait_for(lambda: "not leading: another release serves these DeathWatches" in third_log(),
+             timeout=120, what="the third's controller refusing to lead")  # fmt: skip
+
+    def event() -> list[Any]:
+        return [e for e in lane.core.list_namespaced_event(THIRD, _request_timeout=10).items
+                if e.reason == "ReleaseCollision"]  # fmt: skip
+
+    events = wait_for(event, timeout=60, what="the ReleaseCollision Event")
+    assert first in events[0].message and events[0].involved_object.kind == "Deployment"
+    # the third's agent: the table is the first's; its Lease says so
+    lease = wait_for(lambda: next((x for x in client.CoordinationV1Api(lane.api).list_namespaced_lease(
+        THIRD, _request_timeout=10).items if (x.metadata.annotations or {}).get(
+        "deathwatch.dev/table-held-by")), None), timeout=90, what="the third's agent's Lease")  # fmt: skip
+    assert lease.metadata.annotations["deathwatch.dev/table-held-by"].startswith(first)
+    # the first: its DeathWatch names the third; the alert fires for it
+    wait_for(lambda: _release_conflict(lane) == ("True", "ReleaseCollision"), timeout=90,
+             what="the first's ReleaseConflict condition")  # fmt: skip
+    alert = lane.fires("DeathwatchReleaseCollision", since,
+                       labels=lambda x: x.get("other") == f"{THIRD}/third")  # fmt: skip
+    # a sandbox started now is judged and shielded by the first, and by it alone
+    b = lane.sandbox("during-third")
+    wait_for(lambda: lane.state(b) == "Alive", timeout=60, what=f"{b} Alive")
+    wait_for(lambda: shield_reason(lane, b) == "RuleInForce", timeout=60,
+             what=f"{b} shielded by the first's rule")  # fmt: skip
+    assert f'"pod": "{b}"' not in third_log()
+    ready = {c.type: c.status for c in lane.core.read_namespaced_pod(
+        name, THIRD, _request_timeout=10).status.conditions or ()}  # fmt: skip
+    assert ready.get("Ready") == "False", ready
+    assert "acquired the lease" not in third_log()
+    return {"alert": alert.get("labels"), "event": events[0].message}
 
 
 def test_a_config_the_agent_refuses_halts_the_roll_at_its_first_node_with_the_rule_kept(

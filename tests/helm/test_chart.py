@@ -850,7 +850,7 @@ def test_the_conventions_an_umbrella_chart_and_a_monitoring_stack_expect(tmp_pat
              for r in g["rules"]]  # fmt: skip
     names = {r["alert"] for r in rules}
     assert "DeathwatchFirewallWouldRefuse" not in names and "DeathwatchControllerDown" in names
-    assert len(names) == 25
+    assert len(names) == 26
     for rule in rules:  # the team added to every alert; an alert's own severity kept
         assert rule["labels"]["team"] == "sre" and rule["labels"]["severity"] != "page", rule
         assert rule["annotations"]["runbook_url"].startswith("https://wiki.example.com/deathwatch#")
@@ -909,10 +909,13 @@ def test_the_crds_are_templates_kept_on_uninstall_unless_told_and_equal_to_their
     for (_, _, name), crd in crds.items():
         source = yaml.safe_load((CHART / "files" / "crds" / f"{name}.yaml").read_text())
         assert crd["spec"] == source["spec"], name
-        assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep",
-                                                  "argocd.argoproj.io/sync-wave": "-1"}, name  # fmt: skip
+        # which release applied it (ADR 0038: another release applying them too is said)
+        assert crd["metadata"]["annotations"] == {
+            "helm.sh/resource-policy": "keep", "argocd.argoproj.io/sync-wave": "-1",
+            "deathwatch.dev/release": f"{NAMESPACE}/deathwatch"}, name  # fmt: skip
     loose = template("crds.keep=false")
-    assert all(o["metadata"]["annotations"] == {"argocd.argoproj.io/sync-wave": "-1"}
+    assert all(o["metadata"]["annotations"] == {"argocd.argoproj.io/sync-wave": "-1",
+                                                "deathwatch.dev/release": f"{NAMESPACE}/deathwatch"}
                for k, o in loose.items() if k[0] == "CustomResourceDefinition")  # fmt: skip
     assert not [k for k in template("crds.enabled=false") if k[0] == "CustomResourceDefinition"]
     assert not [k for k in template("cleanup=true") if k[0] == "CustomResourceDefinition"]
@@ -965,3 +968,28 @@ def test_the_crds_come_first_under_argo_cd_and_the_test_hook_stays_out_of_a_skip
     # helmTest.enabled: the test's pod, DeathWatch and RBAC
     assert "Pod" in hooks(helm("template", "deathwatch", str(CHART), "-n", NAMESPACE))
     assert hooks(helm("template", "deathwatch", str(CHART), "-n", NAMESPACE, "--skip-tests")) == []
+
+
+def test_the_runtime_collision_checks_get_their_identities_and_only_read_access() -> None:
+    """ADR 0038: each controller knows its Deployment (--lease-owner) and, where its release
+    applies the CRDs, its NAMESPACE/RELEASE; each agent its DaemonSet. The grants for the
+    check are reads: list (the controller: Deployments and DaemonSets; the agents:
+    DaemonSets) and get of the two CRDs by name."""
+    rendered = template()
+    deployment = rendered[("Deployment", NAMESPACE, "deathwatch-controller")]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--crds-release={NAMESPACE}/deathwatch" in args
+    assert "--lease-owner=deathwatch-controller" in args
+    off = template("crds.enabled=false")[("Deployment", NAMESPACE, "deathwatch-controller")]
+    assert not [a for a in off["spec"]["template"]["spec"]["containers"][0]["args"]
+                if a.startswith("--crds-release")]  # fmt: skip
+    agent = rendered[("DaemonSet", NAMESPACE, "deathwatch-firewall")]["spec"]["template"]["spec"]
+    assert "--daemonset=deathwatch-firewall" in agent["containers"][0]["args"]
+    releases = rendered[("ClusterRole", "", "deathwatch-controller-releases")]["rules"]
+    assert {v for r in releases for v in r["verbs"]} <= {"list", "get"}
+    crds = next(r for r in releases if r["apiGroups"] == ["apiextensions.k8s.io"])
+    assert crds["resourceNames"] and crds["verbs"] == ["get"]
+    firewall = rendered[("ClusterRole", "", "deathwatch-firewall")]["rules"]
+    assert {v for r in firewall for v in r["verbs"]} <= {"get", "list", "watch"}
+    assert any(r["resources"] == ["daemonsets"] for r in firewall)
+    assert any(r["resources"] == ["deathwatches"] for r in firewall)

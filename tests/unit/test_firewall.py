@@ -454,8 +454,9 @@ def sandbox_pod(
     }
 
 
-def coverage_lease(api: FakeApi, node: str = "node-a") -> dict[str, Any]:
-    lease = api.get("leases", "deathwatch-system", lease_name(node))
+def coverage_lease(api: FakeApi, node: str = "node-a", namespace: str = "deathwatch-system"
+                   ) -> dict[str, Any]:  # fmt: skip
+    lease = api.get("leases", namespace, lease_name(node))
     assert lease is not None
     return lease
 
@@ -1111,3 +1112,49 @@ def test_a_self_check_in_audit_mode_is_our_own_rule_seeing_the_host() -> None:
     assert outcome("refused", 4, 5, audit=True) is Measured.VERIFIED  # someone else refused
     assert outcome("timeout", 4, 4, audit=True) is Measured.INCONCLUSIVE
     assert outcome("error:mark:1", 4, 4, audit=True) is Measured.INCONCLUSIVE
+
+
+def test_an_agent_whose_table_another_release_holds_leaves_it_alone_and_says_who(
+    tmp_path: Path,
+) -> None:
+    """ADR 0038: two releases applied with `helm template | kubectl apply` on one table. The
+    agent of the release applied later never applies, repairs or removes it (not even told
+    to remove it on uninstall), and its Lease names the release that holds it; once that
+    release is gone, it takes the table."""
+    from deathwatch._kube.releases import workload
+    from deathwatch.firewall.rivals import FirewallReleases
+    from tests.unit.test_releases import obj
+
+    path = tmp_path / "fw.yaml"
+    path.write_text(json.dumps(GOOD))
+    api, nft = FakeApi(), FakeNft()
+    api.add("daemonsets", "deathwatch-staging",
+            {"metadata": {"name": "staging-deathwatch-firewall"}})  # fmt: skip
+    link = ClusterLink(api.agent(), "node-a", "fw-a", "deathwatch-staging",
+                       "staging-deathwatch-firewall", daemonset="staging-deathwatch-firewall")  # fmt: skip
+    agent = Agent(path, nft, link=link)
+    first = workload(obj("deathwatch-system", "deathwatch", "firewall", "2026-12-01T00:00:00Z",
+                         table="deathwatch"), "DaemonSet")  # fmt: skip
+    mine = workload(obj("deathwatch-staging", "staging", "firewall", "2026-12-02T00:00:00Z",
+                        table="deathwatch"), "DaemonSet")  # fmt: skip
+    releases = FirewallReleases(api.agent(), lambda: None, lambda: None, threading.Event())
+    releases.objects, releases.listed = {"a": first, "b": mine}, True  # as listed
+    agent.releases = releases
+    agent.step()
+    assert nft.table is None  # never applied
+    notes = coverage_lease(api, namespace="deathwatch-staging")["metadata"]["annotations"]
+    assert notes["deathwatch.dev/rule"] == "contested"
+    assert notes["deathwatch.dev/table-held-by"] == (
+        "release deathwatch (namespace deathwatch-system, DaemonSet deathwatch-deathwatch-firewall)"
+    )
+    gauge = agent.metrics.release_collisions.labels("table", "deathwatch-system/deathwatch", "true")
+    assert gauge._value.get() == 1
+    assert agent.leave() is False  # told to remove on uninstall: never another's table
+    # the other release uninstalled: this agent takes the table at its next resync
+    releases.objects = {"b": mine}
+    agent.step()
+    assert nft.table == desired(parse_config(GOOD), [])
+    notes = coverage_lease(api, namespace="deathwatch-staging")["metadata"]["annotations"]
+    assert (
+        notes["deathwatch.dev/rule"] == "in-force" and "deathwatch.dev/table-held-by" not in notes
+    )

@@ -69,6 +69,17 @@ def test_a_deathwatch_is_healthy_degraded_or_progressing_as_its_own_conditions_s
     assert health("DeathWatch", alone)[0] == "Healthy"
     assert health("DeathWatch", {"kind": "DeathWatch", "metadata": {}})[0] == "Progressing"
     assert health("DeathWatch", {"status": {"conditions": []}})[0] == "Progressing"
+    # another release shares what this one holds (ADR 0038): degraded, naming it; checked
+    # and clear: healthy
+    clash = "table inet deathwatch on every node is the firewall's of release staging"
+    shared = health("DeathWatch", deathwatch(invalid=None, fresh=True, firewall=covered,
+                                             conflicts=[clash]))  # fmt: skip
+    assert shared == ("Degraded", clash)
+    clear = deathwatch(invalid=None, fresh=True, firewall=covered, conflicts=[])
+    conditions = {c["type"]: c for c in clear["status"]["conditions"]}
+    assert (conditions["ReleaseConflict"]["status"], conditions["ReleaseConflict"]["reason"]) == (
+        "False", "NoCollision")  # fmt: skip
+    assert health("DeathWatch", clear)[0] == "Healthy"
 
 
 def test_a_verdict_is_healthy_whatever_it_says_and_says_it() -> None:

@@ -593,3 +593,22 @@ async def test_an_owner_that_cannot_be_read_is_said_and_the_lease_works_without_
     assert await a._try()
     assert lease.lease is not None and "ownerReferences" not in lease.lease["metadata"]
     assert a.status()["owner"]["error"] == owner.error
+
+
+async def test_a_refused_replica_never_leads_and_a_leader_refused_stops_at_once() -> None:
+    """ADR 0038: another release's controller, applied first, serves these DeathWatches: a
+    replica of the later release never takes the Lease, and one that leads stops at its next
+    try, before the other's verdicts could see a second writer."""
+    lease, clock, changes = fake_lease(), Clock(), list[bool]()
+    refused: list[str | None] = ["controller id '' is served by the controller of release x"]
+    a = elector(lease, "a", clock, changes)
+    a.refusal = lambda: refused[0]
+    assert await a._try() is False
+    assert lease.lease is None  # not even created
+    refused[0] = None
+    assert await a._try() is True
+    a._set(True, "acquired")
+    assert changes == [True]
+    refused[0] = "refused again"
+    assert await a._try() is False
+    assert a.is_leader is False and changes == [True, False]

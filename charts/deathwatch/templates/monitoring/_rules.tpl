@@ -54,6 +54,26 @@ groups:
             The controller replicas of shard {{`{{ $labels.shard }}`}} answer, but none has
             written for {{ $for.noLeader }}: verdicts are judged and held, not published.
           runbook_url: {{ $runbook }}#deathwatchnoleader
+      - alert: DeathwatchReleaseCollision
+        # another release shares what this one holds: its controller id over namespaces both
+        # serve, its firewall's table or a host port. The chart refuses it at install with
+        # lookup, which nothing runs under helm template; applied anyway, the release applied
+        # later gives way (yields="true") and both say so, naming the other (ADR 0038)
+        expr: >-
+          max by (namespace, job, what, other, yields)
+          (deathwatch_release_collisions{ {{- $C -}} }) > 0
+          or max by (namespace, job, what, other, yields)
+          (deathwatch_firewall_release_collisions{ {{- $F -}} }) > 0
+        for: {{ $for.releaseCollision }}
+        labels: {severity: warning}
+        annotations:
+          summary: Another deathwatch release shares what this one holds
+          description: >-
+            This release shares its {{`{{ $labels.what }}`}} with release
+            {{`{{ $labels.other }}`}}{{`{{ if eq $labels.yields "true" }}`}}, applied first:
+            this release gives way (its controller does not lead, or its agents leave the
+            table alone){{`{{ else }}`}}, applied later, which gives way{{`{{ end }}`}}.
+          runbook_url: {{ $runbook }}#deathwatchreleasecollision
       - alert: DeathwatchSplitLeadership
         expr: >-
           sum by (namespace, job, shard) (deathwatch_leader{ {{- $C -}} } * {{ $shard }}) > 1

@@ -58,6 +58,9 @@ class ConditionType(StrEnum):
     READY = "Ready"
     FIREWALL_COVERED = "FirewallCovered"
     DELIVERED = "Delivered"  # every sink has what it is owed (only when sinks are configured)
+    # another release shares what this one holds: a controller id, a table, a host port
+    # (ADR 0038; only where the other releases are read: the chart's controllers)
+    RELEASE_CONFLICT = "ReleaseConflict"
     # on a SandboxVerdict
     ALIVE = "Alive"  # its reason is the verdict's cause, or its state when there is none
     PROBE_BLOCKED = "ProbeBlockedByFirewall"
@@ -78,6 +81,8 @@ class Reason(StrEnum):
     POLICY_FAILED = "PolicyFailed"
     WATCH_STALE = "WatchStale"
     UP_TO_DATE = "UpToDate"
+    RELEASE_COLLISION = "ReleaseCollision"
+    NO_COLLISION = "NoCollision"
     BACKLOG = "Backlog"
 
 

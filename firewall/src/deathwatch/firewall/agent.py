@@ -29,6 +29,7 @@ import structlog
 
 from deathwatch._kube.errors import KubeError, describe
 from deathwatch._kube.ports import Heartbeat
+from deathwatch._kube.releases import TABLE_CLASH, Collision
 from deathwatch.firewall.config import (
     AUDIT,
     ENFORCE,
@@ -43,6 +44,7 @@ from deathwatch.firewall.hosts import Hosts, NodeAddresses, host_addresses, rang
 from deathwatch.firewall.kubeapi import Api
 from deathwatch.firewall.metrics import FirewallMetrics
 from deathwatch.firewall.nft import Nft, NftError
+from deathwatch.firewall.rivals import FirewallReleases
 from deathwatch.firewall.ruleset import (
     HOST,
     HOST_IN_POD_RANGE,
@@ -88,6 +90,9 @@ class ClusterLink:
     # uninstall, never a rollout) removes the table; None: the table always stays
     remove_on_uninstall: str | None = None
     lease_prefix: str = LEASE_PREFIX  # its coverage Lease: PREFIX.NODE
+    # its own DaemonSet (in `namespace`): with it, another release's older firewall on the
+    # same table makes this agent leave the table alone (rivals.py, ADR 0038)
+    daemonset: str | None = None
 
 
 class Agent:
@@ -123,6 +128,9 @@ class Agent:
         self.nodes: NodeAddresses | None = None
         # the DeathWatches, whose pods are this node's sandboxes unless a selector is given
         self.deathwatches: DeathWatches | None = None
+        # every release's firewall DaemonSet: whether another holds this agent's table
+        self.releases: FirewallReleases | None = None
+        self.held_by: Collision | None = None  # the older release holding the table
         self._deathwatches_waited = False  # "waiting for the DeathWatches listing" logged
         self._file_digest = "invalid"  # the config the mounted file asks for
         self._in_force = False
@@ -427,6 +435,7 @@ class Agent:
             repairs=self.repairs,
             repaired_at=self.repaired_at,
             contested=self.contested,
+            held_by=self.held_by.theirs.who if self.held_by else "",
         )
         try:
             publish(
@@ -452,6 +461,8 @@ class Agent:
         self.reload()
         self.list_sandboxes()
         self.learn_hosts()
+        if self._yields_the_table():
+            return
         if self._keeps_the_live_table():
             return
         self._in_force = False
@@ -476,6 +487,30 @@ class Agent:
             log.info("table synced", result=result)
         self.self_check()
         self.publish()
+
+    def _yields_the_table(self) -> bool:
+        """Another release's firewall, applied first, holds this agent's table (rivals.py):
+        it touches nothing, is not in force, and says so (log on change, gauge, Lease)."""
+        link = self.link
+        held = None
+        if link is not None and link.daemonset and self.releases is not None:
+            held = self.releases.table_holder(link.namespace, link.daemonset)
+        before, self.held_by = self.held_by, held
+        gauge, table = self.metrics.release_collisions, self.nft.table_name
+        if (held and held.theirs.other) != (before and before.theirs.other):
+            if before is not None:
+                gauge.remove(TABLE_CLASH, before.theirs.other, "true")
+                log.info("the table is no longer held by another release", table=table)
+            if held is not None:
+                gauge.labels(TABLE_CLASH, held.theirs.other, "true").set(1)
+                log.error("another release's firewall holds this table: leaving it alone",
+                          table=table, message=held.message)  # fmt: skip
+        if held is None:
+            return False
+        self._in_force = False
+        self.metrics.rule_present.set(0)
+        self.publish()
+        return True
 
     def _keeps_the_live_table(self) -> bool:
         """A new agent (a rollout, a restart) that has not listed the Node objects yet knows
@@ -546,6 +581,12 @@ class Agent:
                 lambda: self.metrics.sync_failures.labels("deathwatches").inc(), stop,
             )  # fmt: skip
             self.deathwatches.start()
+            if link.daemonset:
+                self.releases = FirewallReleases(
+                    link.api, self.wake.set,
+                    lambda: self.metrics.sync_failures.labels("releases").inc(), stop,
+                )  # fmt: skip
+                self.releases.start()
             if link.remove_on_uninstall is not None:
                 self.daemonset = DaemonSetWatch(
                     link.api, link.namespace, link.remove_on_uninstall,
@@ -566,6 +607,10 @@ class Agent:
         link = self.link
         if link is None or link.remove_on_uninstall is None:
             log.info("agent stopping; the table stays in place")
+            return False
+        if self.held_by is not None:  # never another release's table
+            log.info("agent stopping; the table is another release's and stays",
+                     held_by=self.held_by.theirs.who)  # fmt: skip
             return False
         seen = assess(link.api, link.namespace, link.remove_on_uninstall, self.daemonset)
         if not seen.uninstalling:

@@ -105,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
                 "it gone or being deleted (an uninstall, never a rollout), it removes the "
                 "table; without it the table always stays",
             )  # fmt: skip
+            a.add_argument(
+                "--daemonset", metavar="DAEMONSET", default=None,
+                help="this agent's DaemonSet (in --namespace): another release's firewall, "
+                "applied first, on the same table makes this agent leave the table alone "
+                "(ADR 0038); without it nothing is checked",
+            )  # fmt: skip
             a.add_argument("--kube-api", help="API server URL (default: in-cluster)")
             a.add_argument("--nft", default="nft", help="the nft program (default: nft)")
             a.add_argument("--kube-token-file", help="bearer token file (with --kube-api)")
@@ -342,7 +348,8 @@ def _agent(args: argparse.Namespace) -> int:
                   "--node-name", file=sys.stderr)  # fmt: skip
             return EXIT_BAD_CONFIG
         link = ClusterLink(api, args.node_name, args.identity, args.namespace,
-                           args.remove_on_uninstall, args.lease_prefix)  # fmt: skip
+                           args.remove_on_uninstall, args.lease_prefix,
+                           args.daemonset)  # fmt: skip
     metrics = FirewallMetrics()
     try:
         beats = heartbeat_file(args.heartbeat_file) if args.heartbeat_file else None

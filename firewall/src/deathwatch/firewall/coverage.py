@@ -46,6 +46,7 @@ class NodeState:
     repairs: int = 0
     repaired_at: datetime | None = None
     contested: bool = False
+    held_by: str = ""  # the release whose firewall holds this table (rivals.py)
 
 
 def unknown_hosts(hosts: Hosts) -> str:
@@ -85,7 +86,8 @@ def lease_body(
         guarded=frozenset(str(a) for a in state.guarded) if state.guarded is not None else None,
         repairs=state.repairs,
         repaired_at=wire.stamp(state.repaired_at) if state.repaired_at else "",
-        contested=state.contested,
+        contested=state.contested or bool(state.held_by),
+        held_by=state.held_by,
         sandboxes=state.sandboxes,
         host_addresses=len(state.hosts.addresses),
     )

@@ -19,7 +19,7 @@ class FirewallMetrics:
             "deathwatch_firewall_sync_failures",
             "Failed syncs, by reason (nft, config, sandboxes: the pod list, coverage: the Lease,"
             " watch: the pod watch, nodes: the node watch, deathwatches: the DeathWatch watch,"
-            " state: the state file)",
+            " releases: the releases' DaemonSets, state: the state file)",
             ["reason"],
             registry=r,
         )
@@ -53,6 +53,13 @@ class FirewallMetrics:
         )
         for how in ("changed", "removed"):
             self.table_replaced.labels(how)
+        self.release_collisions = Gauge(
+            "deathwatch_firewall_release_collisions",
+            "1 while another release's firewall, applied first, holds this agent's table "
+            "(other: its NAMESPACE/RELEASE): this agent leaves the table alone (ADR 0038)",
+            ["what", "other", "yields"],
+            registry=r,
+        )
         self.sandboxes = Gauge(
             "deathwatch_firewall_sandboxes",
             "Sandbox pods of this node guarded by the inbound rule (as last listed)",

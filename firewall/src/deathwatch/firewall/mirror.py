@@ -37,8 +37,10 @@ class Mirror(Generic[Kept]):
         wake: Callable[[], None],
         failed: Callable[[], None],
         stop: threading.Event,
+        label_selector: str | None = None,
     ) -> None:
         self.api, self.path, self.kind, self.keep = api, path, kind, keep
+        self.label_selector = label_selector
         self.wake, self.failed, self.stop = wake, failed, stop
         self.objects: dict[str, Kept] = {}
         self.listed = False
@@ -59,7 +61,11 @@ class Mirror(Generic[Kept]):
         transport = ThreadTransport(self.api, self.path, self.stop, WATCH_SECONDS + 30)
         while not self.stop.is_set():
             try:
-                protocol = ListWatch(server_timeout=WATCH_SECONDS, backoff=backoff.NODE_WATCH)
+                protocol = ListWatch(
+                    label_selector=self.label_selector,
+                    server_timeout=WATCH_SECONDS,
+                    backoff=backoff.NODE_WATCH,
+                )
                 follow(protocol, transport, self._handle)
             except Exception:  # a bug: counted, logged with its traceback, started again
                 self.failed()

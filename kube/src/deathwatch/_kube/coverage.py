@@ -46,6 +46,9 @@ REPAIRS, REPAIRED_AT = f"{PREFIX}repairs", f"{PREFIX}repaired-at"
 # which pods the inbound rule guards: "deathwatches" (the pods the DeathWatches select, the
 # default: ADR 0037), or "selector" (the operator's sandbox selector, noted above)
 SANDBOXES_FROM: Final = f"{PREFIX}sandboxes-from"
+# the older release whose firewall holds this agent's table (NAMESPACE/RELEASE): this agent
+# leaves it alone (ADR 0038); absent: none
+TABLE_HELD_BY: Final = f"{PREFIX}table-held-by"
 FROM_DEATHWATCHES, FROM_SELECTOR = "deathwatches", "selector"
 
 COMPONENT: Final = "firewall-coverage"
@@ -98,6 +101,7 @@ class Claim:
     contested: bool = False  # replaced again and again: another writer of the same table
     sandboxes: int | None = None  # this node's sandboxes as last listed (None: unknown)
     host_addresses: int = 0  # every node's host addresses in the pod ranges, refused inbound
+    held_by: str = ""  # the release whose firewall holds its table ("": none; ADR 0038)
 
 
 def stamp(at: datetime) -> str:
@@ -128,6 +132,8 @@ def lease(claim: Claim, namespace: str, prefix: str = LEASE_PREFIX) -> dict[str,
     if claim.selector is not None:
         notes[SANDBOX_SELECTOR] = claim.selector
     notes[SANDBOXES_FROM] = FROM_DEATHWATCHES if claim.selector is None else FROM_SELECTOR
+    if claim.held_by:
+        notes[TABLE_HELD_BY] = claim.held_by
     if claim.guarded is not None:
         notes[GUARDED] = ",".join(sorted(claim.guarded, key=_address_order))
     if claim.repaired_at:
@@ -205,6 +211,7 @@ def read(lease: Mapping[str, Any]) -> Claim | None:
         contested=rule == CONTESTED,
         sandboxes=sandboxes,
         host_addresses=host_addresses,
+        held_by=str(notes.get(TABLE_HELD_BY, "")),
     )
 
 

@@ -201,6 +201,13 @@ class Metrics:
         "that rises steadily is a Lease changing hands",
         labels=("to",),
     )
+    release_collisions: Gauge = gauge(
+        "deathwatch_release_collisions",
+        "1 while another release shares what this one holds (what: controller-id, table, "
+        "host-port; other: its NAMESPACE/RELEASE; yields: true when this release is the younger "
+        "and gives way): the chart's install-time refusal, checked at runtime (ADR 0038)",
+        labels=("what", "other", "yields"),
+    )
     watch_connections: Counter = counter(
         "deathwatch_watch_connections",
         "Watch requests made per resource (one per server timeout, more after faults)",

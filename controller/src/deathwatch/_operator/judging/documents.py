@@ -436,9 +436,11 @@ def deathwatch_conditions(
     stale_after: float,
     firewall: FirewallReading,
     backlogs: Iterable[Backlog] | None = None,
+    conflicts: Iterable[str] | None = None,
 ) -> list[Condition]:
-    """Ready, FirewallCovered, and Delivered when sinks are configured (`backlogs`: this
-    DeathWatch's share of each sink's debt)."""
+    """Ready, FirewallCovered, Delivered when sinks are configured (`backlogs`: this
+    DeathWatch's share of each sink's debt), and ReleaseConflict when other releases are
+    checked (`conflicts`: what each shares with this one, ADR 0038)."""
     before = list(previous)
 
     def cond(kind: str, status: ConditionStatus, reason: str, message: str) -> Condition:
@@ -477,9 +479,18 @@ def deathwatch_conditions(
             "sandboxes on the others are exposed"
         )
         firewall_condition = cond(kind, f, Reason.NODES_UNCOVERED, message)
-    if backlogs is None:
-        return [ready, firewall_condition]
-    return [ready, firewall_condition, delivered_condition(list(backlogs), now, cond)]
+    found = [ready, firewall_condition]
+    if backlogs is not None:
+        found.append(delivered_condition(list(backlogs), now, cond))
+    if conflicts is not None:
+        said = sorted(conflicts)
+        kind = ConditionType.RELEASE_CONFLICT
+        if said:
+            found.append(cond(kind, t, Reason.RELEASE_COLLISION, "; ".join(said)[:2000]))
+        else:
+            message = "no other release shares this one's controller id, table or host ports"
+            found.append(cond(kind, f, Reason.NO_COLLISION, message))
+    return found
 
 
 def delivered_condition(

@@ -117,6 +117,14 @@ def assess(
             f"the firewall agent on {node} ({coverage.holder}) last reported at "
             f"{coverage.renew_time}, valid for {coverage.valid_for:.0f}s",
         )
+    if coverage.held_by:
+        return Shield(
+            f,
+            ShieldReason.CONTESTED,
+            f"table inet {coverage.table} on {node} is held by the firewall of "
+            f"{coverage.held_by}, applied first: this release's agent leaves it alone and "
+            "enforces nothing there; give one release its own firewall.table (ADR 0038)",
+        )
     if coverage.contested:
         return Shield(
             f,

@@ -83,14 +83,19 @@ class Elector:
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
         claim: Callable[[], tuple[dict[str, str], dict[str, str]]] | None = None,
         owner: LeaseOwner | None = None,
+        refusal: Callable[[], str | None] = lambda: None,
     ) -> None:
         """`claim()`: the labels and annotations written on the Lease with each acquisition
-        and renewal (a shard's slots: slot_claims.py). `leadership`: told of every transition,
+        and renewal (a shard's slots: slot_claims.py). `refusal()`: why this replica must not
+        lead now (another release's controller serves its DeathWatches: rivals.py), asked
+        before every acquisition and renewal. `leadership`: told of every transition,
         and fenced by `may_write`; `term_of(term)`: the term it is told (a shard's, unique
         across the shards' Leases)."""
         self.api = api
         self.claim = claim
         self.owner = owner  # the Deployment the Lease is deleted with (owner.py)
+        self.refusal = refusal
+        self._refused: str | None = None  # the refusal as last said
         self.identity = identity
         self.name, self.namespace = name, namespace
         self.metrics = metrics
@@ -154,7 +159,7 @@ class Elector:
         after a retry period, or sooner, the moment the lease can be taken: released or
         deleted (seen on the watch), or expired on its own clock (timed from when the watch
         showed the holder's last renewal, not from our next poll)."""
-        if self.is_leader or failed or self._orphaned:
+        if self.is_leader or failed or self._orphaned or self._refused is not None:
             await asyncio.sleep(self.timings.retry_period)
             return
         until = self.clock() + self.timings.retry_period
@@ -218,6 +223,18 @@ class Elector:
 
     async def _try(self) -> bool:
         """One attempt: True if we hold the lease afterwards (acquired or renewed)."""
+        refused = self.refusal()
+        if refused != self._refused:
+            self._refused = refused
+            if refused is not None:
+                log.error("not leading: another release serves these DeathWatches",
+                          why=refused)  # fmt: skip
+            else:
+                log.info("no longer refused: taking part in the election again")
+        if refused is not None:
+            if self.is_leader:  # it stops at once: never two writers of one verdict
+                self._set(False, f"refused: {refused}")
+            return False
         lease = await self.api.get()
         now = format_time(self.wall())
         self._observe(lease)

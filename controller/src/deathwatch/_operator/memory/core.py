@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from deathwatch._engine.memory import Deadlines
 from deathwatch._operator.judging.documents import FirewallReading
 from deathwatch._operator.judging.summary import Summaries
+from deathwatch._operator.leadership.rivals import Rivals
 from deathwatch._operator.memory.agent_sandboxes import AgentSandboxes
 from deathwatch._operator.memory.coverage import Coverage
 from deathwatch._operator.memory.deathwatches import DeathWatches
@@ -41,6 +42,8 @@ class Core:
     deadlines: Deadlines = field(default_factory=Deadlines)  # Suspect windows, by closing
     firewall: Firewall = field(default_factory=lambda: Firewall(None, None))
     shards: ShardFilter = field(default_factory=ShardFilter)
+    # other releases sharing what this one holds, as last read (None: not checked)
+    rivals: Rivals | None = None
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # a new Suspect deadline
 
     @property

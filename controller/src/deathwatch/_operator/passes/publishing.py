@@ -30,6 +30,7 @@ from deathwatch._operator.instruments.metrics import Metrics
 from deathwatch._operator.judging import documents
 from deathwatch._operator.judging.documents import PodEvent
 from deathwatch._operator.judging.summary import Summaries
+from deathwatch._operator.leadership.rivals import Rivals
 from deathwatch._operator.memory.core import Firewall
 from deathwatch._operator.memory.deathwatches import DeathWatches
 from deathwatch._operator.memory.records import Records
@@ -72,6 +73,7 @@ class StatusPass:
     writer: Writer
     metrics: Metrics
     clock: Callable[[], datetime]
+    rivals: Rivals | None = None  # other releases sharing what this one holds (ADR 0038)
 
     def publish(self, liveness: Liveness) -> None:
         """Want the status of every DeathWatch, and set the gauges."""
@@ -82,6 +84,7 @@ class StatusPass:
         keys = list(self.deathwatches)
         backlogs = self.deliveries.backlogs(keys) if self.deliveries else None
         sharded = self.shards.sharded
+        conflicts = self.rivals.messages() if self.rivals is not None else None
         for key in keys:
             try:
                 conditions = self.deathwatches.conditions[key] = documents.deathwatch_conditions(
@@ -89,6 +92,7 @@ class StatusPass:
                     invalid=self.deathwatches.invalid.get(key), fresh=fresh,
                     stale_after=liveness.stale_after, firewall=reading,
                     backlogs=backlogs.get(key, []) if backlogs is not None else None,
+                    conflicts=conflicts,
                 )  # fmt: skip
                 if sharded and self.shards.spec.index != 0:
                     # its part only: the whole status (shard 0's to write) is not computed here

@@ -57,7 +57,8 @@ class Passes:
                                     core.deadlines, writer, deliveries, core.shards, metrics,
                                     tail, core.wake)  # fmt: skip
         self.status = StatusPass(deathwatches, records, core.summaries, core.firewall,
-                                 deliveries, core.shards, writer, metrics, clock)  # fmt: skip
+                                 deliveries, core.shards, writer, metrics, clock,
+                                 core.rivals)  # fmt: skip
         self.bridge = DeliveryPass(records, deathwatches, sandboxes, deliveries, core.shards,
                                    writer, tail, clock)  # fmt: skip
         self.retention = RetentionPass(records, deathwatches, deliveries, self.bridge,

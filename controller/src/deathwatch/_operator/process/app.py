@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import functools
 import time
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -26,7 +27,7 @@ import structlog
 from deathwatch._api.kubeconfig import load_configuration
 from deathwatch._api.rest import Rest
 from deathwatch._engine.timeutil import parse_time
-from deathwatch._kube.errors import describe
+from deathwatch._kube.errors import describe, label
 from deathwatch._kube.ports import Heartbeat
 from deathwatch._operator.delivery.outbox import Deliveries
 from deathwatch._operator.delivery.sender import Sender
@@ -36,6 +37,7 @@ from deathwatch._operator.instruments.supervisor import Supervisor
 from deathwatch._operator.leadership.group import Leadership
 from deathwatch._operator.leadership.leader import Elector
 from deathwatch._operator.leadership.owner import LeaseOwner
+from deathwatch._operator.leadership.rivals import Rivals
 from deathwatch._operator.memory.core import Core, Firewall
 from deathwatch._operator.memory.coverage import Coverage
 from deathwatch._operator.memory.deathwatches import DeathWatches, Revised
@@ -84,6 +86,7 @@ class App:
         self.gc_pauses: gcpauses.PauseLog | None = None
         self.elector: Elector | None = None
         self.lease_owner: LeaseOwner | None = None
+        self.rivals: Rivals | None = None  # other releases sharing what this one holds
         self.rests: list[Rest] = []
         self.sender: Sender | None = None
 
@@ -129,13 +132,20 @@ class App:
             self.lease_rest = rest("lease", 2)
             lease = ApiLease(self.lease_rest, lease_name, cfg.lease_namespace,
                              cfg.lease_timings.renew_deadline / 2, cfg.identity)  # fmt: skip
+            refusal: Callable[[], str | None] = _nothing_refused
             if cfg.lease_owner:
                 self.lease_owner = LeaseOwner(self.lease_rest, cfg.lease_namespace,
                                               cfg.lease_owner, metrics)  # fmt: skip
+                # the Lease's owner is this replica's Deployment: what another release may
+                # share with it is checked at runtime, as `lookup` does at install (ADR 0038)
+                self.rivals = Rivals(rest("releases", 1), metrics, cfg.lease_namespace,
+                                     cfg.lease_owner, cfg.firewall_daemonset,
+                                     cfg.crds_release)  # fmt: skip
+                refusal = self.rivals.refusal
             self.elector = Elector(lease, cfg.identity, lease_name, cfg.lease_namespace,
                                    metrics, cfg.lease_timings, leadership=leadership,
                                    term_of=shard.term, claim=ownership.claim,
-                                   owner=self.lease_owner)  # fmt: skip
+                                   owner=self.lease_owner, refusal=refusal)  # fmt: skip
         # the only writer stamps its statuses with its start time: a new process is a new term
         term = 0 if cfg.leader_elect else time.time_ns() // 1_000_000
         self.writer = Writer(
@@ -158,6 +168,7 @@ class App:
             deathwatches=DeathWatches(registry, cfg.controller_id),
             firewall=Firewall(cfg.firewall_daemonset, coverage),
             shards=ShardFilter(shard, lambda: ownership.owned),
+            rivals=self.rivals,
         )
         self.passes = passes = Passes(core, writer=self.writer, metrics=metrics,
                                       policies=registry, deliveries=deliveries)  # fmt: skip
@@ -258,6 +269,10 @@ class App:
         if self.elector is not None:
             if self.lease_owner is not None:
                 await self.lease_owner.learn()  # bounded; a failure is said, not fatal
+            if self.rivals is not None:
+                await self._first_rivals(self.rivals)
+                rivals, every = self.rivals, cfg.release_check_interval
+                sup.start("releases", lambda: rivals.run(every))
             sup.start("leader-election", self.elector.run)
             sup.start("lease-watch", self.elector.watch)
             if cfg.shard.sharded:
@@ -279,6 +294,18 @@ class App:
             )
         log.info("started", tracked=len(self.core.records),
                  namespaces=list(cfg.namespaces) or "all")  # fmt: skip
+
+    async def _first_rivals(self, rivals: Rivals) -> None:
+        """Before the first election: what another release shares with this one, so a
+        controller that must give way never leads, not even once. Bounded; a failure is
+        said (log, metric) and the check goes on in its task."""
+        try:
+            await asyncio.wait_for(rivals.check(), 30)
+        except Exception as exc:
+            rivals.error = describe(exc)[:300]
+            self.metrics.api_errors.labels("list_releases", label(exc)).inc()
+            log.warning("cannot read the other releases before the election: collisions with "
+                        "them are checked once they can be read", error=rivals.error)  # fmt: skip
 
     async def learn_epoch(self) -> None:
         """--shard-epoch=pod:NAMESPACE/NAME: the shard's epoch is that pod's creation, in
@@ -337,6 +364,13 @@ class App:
         failing = tuple(f"{n}: {e}"[:200] for n, e in self.supervisor.failing().items())
         return failing, self.readyz()[0]
 
+    def _releases(self) -> dict[str, Any] | None:
+        """What another release shares with this one (ADR 0038); None: not checked."""
+        if self.rivals is None:
+            return None
+        return {"refused": self.rivals.refusal(), "collisions": self.rivals.messages(),
+                "read": self.rivals.read, "error": self.rivals.error}  # fmt: skip
+
     def _shard_status(self) -> dict[str, Any]:
         if not self.config.shard.sharded:
             return {}
@@ -355,12 +389,17 @@ class App:
                 "failing_tasks": self.supervisor.failing(),
                 "pods_with_failing_policy": c.records.failing if c else 0,
                 "leader": self.elector.status() if self.elector else {"leader_election": "off"},
+                "releases": self._releases(),
                 **self._shard_status(),
                 "tracked": len(c.records) if c else 0,
                 "write_backlog": self.writer.backlog if built else 0,
             }
 
         return readiness.report(self.readiness, self.streams, parts)
+
+
+def _nothing_refused() -> str | None:
+    return None
 
 
 def _everything(slot: int | None) -> bool:

@@ -84,6 +84,21 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="how often the firewall coverage Leases are listed (default 5)",
     )
     p.add_argument(
+        "--crds-release",
+        default=None,
+        metavar="NAMESPACE/RELEASE",
+        help="this release applies the CRDs, as NAMESPACE/RELEASE: another release found "
+        "applying them too is said (ADR 0038); default: it does not",
+    )
+    p.add_argument(
+        "--release-check-interval",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how often the other deathwatch releases are read for what they share with this "
+        "one (with --lease-owner: ADR 0038; default 30)",
+    )
+    p.add_argument(
         "--watch-open-deadline",
         type=float,
         default=30.0,
@@ -221,6 +236,13 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_BAD_CONFIG
+    if not 0.1 <= args.release_check_interval <= 3600:
+        print(
+            "deathwatch controller: --release-check-interval: expected seconds in [0.1, 3600], "
+            f"got {args.release_check_interval}",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_CONFIG
     if not 1 <= args.watch_open_deadline <= 3600:
         print(
             "deathwatch controller: --watch-open-deadline: expected seconds in [1, 3600], "
@@ -302,6 +324,8 @@ def run(args: argparse.Namespace) -> int:
         port_limits=limits,
         firewall_daemonset=args.firewall_daemonset,
         coverage_interval=args.coverage_interval,
+        release_check_interval=args.release_check_interval,
+        crds_release=args.crds_release,
         watch_open_deadline=args.watch_open_deadline,
         pod_label_selector=args.pod_label_selector,
         controller_id=args.controller_id,

@@ -31,6 +31,9 @@ class Config:
     agent_sandbox: bool = True  # watch agent-sandbox's Sandboxes (if and once installed)
     probe_interval: float = 15.0  # /readyz and the firewall DaemonSet: one light call each
     coverage_interval: float = 5.0  # the firewall agents' coverage Leases: one list each
+    # the other releases' workloads, for what they share with this one (ADR 0038)
+    release_check_interval: float = 30.0
+    crds_release: str | None = None  # NAMESPACE/RELEASE when this release applies the CRDs
     publish_interval: float = 1.0  # DeathWatch status, at most once per interval
     stream_stale_after: float = STALE_AFTER
     watch_open_deadline: float = OPEN_DEADLINE  # a collection not listed by then is named

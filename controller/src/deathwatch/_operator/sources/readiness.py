@@ -82,11 +82,15 @@ def report(readiness: Readiness, streams: Streams, parts: Callable[[], dict[str,
     firewall = p.pop("firewall")
     coverage = firewall.coverage() if firewall else None
     not_open = streams.not_open()
+    releases = p.get("releases")
     checks = {
         "api_reachable": bool(readiness.api_reachable),
         "watches_open": not not_open,
         "watches_fresh": streams.fresh(),
         "firewall_covered": firewall.covered if firewall else None,
+        # False while another release's controller serves these DeathWatches and this one
+        # gives way (ADR 0038): never ready, so a rollout or a GitOps sync says so
+        "not_refused": None if releases is None else releases["refused"] is None,
     }
     details = {
         "watches_not_open": not_open,
