@@ -1138,10 +1138,15 @@ def test_an_agent_whose_table_another_release_holds_leaves_it_alone_and_says_who
     mine = workload(obj("deathwatch-staging", "staging", "firewall", "2026-12-02T00:00:00Z",
                         table="deathwatch"), "DaemonSet")  # fmt: skip
     releases = FirewallReleases(api.agent(), lambda: None, lambda: None, threading.Event())
-    releases.objects, releases.listed = {"a": first, "b": mine}, True  # as listed
     agent.releases = releases
+    # not listed yet: a table in force (here the first release's) stays untouched
+    theirs = desired(parse_config({**GOOD, "agentPorts": [40000]}), [])
+    nft.table = theirs
     agent.step()
-    assert nft.table is None  # never applied
+    assert nft.table is theirs
+    releases.objects, releases.listed = {"a": first, "b": mine}, True  # as listed
+    agent.step()
+    assert nft.table is theirs  # never applied, never repaired
     notes = coverage_lease(api, namespace="deathwatch-staging")["metadata"]["annotations"]
     assert notes["deathwatch.dev/rule"] == "contested"
     assert notes["deathwatch.dev/table-held-by"] == (
@@ -1149,7 +1154,7 @@ def test_an_agent_whose_table_another_release_holds_leaves_it_alone_and_says_who
     )
     gauge = agent.metrics.release_collisions.labels("table", "deathwatch-system/deathwatch", "true")
     assert gauge._value.get() == 1
-    assert agent.leave() is False  # told to remove on uninstall: never another's table
+    assert agent.leave() is False and nft.table is theirs  # never another's table
     # the other release uninstalled: this agent takes the table at its next resync
     releases.objects = {"b": mine}
     agent.step()

@@ -44,7 +44,7 @@ from deathwatch.firewall.hosts import Hosts, NodeAddresses, host_addresses, rang
 from deathwatch.firewall.kubeapi import Api
 from deathwatch.firewall.metrics import FirewallMetrics
 from deathwatch.firewall.nft import Nft, NftError
-from deathwatch.firewall.rivals import FirewallReleases
+from deathwatch.firewall.rivals import FirewallReleases, table_holder
 from deathwatch.firewall.ruleset import (
     HOST,
     HOST_IN_POD_RANGE,
@@ -131,6 +131,7 @@ class Agent:
         # every release's firewall DaemonSet: whether another holds this agent's table
         self.releases: FirewallReleases | None = None
         self.held_by: Collision | None = None  # the older release holding the table
+        self._releases_waited = False  # "waiting for the releases' DaemonSets" logged
         self._deathwatches_waited = False  # "waiting for the DeathWatches listing" logged
         self._file_digest = "invalid"  # the config the mounted file asks for
         self._in_force = False
@@ -490,11 +491,27 @@ class Agent:
 
     def _yields_the_table(self) -> bool:
         """Another release's firewall, applied first, holds this agent's table (rivals.py):
-        it touches nothing, is not in force, and says so (log on change, gauge, Lease)."""
+        it touches nothing, is not in force, and says so (log on change, gauge, Lease).
+        Before the DaemonSets are listed it cannot know: a table in force (another release's,
+        or its own predecessor's) stays untouched until then; with none, it applies at once
+        (there is nothing to contest, and a node without a table is an open one)."""
         link = self.link
-        held = None
-        if link is not None and link.daemonset and self.releases is not None:
-            held = self.releases.table_holder(link.namespace, link.daemonset)
+        if link is None or not link.daemonset or self.releases is None:
+            return False
+        listed = self.releases.snapshot()
+        if listed is None:
+            try:
+                live = self.nft.list_table()
+            except NftError:
+                return False
+            if live is None:
+                return False
+            if not self._releases_waited:
+                self._releases_waited = True
+                log.info("waiting for the releases' DaemonSets: the table in force stays "
+                         "untouched until then")  # fmt: skip
+            return True
+        held = table_holder(listed, link.namespace, link.daemonset)
         before, self.held_by = self.held_by, held
         gauge, table = self.metrics.release_collisions, self.nft.table_name
         if (held and held.theirs.other) != (before and before.theirs.other):

@@ -8,8 +8,9 @@ between the other's writes. So each agent reads every release's firewall DaemonS
 (deathwatch._kube.releases): of two on one table, the one applied later yields. It never
 applies, repairs or removes the table (not even with --remove-on-uninstall), is not ready,
 and its coverage Lease says who holds the table, so its verdicts say `Shielded=False
-TableContested` naming that release. Until the DaemonSets are listed nothing is refused: an
-agent whose RBAC lacks the read (an older chart) runs as before, and its log says why.
+TableContested` naming that release. Until the DaemonSets are listed it cannot know: a table
+in force stays untouched until then (as until the Nodes are listed); with none on the node it
+applies its own at once, since there is nothing to contest and a node without a table is open.
 """
 
 from __future__ import annotations
@@ -43,11 +44,6 @@ class FirewallReleases(Mirror[Workload | None]):
     def __init__(self, api: Api, wake: Callable[[], None], failed: Callable[[], None],
                  stop: threading.Event) -> None:  # fmt: skip
         super().__init__(api, PATH, "daemonset", _kept, wake, failed, stop, SELECTOR)
-
-    def table_holder(self, namespace: str, daemonset: str) -> Collision | None:
-        """The older release whose firewall holds this agent's table, if there is one: this
-        agent then leaves the table alone. None: none, or not listed yet."""
-        return table_holder(self.snapshot(), namespace, daemonset)
 
 
 def table_holder(listed: list[Workload | None] | None, namespace: str, daemonset: str

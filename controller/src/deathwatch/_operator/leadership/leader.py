@@ -227,8 +227,7 @@ class Elector:
         if refused != self._refused:
             self._refused = refused
             if refused is not None:
-                log.error("not leading: another release serves these DeathWatches",
-                          why=refused)  # fmt: skip
+                log.error("not leading", why=refused)
             else:
                 log.info("no longer refused: taking part in the election again")
         if refused is not None:

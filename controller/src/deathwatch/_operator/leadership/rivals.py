@@ -7,7 +7,7 @@ only) and checks its own Deployment and firewall DaemonSet against them
 (deathwatch._kube.releases).
 - A controller id over namespaces both serve: the younger release's controller never leads
   (`refusal`, asked by the elector before every acquisition or renewal, leader.py) and is
-  not ready; the older keeps leading. Never two writers of one verdict.
+  says so in /readyz; the older keeps leading. Never two writers of one verdict.
 - A table or host port of the firewall: the younger's agents leave the table alone (the
   agent checks it too) or cannot be scheduled; its controller says so.
 - The CRDs, where this release applies them too (`crds_release`): their
@@ -17,9 +17,11 @@ Each collision is said, naming the other release: a log line and an Event on thi
 Deployment when it begins, the gauge `deathwatch_release_collisions`, the DeathWatches'
 `ReleaseConflict` condition, and /readyz while this controller yields.
 
-A read that fails is counted and logged once per spell, and the last answer stands. Before
-the first answer nothing is refused: an install whose RBAC lacks the read (an older chart)
-runs as before, and says why in its log.
+A read that fails is counted and logged once per spell, and the last answer stands. Until the
+first answer this controller does not lead: under `kubectl apply` its RBAC and a colliding
+release's Deployment may arrive with it, and a leader for even one check interval would be a
+second writer. The read is retried every RETRY seconds until it answers; every chart that
+passes --lease-owner grants it.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from deathwatch._operator.instruments.metrics import Metrics
 
 log = structlog.get_logger("deathwatch.rivals")
 TIMEOUT = 30.0  # seconds: every API call's cap
+RETRY = 2.0  # seconds between reads until the first answer
 EVENT_REASON = "ReleaseCollision"
 CRDS = tuple(f"{plural}.{GROUP}" for plural in (DW_PLURAL, SV_PLURAL))
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
@@ -70,7 +73,15 @@ class Rivals:
 
     def refusal(self) -> str | None:
         """Why this controller must not lead: another release's older controller serves the
-        same DeathWatches. None: nothing stands in its way (or nothing known yet)."""
+        same DeathWatches, or the releases have not been read yet. None: nothing stands in
+        its way."""
+        if not self.read:
+            why = self.error or "no answer yet"
+            return (
+                f"the other deathwatch releases have not been read yet ({why}): a controller "
+                "does not lead before it knows no older release serves its DeathWatches; "
+                f"tried every {RETRY:g}s"
+            )
         for c in self.collisions:
             if c.what == CONTROLLER_ID_CLASH and c.yields:
                 return c.message
@@ -97,7 +108,7 @@ class Rivals:
                 if failing:
                     log.info("the other releases readable again")
                 failing, self.error = False, None
-            await asyncio.sleep(interval)
+            await asyncio.sleep(interval if self.read else min(interval, RETRY))
 
     async def check(self) -> None:
         """One reading: every release's workloads; this one's collisions with them."""

@@ -89,7 +89,8 @@ def report(readiness: Readiness, streams: Streams, parts: Callable[[], dict[str,
         "watches_fresh": streams.fresh(),
         "firewall_covered": firewall.covered if firewall else None,
         # False while another release's controller serves these DeathWatches and this one
-        # gives way (ADR 0038): never ready, so a rollout or a GitOps sync says so
+        # gives way (ADR 0038): /readyz says so (the controller has no readiness probe: a
+        # dependency's outage must not unroute its metrics)
         "not_refused": None if releases is None else releases["refused"] is None,
     }
     details = {
