@@ -148,9 +148,11 @@ def collisions(mine: Workload, listed: Iterable[Workload]) -> list[Collision]:
                 continue
             a, b = _scope(mine), _scope(theirs)
             if a is None or b is None or a & b:
-                chosen = mine.notes.get(CONTROLLER_ID, "") or "none"
-                clash(CONTROLLER_ID_CLASH, theirs, f"controller id {chosen!r}, over namespaces "
-                      "both serve, is served by the controller of")  # fmt: skip
+                chosen = mine.notes.get(CONTROLLER_ID, "")
+                served = (f"the DeathWatches of controller id {chosen!r}" if chosen else
+                          "the DeathWatches without a controller id")  # fmt: skip
+                clash(CONTROLLER_ID_CLASH, theirs, f"{served}, in namespaces both serve, are "
+                      "served by the controller of")  # fmt: skip
             continue
         table = mine.notes.get(TABLE, DEFAULT_TABLE)
         if theirs.notes.get(TABLE, DEFAULT_TABLE) == table:
