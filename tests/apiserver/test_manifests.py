@@ -106,12 +106,18 @@ def test_namespaced_overlay_binds_only_the_chosen_namespaces() -> None:
     # the controller's reach ends at the chosen namespaces; the firewall's node agent still
     # reads its own node's pods in any namespace (pods list/watch, nothing else); both ask
     # the API who reads their metrics (TokenReview, SubjectAccessReview: cluster-scoped
-    # reviews, and all system:auth-delegator grants)
+    # reviews, and all system:auth-delegator grants); the controller reads every release's
+    # workloads, and its CRDs by name, for what another release shares with it (ADR 0038:
+    # list and get only, whatever namespaces it serves)
     cluster_bindings = [o for o in objs if o["kind"] == "ClusterRoleBinding"]
     assert sorted(b["roleRef"]["name"] for b in cluster_bindings) == [
+        "deathwatch-controller-releases",
         "deathwatch-firewall",
         "system:auth-delegator",
     ]
+    releases = next(o for o in objs if o["kind"] == "ClusterRole"
+                    and o["metadata"]["name"] == "deathwatch-controller-releases")  # fmt: skip
+    assert {v for r in releases["rules"] for v in r["verbs"]} == {"list", "get"}
     delegator = next(b for b in cluster_bindings if b["roleRef"]["name"] == "system:auth-delegator")
     assert {s["name"] for s in delegator["subjects"]} == {"deathwatch-controller",
                                                          "deathwatch-firewall"}  # fmt: skip

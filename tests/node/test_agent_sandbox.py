@@ -349,3 +349,8 @@ def test_on_the_charts_defaults_a_sandboxs_pod_is_guarded_with_no_label_of_ours(
             agent.down()
             print(f"--- firewall agent:\n{agent.log.read_text()[-3000:]}")
         shielded(e, pod, ("False", None))  # the agent and its table gone: never True
+    # its coverage Lease goes too: the node lane's control plane is shared, and the next
+    # module's first claim is that its node has no agent at all (NoAgent, not AgentStale)
+    client.CoordinationV1Api(e.core.api_client).delete_namespaced_lease(
+        f"deathwatch-firewall.{NODE_NAME}", "deathwatch-system", _request_timeout=10
+    )
