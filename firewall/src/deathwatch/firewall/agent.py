@@ -500,11 +500,7 @@ class Agent:
             return False
         listed = self.releases.snapshot()
         if listed is None:
-            try:
-                live = self.nft.list_table()
-            except NftError:
-                return False
-            if live is None:
+            if not self._table_in_force():
                 return False
             if not self._releases_waited:
                 self._releases_waited = True
@@ -529,6 +525,14 @@ class Agent:
         self.publish()
         return True
 
+    def _table_in_force(self) -> bool:
+        """Whether a table is on the node now (anyone's): what an agent that does not yet
+        know enough must leave untouched. Unreadable: none known, so nothing to keep."""
+        try:
+            return self.nft.list_table() is not None
+        except NftError:
+            return False
+
     def _keeps_the_live_table(self) -> bool:
         """A new agent (a rollout, a restart) that has not listed the Node objects yet knows
         none of the pod ranges it learns from them, nor the hosts' addresses: the table it
@@ -538,11 +542,7 @@ class Agent:
         lane: applied at once, 202 of 1,686 host connections got through an agent rollout."""
         if self.link is None or self.nodes is None or self.nodes.snapshot() is not None:
             return False
-        try:
-            live = self.nft.list_table()
-        except NftError:
-            return False
-        if live is None:
+        if not self._table_in_force():
             return False
         if not self._waiting_said:
             self._waiting_said = True
