@@ -53,7 +53,7 @@ if command -v go >/dev/null; then
   for version in $(. "$root/hack/versions.env"; echo "$K8S_MATRIX"); do
     "$root/hack/build-k8s.sh" --version "$version" kube-apiserver kube-controller-manager kube-scheduler
   done
-  # the tools bench/peers.py measures deathwatch against (its smoke test runs in the suite)
+  # the tools bench/peers.py measures deathwatch against (its smoke check, out of CI: python3 -m pytest bench), and peers the lanes run
   "$root/hack/build-peers.sh"
   # Helm: the chart's lint, render and install lanes
   "$root/hack/build-helm.sh"
