@@ -48,3 +48,15 @@ for cmd in containerd containerd-shim-runc-v2 ctr; do
   build github.com/containerd/containerd/v2 "$CONTAINERD_VERSION" "./cmd/$cmd" "$cmd" \
     "no_btrfs no_devmapper no_zfs"
 done
+# not a peer: the lanes' private registry (hack/localcluster/registry.py): go-containerregistry's
+# registry behind basic auth, our few lines in hack/registry, keyed by their content
+registry_key=$(cd "$here/registry" && cat go.mod go.sum main.go | sha256sum | cut -c1-16)
+registry_bin=$cache/registry/$registry_key/registry
+if [ -x "$registry_bin" ]; then
+  log "registry cached in $(dirname "$registry_bin")"
+else
+  mkdir -p "$(dirname "$registry_bin")"
+  (cd "$here/registry" && go build -trimpath -ldflags "-s -w" -o "$registry_bin.tmp" .)
+  mv "$registry_bin.tmp" "$registry_bin"
+  log "registry built in $(dirname "$registry_bin")"
+fi

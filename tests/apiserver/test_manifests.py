@@ -66,10 +66,23 @@ def test_every_rendered_object_is_valid_for_kubernetes_1_35(path: str) -> None:
         kubernetes_validate.validate(obj, K8S_SCHEMA_VERSION, strict=True)
 
 
-@pytest.mark.parametrize("path", ["uninstall", "overlays/local-node/uninstall"])
+@pytest.mark.parametrize(
+    "path", ["uninstall", "overlays/local-node/uninstall", "overlays/private-registry/uninstall"]
+)
 def test_the_uninstall_step_is_valid_and_touches_only_the_table(path: str) -> None:
     objs = kustomize(MANIFESTS / path)
-    assert sorted(o["kind"] for o in objs) == ["DaemonSet", "Namespace"]
+    private = path.startswith("overlays/private-registry")
+    assert sorted(o["kind"] for o in objs) == ["DaemonSet", "Namespace", *(["Secret"] * private)]
+    if private:  # its pull secret, made in the cleanup's namespace and named by its pods
+        secret = by_kind(objs, "Secret")
+        assert secret["type"] == "kubernetes.io/dockerconfigjson"
+        assert secret["metadata"]["namespace"] == "deathwatch-uninstall"
+        spec = by_kind(objs, "DaemonSet")["spec"]["template"]["spec"]
+        assert spec["imagePullSecrets"] == [{"name": secret["metadata"]["name"]}]
+        version = (ROOT / "VERSION").read_text().strip()
+        assert {c["image"] for c in (*spec["containers"], *spec["initContainers"])} == {
+            f"registry.corp.example/mirror/deathwatch-dev/firewall:{version}"
+        }
     for obj in objs:
         kubernetes_validate.validate(obj, K8S_SCHEMA_VERSION, strict=True)
     pod = by_kind(objs, "DaemonSet")["spec"]["template"]["spec"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import json
+import os
 import ssl
 import threading
 import time
@@ -34,6 +35,8 @@ from hack.localcluster.agentpods import AGENT_PORT, EXEC_PROBE, OTHER_PORT, agen
 from hack.localcluster.controller_process import metrics_reader_token
 from hack.localcluster.netns_tool import connect_once
 from hack.localcluster.node import POD_SUBNET
+from hack.localcluster.registry import Registry
+from hack.localcluster.registry import missing as registry_missing
 from tests.conftest import _binaries_or_skip
 from tests.kube import wait_for
 
@@ -398,14 +401,53 @@ def test_the_leader_killed_outright_loses_no_death(deployed: Deployed) -> None:
 
 def test_the_runbooks_off_switch_opens_the_node_and_uninstall_leaves_nothing(
     deployed: Deployed,
+    tmp_path: Path,
 ) -> None:
     """Last: it removes deathwatch, on a cluster whose namespaces enforce Pod Security baseline
-    unless labelled. First the runbook's "Open the firewall now", command by command, with the
-    user's image (an overlay's `images:`, as manifests/overlays/local-node/uninstall): the
-    DaemonSet deleted leaves the table (a stopping agent cannot tell an uninstall from a
-    rollout), the cleanup DaemonSet removes it, the verdicts go on saying AgentStale. Then
-    `kubectl delete -k` takes the rest (README "Uninstall")."""
+    unless labelled. First the runbook's "Open the firewall now", command by command, behind a
+    private registry that refuses a pull without credentials (#59 item 6): the cleanup is
+    manifests/overlays/private-registry/uninstall, copied and edited as its comment says (the
+    registry's name for the image, the registry's credentials), and its image is nowhere on
+    the node, so the kubelet pulls it with the overlay's pull secret. The DaemonSet deleted
+    leaves the table (a stopping agent cannot tell an uninstall from a rollout), the cleanup
+    DaemonSet removes it, the verdicts go on saying AgentStale. Then `kubectl delete -k`
+    takes the rest (README "Uninstall")."""
     d = deployed
+    reason = registry_missing()
+    if reason:
+        pytest.skip(reason)
+    registry = Registry(tmp_path).start()
+    try:
+        image = registry.push(
+            d.c.node, "deathwatch.local/firewall:dev", "deathwatch-dev/firewall:dev"
+        )
+        uninstall = private_registry_copy(tmp_path / "my-uninstall", registry, image)
+        _off_switch(d, uninstall, registry)
+    finally:
+        registry.stop()
+
+
+def private_registry_copy(to: Path, registry: Registry, image: str) -> Path:
+    """manifests/overlays/private-registry/uninstall as an operator makes it theirs: copied,
+    its path to manifests/uninstall adjusted, its image and credentials their registry's."""
+    source = ROOT / "manifests" / "overlays" / "private-registry" / "uninstall"
+    to.mkdir(parents=True)
+    text = (source / "kustomization.yaml").read_text()
+    name, _, tag = image.rpartition(":")
+    edits = {
+        "  - ../../../uninstall": f"  - {os.path.relpath(ROOT / 'manifests' / 'uninstall', to)}",
+        "newName: registry.corp.example/mirror/deathwatch-dev/firewall": f"newName: {name}",
+        f"newTag: {(ROOT / 'VERSION').read_text().strip()}  # VERSION": f"newTag: {tag}",
+    }
+    for was, now in edits.items():
+        assert was in text, was  # the overlay as its comment describes it
+        text = text.replace(was, now)
+    (to / "kustomization.yaml").write_text(text)
+    (to / "registry-credentials.json").write_bytes(registry.credentials())
+    return to
+
+
+def _off_switch(d: Deployed, uninstall: Path, registry: Registry) -> None:
     name = d.pod("sbx-uninstall")
     d.wait_state(name, "Alive")
     sandbox = d.ip(name)
@@ -413,12 +455,14 @@ def test_the_runbooks_off_switch_opens_the_node_and_uninstall_leaves_nothing(
                 timeout=120)  # fmt: skip
     assert SystemNft().list_table() is not None  # still shut: on purpose, and documented
     assert connect_once(sandbox, AGENT_PORT, 2)[0] == "refused"
-    uninstall = cluster.OVERLAY / "uninstall"
+    pulled_before = registry.served("deathwatch-dev/firewall")
     d.c.kubectl("apply", "-k", str(uninstall))
     d.c.kubectl("rollout", "status", "-n", "deathwatch-uninstall",
                 "daemonset/deathwatch-firewall-cleanup", "--timeout=5m", timeout=330)  # fmt: skip
     assert SystemNft().list_table() is None
     assert connect_once(sandbox, AGENT_PORT, 2)[0] == "connected"
+    # pulled from the registry, with the overlay's secret (asked first without: refused)
+    assert registry.served("deathwatch-dev/firewall") > pulled_before and registry.refused() > 0
     d.c.kubectl("delete", "-k", str(uninstall), "--wait=true", timeout=300)
 
     def shield() -> str | None:

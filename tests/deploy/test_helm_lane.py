@@ -16,8 +16,11 @@ unbound, the agent's pod listing unbound), an admission webhook that stalls stat
 both controller replicas gone, the controller's network to the API server black-holed. Every
 dashboard panel's query returns data; `promtool check metrics` passes on each component's
 /metrics. Then `helm upgrade` with changed values rolls the agents while a host process tries
-the agent port every ~2 ms (none gets through), and `helm uninstall` plus the cleanup release
-leave no table behind. Measurements (each alert's time to fire, from the fault) are printed at
+the agent port every ~2 ms (none gets through); the runbook's off switch runs as written for
+the release behind a private registry that needs a pull secret (hack/localcluster/registry.py);
+the release is uninstalled and at once installed again sharded, with Helm and with kubectl, and
+every slot has a writer within seconds; and `helm uninstall` plus the cleanup release leave no
+table behind. Measurements (each alert's time to fire, from the fault) are printed at
 the end ("helm lane measurements").
 """
 
@@ -27,6 +30,7 @@ import base64
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import ssl
@@ -57,6 +61,8 @@ from hack.localcluster.controlplane import free_port
 from hack.localcluster.netns_tool import connect_once
 from hack.localcluster.node import BRIDGE, NODE_NAME, RUNTIME_SOCKET
 from hack.localcluster.receiver import Fault, Receiver
+from hack.localcluster.registry import Registry
+from hack.localcluster.registry import missing as registry_missing
 from hack.render_manifests import CHART, helm_bin
 from tests.conftest import _binaries_or_skip
 from tests.kube import WaitTimeout, wait_for
@@ -366,9 +372,14 @@ class Discovery:
             notes = svc.metadata.annotations or {}
             if notes.get("prometheus.io/scrape") != "true":
                 continue
-            endpoints = core.read_namespaced_endpoints(
-                svc.metadata.name, namespace, _request_timeout=10
-            )
+            try:
+                endpoints = core.read_namespaced_endpoints(
+                    svc.metadata.name, namespace, _request_timeout=10
+                )
+            except client.ApiException as exc:
+                if exc.status == 404:  # made after its Service, or deleted before it: none yet
+                    continue
+                raise
             for subset in endpoints.subsets or []:
                 for address in [*(subset.addresses or []), *(subset.not_ready_addresses or [])]:
                     pod = address.target_ref.name if address.target_ref else ""
@@ -1523,38 +1534,6 @@ def test_a_neighbour_holding_a_controllers_port_fires_port_under_pressure(lane: 
     RESULTS["slowloris_on_the_lane"] = attack.said
 
 
-def test_the_off_switch_as_the_notes_and_runbook_say_opens_the_node_and_the_rule_comes_back(
-    lane: Lane,
-) -> None:
-    """The runbook's "Open the firewall now" with Helm, on a cluster whose namespaces enforce
-    Pod Security baseline unless labelled: `firewall.enabled=false` (the agents go, the table
-    stays, on purpose), then the cleanup release exactly as this release's NOTES print it (in
-    the release's namespace, labelled privileged, with the user's image from its registry):
-    the node's table is gone; enabled again, the rule is back."""
-    name = lane.sandbox("off-switch")
-    wait_for(lambda: lane.state(name) == "Alive", timeout=60, what=f"{name} Alive")
-    ip = lane.core.read_namespaced_pod(name, NS, _request_timeout=10).status.pod_ip
-    said = lane.helm("get", "notes", "deathwatch", "-n", SYSTEM)
-    command = next(line.split() for line in said.splitlines() if "cleanup=true" in line)
-    assert command[:3] == ["helm", "install", "deathwatch-cleanup"], command
-    assert "--create-namespace" not in command and command[command.index("-n") + 1] == SYSTEM
-    assert "firewall.image.repository=deathwatch.local/firewall" in command  # the user's
-    args = [str(CHART) if a == "CHART" else a for a in command[1:]]
-    args = [a for i, a in enumerate(args) if a != "--version" and args[i - 1] != "--version"]
-    lane.upgrade("firewall.enabled=false")
-    assert SystemNft().list_table() is not None  # the agents gone, their rule left in place
-    assert connect_once(ip, AGENT_PORT, 2)[0] == "refused"
-    started = time.monotonic()
-    lane.helm(*args, "--timeout=3m")
-    assert SystemNft().list_table() is None
-    RESULTS["off_switch_seconds"] = round(time.monotonic() - started, 1)
-    assert connect_once(ip, AGENT_PORT, 2)[0] == "connected"
-    lane.helm("uninstall", "deathwatch-cleanup", "-n", SYSTEM, "--wait", "--timeout=3m")
-    lane.upgrade("firewall.enabled=true")
-    wait_for(lambda: connect_once(ip, AGENT_PORT, 1)[0] == "refused", timeout=60,
-             what="the rule back with the agents")  # fmt: skip
-
-
 def test_an_uninstall_then_a_sharded_reinstall_gives_every_slot_a_writer_with_helm_and_kubectl(
     lane: Lane,
 ) -> None:
@@ -1569,7 +1548,7 @@ def test_an_uninstall_then_a_sharded_reinstall_gives_every_slot_a_writer_with_he
     replica's own /readyz: the slots it writes), under the Lease duration a ghost would cost
     (15 s); the death judged; and the real Prometheus scraping the sharded install pages
     nobody while it is healthy (each shard its leader). The release is left with 3 shards
-    for the last test's uninstall."""
+    for the off switch and the last test's uninstall."""
     token = (lane.tmp / "scraper.token").read_text().strip()
     lane_values = str(values(lane.tmp, lane.c.cp.apiserver_port))
     rendered = lane.helm("template", "deathwatch", str(CHART), "-n", SYSTEM, "--skip-tests",
@@ -1651,12 +1630,17 @@ def _reinstalled(lane: Lane, token: str, shards: int, uninstall: Callable[[], ob
     killed = time.monotonic()
     (lane.ctl(NS, name) / "exit").write_text("3")
     replicas = 2 * shards
-    answering = wait_for(lambda: _writing(lane, token, old)[0] == replicas and time.monotonic(),
-                         timeout=180, interval=0.1, what=f"{replicas} new replicas answering")  # fmt: skip
-    written = wait_for(lambda: _writing(lane, token, old)[1] == frozenset(range(SLOTS))
-                       and time.monotonic(), timeout=120, interval=0.1,
-                       what=f"every slot written by the {shards} new shards")  # fmt: skip
-    wait_for(lambda: lane.state(name) == "Dead", timeout=120, interval=0.1, what=f"{name} Dead")
+    try:
+        answering = wait_for(lambda: _writing(lane, token, old)[0] == replicas
+                             and time.monotonic(), timeout=180, interval=0.1,
+                             what=f"{replicas} new replicas answering")  # fmt: skip
+        written = wait_for(lambda: _writing(lane, token, old)[1] == frozenset(range(SLOTS))
+                           and time.monotonic(), timeout=120, interval=0.1,
+                           what=f"every slot written by the {shards} new shards")  # fmt: skip
+        wait_for(lambda: lane.state(name) == "Dead", timeout=120, interval=0.1,
+                 what=f"{name} Dead")  # fmt: skip
+    except WaitTimeout as exc:
+        raise WaitTimeout(f"{exc}\n{lane.c.diagnose()}") from None
     dead = time.monotonic()
     return {
         "every_slot_written_after_uninstall_s": round(written - started, 2),
@@ -1684,8 +1668,92 @@ def _pages_while_healthy(lane: Lane, shards: int) -> list[str]:
     return sorted(paged)
 
 
+@pytest.fixture(scope="module")
+def private_registry(lane: Lane) -> Iterator[Registry]:
+    """The lane's private registry (hack/localcluster/registry.py), from its first use to the
+    lane's end: a pod of a release behind it may be started again by any later test."""
+    reason = registry_missing()
+    if reason:
+        pytest.skip(reason)
+    made = Registry(lane.tmp).start()
+    try:
+        yield made
+    finally:
+        made.stop()
+
+
+def test_the_off_switch_as_the_notes_and_runbook_say_opens_the_node_behind_a_private_registry(
+    lane: Lane,
+    private_registry: Registry,
+) -> None:
+    """The runbook's "Open the firewall now" with Helm, as written, on a cluster whose
+    namespaces enforce Pod Security baseline unless labelled, for a release behind a private
+    registry (#59 item 6): its images pulled from a registry that refuses a pull without
+    credentials (`global.imageRegistry`, `global.imagePullSecrets`). Step 0, the NOTES kept;
+    step 1, `firewall.enabled=false` (the agents go, the table stays, on purpose); step 2, the
+    cleanup release exactly as the kept NOTES print it, run as a shell would split it (in the
+    release's namespace, labelled privileged, with the registry and the pull secret), its
+    image first removed from the node so that the kubelet must pull it with the secret: the
+    node's table is gone. Enabled again, the rule is back. It comes late: once the node has
+    pulled an image from the registry, containerd 1.6's CRI no longer finds the same image
+    under the name it was imported with (hack/localcluster/registry.py), so every pod after
+    it pulls from the registry too."""
+    registry = private_registry
+    refs = {part: registry.push(lane.c.node, f"deathwatch.local/{part}:dev",
+                                f"deathwatch-dev/{part}:dev")
+            for part in ("controller", "firewall")}  # fmt: skip
+    lane.c.kubectl("apply", "-f", "-",
+                   input=json.dumps(registry.pull_secret("lane-registry", SYSTEM)))  # fmt: skip
+    name = lane.sandbox("off-switch")
+    lane.upgrade(f"global.imageRegistry={registry.host}",
+                 "global.imagePullSecrets[0].name=lane-registry",
+                 "controller.image.repository=deathwatch-dev/controller",
+                 "firewall.image.repository=deathwatch-dev/firewall")  # fmt: skip
+    pods = lane.core.list_namespaced_pod(
+        SYSTEM, label_selector="app.kubernetes.io/component in (controller,firewall)",
+        _request_timeout=10).items  # fmt: skip
+    images = {c.image for p in pods if p.metadata.deletion_timestamp is None
+              for c in (*p.spec.containers, *(p.spec.init_containers or ()))}  # fmt: skip
+    assert images == set(refs.values()), images  # the release's pods, from the registry alone
+    assert registry.served("deathwatch-dev/firewall") >= 1 and registry.refused() >= 1
+    wait_for(lambda: lane.state(name) == "Alive", timeout=60, what=f"{name} Alive")
+    ip = lane.core.read_namespaced_pod(name, NS, _request_timeout=10).status.pod_ip
+    wait_for(lambda: connect_once(ip, AGENT_PORT, 1)[0] == "refused", timeout=60,
+             what="the rule in force, from the registry's agents")  # fmt: skip
+    # 0: the NOTES, kept
+    said = lane.helm("get", "notes", "deathwatch", "-n", SYSTEM)
+    line = next(x for x in said.splitlines() if "cleanup=true" in x)
+    command = shlex.split(line)  # as the shell the operator pastes it into splits it
+    assert command[:3] == ["helm", "install", "deathwatch-cleanup"], command
+    assert "--create-namespace" not in command and command[command.index("-n") + 1] == SYSTEM
+    for setting in (f"global.imageRegistry={registry.host}",
+                    "global.imagePullSecrets[0].name=lane-registry",
+                    "firewall.image.repository=deathwatch-dev/firewall"):  # fmt: skip
+        assert setting in command, (setting, line)
+    args = [str(CHART) if a == "CHART" else a for a in command[1:]]
+    args = [a for i, a in enumerate(args) if a != "--version" and args[i - 1] != "--version"]
+    # 1: the agents stop
+    lane.upgrade("firewall.enabled=false")
+    assert SystemNft().list_table() is not None  # the agents gone, their rule left in place
+    assert connect_once(ip, AGENT_PORT, 2)[0] == "refused"
+    # 2: the cleanup, whose image the node must now pull from the registry, with the secret
+    registry.forget(lane.c.node, refs["firewall"])
+    pulled_before = registry.served("deathwatch-dev/firewall")
+    started = time.monotonic()
+    lane.helm(*args, "--timeout=3m")
+    assert SystemNft().list_table() is None
+    RESULTS["off_switch_seconds"] = round(time.monotonic() - started, 1)
+    assert registry.served("deathwatch-dev/firewall") > pulled_before  # pulled, with the secret
+    assert connect_once(ip, AGENT_PORT, 2)[0] == "connected"
+    lane.helm("uninstall", "deathwatch-cleanup", "-n", SYSTEM, "--wait", "--timeout=3m")
+    lane.upgrade("firewall.enabled=true")
+    wait_for(lambda: connect_once(ip, AGENT_PORT, 1)[0] == "refused", timeout=60,
+             what="the rule back with the agents")  # fmt: skip
+
+
 def test_helm_uninstall_with_remove_table_on_uninstall_opens_the_node_and_cleanup_is_idempotent(
     lane: Lane,
+    private_registry: Registry,
 ) -> None:
     """Last: `firewall.removeTableOnUninstall=true` turned on by an upgrade (a rollout of the
     agents: nothing gets through it, the new agents leave the table to each other), then
@@ -1726,7 +1794,9 @@ def test_helm_uninstall_with_remove_table_on_uninstall_opens_the_node_and_cleanu
     assert connect_once(ip, AGENT_PORT, 2)[0] == "connected"
     # the release's namespace outlives it, with its label: the off switch runs there
     lane.helm("install", "deathwatch-cleanup", str(CHART), "-n", SYSTEM, "--set", "cleanup=true",
-              "--set", "firewall.image.repository=deathwatch.local/firewall", "--set",
+              "--set", f"global.imageRegistry={private_registry.host}", "--set",
+              "global.imagePullSecrets[0].name=lane-registry", "--set",
+              "firewall.image.repository=deathwatch-dev/firewall", "--set",
               "firewall.image.tag=dev", "--wait", "--timeout=3m")  # fmt: skip
     assert SystemNft().list_table() is None
     lane.helm("uninstall", "deathwatch-cleanup", "-n", SYSTEM, "--wait", "--timeout=3m")
