@@ -4,6 +4,7 @@ manifests/. The tests play kubelet by writing pods/status, and wait on explicit 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 import time
@@ -12,8 +13,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from kubernetes import client
 
 from deathwatch._engine.timeutil import format_time
+from hack.localcluster.controller_process import ControllerProcess
 from hack.localcluster.sandbox_script import Fate, pod_manifest, timeline
 from tests.controller_env import Env, fate_status, ready_status
 from tests.kube import wait_for
@@ -372,3 +375,82 @@ def test_metadata_untouched_for_pods_of_every_fate(env: Env) -> None:
         assert meta.annotations is None
         assert meta.finalizers is None
         assert meta.labels == pod_manifest(s)["metadata"]["labels"]
+
+
+def _release_deployment(env: Env, release: str) -> str:
+    """A release's controller Deployment as the chart makes it (no replicas: the test's
+    processes play its pods), serving every namespace with DeathWatches of no controller id."""
+    name = f"{release}-deathwatch-controller"
+    client.AppsV1Api(env.api).create_namespaced_deployment("deathwatch-system", {
+        "metadata": {"name": name, "labels": {
+            "app.kubernetes.io/part-of": "deathwatch", "app.kubernetes.io/instance": release,
+            "app.kubernetes.io/component": "controller"},
+            "annotations": {"deathwatch.dev/controller-id": "", "deathwatch.dev/scope": "*"}},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": name}},
+                 "template": {"metadata": {"labels": {"app": name}},
+                              "spec": {"containers": [{"name": "c", "image": "none"}]}}},
+    }, _request_timeout=10)  # fmt: skip
+    return name
+
+
+def _writers(env: Env, name: str) -> set[str]:
+    """Who wrote a verdict: the field managers of its status (each replica's identity)."""
+    sv = env.sv(name) or {}
+    return {f["manager"] for f in sv.get("metadata", {}).get("managedFields") or ()
+            if f.get("subresource") == "status"}  # fmt: skip
+
+
+def test_without_leader_election_a_release_applied_later_writes_nothing_over_the_first(
+    env: Env,
+) -> None:
+    """ADR 0038 without leader election (#59): two releases' only replicas, no Lease, serving
+    the same DeathWatches (one controller id over one namespace), as `helm template | kubectl
+    apply` can leave them. The one applied later never writes: /readyz says why, naming the
+    first; the first judges the death alone (the verdict's writers). The first uninstalled
+    (its Deployment deleted, its process stopped), the later one leads within its check
+    interval and judges the next death."""
+    apps = client.AppsV1Api(env.api)
+    first = _release_deployment(env, "a-first")
+    later = _release_deployment(env, "b-later")  # the same second or later: it gives way
+    extra = ["--release-check-interval", "1"]
+    try:
+        env.start_controller(extra=[*extra, "--identity", "first-0", "--lease-owner", first])
+        second = ControllerProcess(
+            env.kubeconfig, [env.ns], env.tmp / "later.log", reader_token=env.reader_token,
+            extra=[*extra, "--identity", "later-0", "--lease-owner", later],
+        ).start()  # fmt: skip
+        try:
+            refused = wait_for(lambda: (r := second.get("/readyz")) and
+                               r["details"]["releases"]["refused"], timeout=30,
+                               what="the later release refused")  # fmt: skip
+            assert "release a-first (namespace deathwatch-system" in refused, refused
+            assert second.get("/readyz", status_only=True) == 503
+            assert '"not leading"' in second.tail(400)
+            env.deathwatch()
+            s = env.script("sbx-first", fate=Fate.EXITS, exit_code=3)
+            env.create(s)
+            env.kubelet.status(env.ns, s.name, ready_status(s))
+            env.wait_state(s.name, "Alive")
+            env.kubelet.status(env.ns, s.name, fate_status(s))
+            env.wait_state(s.name, "Dead")
+            assert _writers(env, s.name) == {"first-0"}
+            # the first uninstalled: its Deployment deleted, its only replica stopped
+            apps.delete_namespaced_deployment(first, "deathwatch-system", _request_timeout=10)
+            assert env.controller is not None
+            env.controller.stop()
+            wait_for(lambda: second.get("/readyz", status_only=True) == 200, timeout=30,
+                     what="the later release leading once alone")  # fmt: skip
+            t = env.script("sbx-later", fate=Fate.EXITS, exit_code=4)
+            env.create(t)
+            env.kubelet.status(env.ns, t.name, ready_status(t))
+            env.wait_state(t.name, "Alive")
+            env.kubelet.status(env.ns, t.name, fate_status(t))
+            assert env.wait_state(t.name, "Dead")["status"]["exitCode"] == 4
+            assert _writers(env, t.name) == {"later-0"}
+        finally:
+            print(second.tail(40))
+            second.stop()
+    finally:
+        for name in (first, later):
+            with contextlib.suppress(client.ApiException):
+                apps.delete_namespaced_deployment(name, "deathwatch-system", _request_timeout=10)

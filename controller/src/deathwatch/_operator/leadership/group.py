@@ -38,7 +38,9 @@ class Leadership:
         else this replica is the only one and leads from the start."""
         self.metrics, self.identity, self.elected = metrics, identity, elected
         self.term: int | None = None
-        self._fence: Callable[[], bool] = lambda: True  # the elector's, once it fences
+        # the elector's, once it fences; until then (and without election) leading is
+        # writing: a replica kept off by another release (rivals.py) writes nothing
+        self._fence: Callable[[], bool] = lambda: self.leading
         self._followers: list[Follower] = []
         self._leading = asyncio.Event()
         if not elected:
@@ -64,8 +66,10 @@ class Leadership:
 
     def begin(self) -> None:
         """Without election, once start-up has listed what it must: the followers told that
-        this replica leads (it has been leading meanwhile: what start-up wanted is pending)."""
-        if self.elected:
+        this replica leads (it has been leading meanwhile: what start-up wanted is pending).
+        Not if it was stood down meanwhile (another release serves its DeathWatches: rivals.py
+        leads it once nothing stands in its way)."""
+        if self.elected or not self.leading:
             return
         log.info("the only replica: leads", identity=self.identity)
         for follower in self._followers:

@@ -17,6 +17,11 @@ Each collision is said, naming the other release: a log line and an Event on thi
 Deployment when it begins, the gauge `deathwatch_release_collisions`, the DeathWatches'
 `ReleaseConflict` condition, and /readyz while this controller yields.
 
+Without leader election (one replica, no Lease) there is no elector to ask: `keep_off` asks
+instead, every RETRY seconds, and stands the replica down (it writes nothing; what it judges
+is owed, as a standby's is) while it must give way, and leads it again once nothing stands in
+its way.
+
 A read that fails is counted and logged once per spell, and the last answer stands. Until the
 first answer this controller does not lead: under `kubectl apply` its RBAC and a colliding
 release's Deployment may arrive with it, and a leader for even one check interval would be a
@@ -46,6 +51,7 @@ from deathwatch._kube.releases import (
     workload,
 )
 from deathwatch._operator.instruments.metrics import Metrics
+from deathwatch._operator.leadership.group import Leadership
 
 log = structlog.get_logger("deathwatch.rivals")
 TIMEOUT = 30.0  # seconds: every API call's cap
@@ -191,3 +197,18 @@ def _crd_message(name: str, other: str) -> str:
     return (f"CRD {name} is applied by release {other} too: one release per cluster applies "
             "the CRDs, and each sync takes them from the other; set crds.enabled=false on one "
             "of them (it is served by the other's)")  # fmt: skip
+
+
+async def keep_off(rivals: Rivals, leadership: Leadership, every: float = RETRY) -> None:
+    """Without leader election, what the elector asks before every try (supervised, forever):
+    the only writer stands down while `rivals` says it must give way, and leads again once
+    nothing stands in its way. Never two writers of one verdict, with or without a Lease."""
+    while True:
+        why = rivals.refusal()
+        if why is not None and leadership.leading:
+            log.error("not leading", why=why)
+            leadership.standby(f"refused: {why}")
+        elif why is None and not leadership.leading:
+            log.info("no longer refused: the only replica leads again")
+            leadership.lead(None, "nothing shared with another release: the only writer")
+        await asyncio.sleep(every)

@@ -37,7 +37,7 @@ from deathwatch._operator.instruments.supervisor import Supervisor
 from deathwatch._operator.leadership.group import Leadership
 from deathwatch._operator.leadership.leader import Elector
 from deathwatch._operator.leadership.owner import LeaseOwner
-from deathwatch._operator.leadership.rivals import Rivals
+from deathwatch._operator.leadership.rivals import Rivals, keep_off
 from deathwatch._operator.memory.core import Core, Firewall
 from deathwatch._operator.memory.coverage import Coverage
 from deathwatch._operator.memory.deathwatches import DeathWatches, Revised
@@ -128,6 +128,12 @@ class App:
             shard, lease_name, cfg.lease_namespace, metrics, cfg.lease_timings.retry_period,
             leadership,
         )  # fmt: skip
+        if cfg.lease_owner:
+            # this replica's Deployment: what another release may share with it is checked at
+            # runtime, as `lookup` does at install (ADR 0038), with or without election
+            self.rivals = Rivals(rest("releases", 1), metrics, cfg.lease_namespace,
+                                 cfg.lease_owner, cfg.firewall_daemonset,
+                                 cfg.crds_release)  # fmt: skip
         if cfg.leader_elect:
             self.lease_rest = rest("lease", 2)
             lease = ApiLease(self.lease_rest, lease_name, cfg.lease_namespace,
@@ -136,11 +142,7 @@ class App:
             if cfg.lease_owner:
                 self.lease_owner = LeaseOwner(self.lease_rest, cfg.lease_namespace,
                                               cfg.lease_owner, metrics)  # fmt: skip
-                # the Lease's owner is this replica's Deployment: what another release may
-                # share with it is checked at runtime, as `lookup` does at install (ADR 0038)
-                self.rivals = Rivals(rest("releases", 1), metrics, cfg.lease_namespace,
-                                     cfg.lease_owner, cfg.firewall_daemonset,
-                                     cfg.crds_release)  # fmt: skip
+            if self.rivals is not None:
                 refusal = self.rivals.refusal
             self.elector = Elector(lease, cfg.identity, lease_name, cfg.lease_namespace,
                                    metrics, cfg.lease_timings, leadership=leadership,
@@ -257,6 +259,13 @@ class App:
         await asyncio.gather(*(r.listed() for r in s.pods))
         for i, reflector in enumerate(s.node_exits):  # after the pods: exits need records
             sup.start(f"watch-node-exits-{i}", reflector.run)
+        if self.elector is None and self.rivals is not None:
+            # the only writer, without an elector to ask: it leads only if no older release
+            # serves its DeathWatches (keep_off asks again from here on)
+            await self._first_rivals(self.rivals)
+            if (refused := self.rivals.refusal()) is not None:
+                log.error("not leading", why=refused)
+                self.leadership.standby(f"refused: {refused}")
         self.leadership.begin()  # the only writer: it leads from here (else the elector says)
         if self.sender is not None:
             sender = self.sender
@@ -269,10 +278,14 @@ class App:
         if self.elector is not None:
             if self.lease_owner is not None:
                 await self.lease_owner.learn()  # bounded; a failure is said, not fatal
-            if self.rivals is not None:
+            if self.rivals is not None:  # before the first election (without one: above)
                 await self._first_rivals(self.rivals)
-                rivals, every = self.rivals, cfg.release_check_interval
-                sup.start("releases", lambda: rivals.run(every))
+        if self.rivals is not None:
+            rivals, every, leadership = self.rivals, cfg.release_check_interval, self.leadership
+            sup.start("releases", lambda: rivals.run(every))
+            if self.elector is None:
+                sup.start("releases-keep-off", lambda: keep_off(rivals, leadership))
+        if self.elector is not None:
             sup.start("leader-election", self.elector.run)
             sup.start("lease-watch", self.elector.watch)
             if cfg.shard.sharded:

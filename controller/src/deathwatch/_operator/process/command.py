@@ -182,8 +182,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     election.add_argument(
         "--lease-owner",
         metavar="DEPLOYMENT",
-        help="the Deployment (in the Lease's namespace) the Lease is deleted with: an "
-        "uninstall takes the Lease, and no next install waits on it",
+        help="this replica's Deployment (in the Lease's namespace): the Lease is deleted with "
+        "it (an uninstall takes the Lease, and no next install waits on it), and another "
+        "release serving the same DeathWatches is weighed against it, with or without "
+        "election (ADR 0038)",
     )
     for flag, default, what in (
         ("--lease-duration", 15.0, "a standby takes over a lease unchanged this long"),
