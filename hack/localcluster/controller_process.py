@@ -79,7 +79,7 @@ def metrics_reader_token(api: client.ApiClient) -> str:
     return service_account_token(api, namespace, name)
 
 
-def _unverified() -> ssl.SSLContext:
+def unverified() -> ssl.SSLContext:
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE  # the controller's self-signed serving certificate
@@ -176,7 +176,7 @@ class ControllerProcess:
             request = urllib.request.Request(self.url + path)  # noqa: S310 - loopback
             if self.reader_token:
                 request.add_header("Authorization", f"Bearer {self.reader_token}")
-            context = _unverified()
+            context = unverified()
         try:
             with urllib.request.urlopen(request, timeout=5, context=context) as resp:  # noqa: S310
                 body = resp.read()

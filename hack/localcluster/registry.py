@@ -22,7 +22,7 @@ import os
 import select
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from hack.localcluster.node import Node
 
@@ -48,12 +48,14 @@ class Registry:
     def __init__(self, work: Path) -> None:
         self.log = work / "registry.log"
         self.proc: subprocess.Popen[str] | None = None
+        self._stderr: IO[str] | None = None
         self.host = ""  # 127.0.0.1:PORT, once started
 
     def start(self, timeout: float = 30) -> Registry:
+        self._stderr = self.log.open("w")
         self.proc = subprocess.Popen(
             [str(binary()), "127.0.0.1:0", f"{USER}:{PASSWORD}"],
-            stdout=subprocess.PIPE, stderr=self.log.open("w"), text=True,
+            stdout=subprocess.PIPE, stderr=self._stderr, text=True,
         )  # fmt: skip
         stdout = self.proc.stdout
         # the one line it prints, once it listens: waited for with a deadline, never blocked on
@@ -116,3 +118,5 @@ class Registry:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+        if self._stderr is not None:
+            self._stderr.close()

@@ -56,7 +56,7 @@ from deathwatch.firewall.nft import SystemNft
 from hack.localcluster import cluster, netpol, released
 from hack.localcluster.agentpods import AGENT_PORT, EXEC_PROBE, OTHER_PORT, agent_pod
 from hack.localcluster.attacks import Attack
-from hack.localcluster.controller_process import service_account_token
+from hack.localcluster.controller_process import service_account_token, unverified
 from hack.localcluster.controlplane import free_port
 from hack.localcluster.netns_tool import connect_once
 from hack.localcluster.node import BRIDGE, NODE_NAME, RUNTIME_SOCKET
@@ -1594,7 +1594,7 @@ def _writing(lane: Lane, token: str, old: set[str]) -> tuple[int, frozenset[int]
         request = urllib.request.Request(f"https://{pod.status.pod_ip}:8443/readyz",
                                          headers={"Authorization": f"Bearer {token}"})  # fmt: skip
         try:
-            with urllib.request.urlopen(request, timeout=2, context=_unverified()) as r:  # noqa: S310
+            with urllib.request.urlopen(request, timeout=2, context=unverified()) as r:  # noqa: S310
                 body = json.load(r)
         except urllib.error.HTTPError as exc:  # 503 until ready: its details all the same
             body = json.loads(exc.read() or b"{}")
@@ -1607,12 +1607,6 @@ def _writing(lane: Lane, token: str, old: set[str]) -> tuple[int, frozenset[int]
         elif (details.get("leader") or {}).get("may_write"):
             slots |= set(range(SLOTS))
     return answering, frozenset(slots)
-
-
-def _unverified() -> ssl.SSLContext:
-    context = ssl.create_default_context()
-    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # each signs its own
-    return context
 
 
 def _reinstalled(lane: Lane, token: str, shards: int, uninstall: Callable[[], object],

@@ -199,16 +199,21 @@ def _crd_message(name: str, other: str) -> str:
             "of them (it is served by the other's)")  # fmt: skip
 
 
+def heed(rivals: Rivals, leadership: Leadership) -> None:
+    """Without leader election, what the elector asks before every try: the only writer
+    stands down while `rivals` says it must give way, and leads again once nothing stands in
+    its way. Never two writers of one verdict, with or without a Lease."""
+    why = rivals.refusal()
+    if why is not None and leadership.leading:
+        log.error("not leading", why=why)
+        leadership.standby(f"refused: {why}")
+    elif why is None and not leadership.leading:
+        log.info("no longer refused: the only replica leads again")
+        leadership.lead(None, "nothing shared with another release: the only writer")
+
+
 async def keep_off(rivals: Rivals, leadership: Leadership, every: float = RETRY) -> None:
-    """Without leader election, what the elector asks before every try (supervised, forever):
-    the only writer stands down while `rivals` says it must give way, and leads again once
-    nothing stands in its way. Never two writers of one verdict, with or without a Lease."""
+    """`heed`, every `every` seconds (supervised, forever)."""
     while True:
-        why = rivals.refusal()
-        if why is not None and leadership.leading:
-            log.error("not leading", why=why)
-            leadership.standby(f"refused: {why}")
-        elif why is None and not leadership.leading:
-            log.info("no longer refused: the only replica leads again")
-            leadership.lead(None, "nothing shared with another release: the only writer")
+        heed(rivals, leadership)
         await asyncio.sleep(every)

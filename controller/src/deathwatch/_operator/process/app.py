@@ -37,7 +37,7 @@ from deathwatch._operator.instruments.supervisor import Supervisor
 from deathwatch._operator.leadership.group import Leadership
 from deathwatch._operator.leadership.leader import Elector
 from deathwatch._operator.leadership.owner import LeaseOwner
-from deathwatch._operator.leadership.rivals import Rivals, keep_off
+from deathwatch._operator.leadership.rivals import Rivals, heed, keep_off
 from deathwatch._operator.memory.core import Core, Firewall
 from deathwatch._operator.memory.coverage import Coverage
 from deathwatch._operator.memory.deathwatches import DeathWatches, Revised
@@ -263,9 +263,7 @@ class App:
             # the only writer, without an elector to ask: it leads only if no older release
             # serves its DeathWatches (keep_off asks again from here on)
             await self._first_rivals(self.rivals)
-            if (refused := self.rivals.refusal()) is not None:
-                log.error("not leading", why=refused)
-                self.leadership.standby(f"refused: {refused}")
+            heed(self.rivals, self.leadership)
         self.leadership.begin()  # the only writer: it leads from here (else the elector says)
         if self.sender is not None:
             sender = self.sender
