@@ -97,9 +97,13 @@ class Chaos:
         return report
 
     def logged(self, event: str) -> int:
+        """Lines of the controller's log that say `event`. Only whole lines: the last may be
+        half written while it is read (a fresh-clone CI run read one and failed)."""
+        text = self.ctrl.log.read_text(errors="replace")
+        whole = text[: text.rfind("\n") + 1]
         return sum(
             1
-            for line in self.ctrl.log.read_text(errors="replace").splitlines()
+            for line in whole.splitlines()
             if line.startswith("{") and json.loads(line).get("event") == event
         )
 
