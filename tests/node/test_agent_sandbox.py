@@ -261,8 +261,20 @@ def test_a_warm_pool_sandbox_claimed_keeps_its_verdict_and_gains_the_claim(aenv:
         kept = [s["metadata"]["name"] for s in items if not s["metadata"].get("deletionTimestamp")]
         return kept[0] if len(kept) == 1 and len(items) == 1 else None
 
-    name = wait_for(warm_sandbox, timeout=60, what="the warm pool's one Sandbox")
-    warm = alive(e, name)
+    def warm_alive() -> tuple[str, dict[str, Any]] | None:
+        """Its verdict Alive, and the pool still its one Sandbox after: the one listed alone
+        may be the one it is about to delete (seen in CI: that pod was judged Gone Deleted,
+        rightly, while the test waited for it to live)."""
+        name = warm_sandbox()
+        pod = pod_of(e, name) if name else None
+        if name is None or pod is None or pod.metadata.deletion_timestamp:
+            return None
+        verdict = e.sv(pod.metadata.name)
+        if verdict is None or verdict["status"].get("state") != "Alive":
+            return None
+        return (name, verdict) if warm_sandbox() == name else None
+
+    name, warm = wait_for(warm_alive, timeout=90, what="the warm pool's one Sandbox, Alive")
     assert warm["status"]["sandbox"] == {"name": name, "template": "agent", "warmPool": "warm"}
     SIDE_BY_SIDE["warm, unclaimed"] = {"agent-sandbox": sandbox_status(e, name),
                                        "deathwatch": {"state": "Alive", "sandbox": warm["status"]["sandbox"]}}  # fmt: skip

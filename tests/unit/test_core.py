@@ -639,6 +639,23 @@ async def test_a_pod_deleted_while_it_was_being_listed_is_not_adopted() -> None:
         assert c.pods.adopt(change.key, change.rules.revision, [listed]) == 0
 
 
+async def test_a_pod_deleted_before_it_was_ever_ready_is_judged_once() -> None:
+    """A warm pool's surplus pod, deleted while Pending: Gone once, never written; the
+    kubelet's later reports of its deletion do not make it a new pod to judge again (seen on
+    the node: four Pending → Gone lines, each counted, for one uid)."""
+    async with harness() as h:
+        h.deathwatch()
+        pending: dict[str, Any] = {"ready": None, "phase": "Pending", "containers": [waiting()]}
+        h.pod(pod(**pending), 1, event=EventType.ADDED)
+        h.pod(pod(**pending, deletion_at=2), 2)
+        h.pod(pod(**pending, deletion_at=2), 3)
+        h.pod(pod(**pending, deletion_at=2), 4, event=EventType.DELETED)
+        await h.settle()
+        assert h.sv() is None
+        counted = h.controller.pods.tail.metrics.verdicts.labels("Gone", "no-probe", "Deleted")
+        assert counted._value.get() == 1
+
+
 async def test_an_older_event_behind_a_newer_listing_is_not_judged() -> None:
     """The pods existed before their DeathWatch: its listing shows them Ready (version 12),
     while the watch stream still holds their creation (version 10, no status) and their

@@ -28,7 +28,7 @@ from deathwatch._operator.judging.decisions import Facts
 from deathwatch._operator.judging.shield import Shield
 
 _NO_MARKS: dict[str, DeliveryMark] = {}  # shared, never mutated: most records have none
-RECENTLY_DELETED = 600.0  # seconds a deleted pod's uid is remembered (adoption ghosts)
+RECENTLY_DELETED = 600.0  # seconds a uid done with is remembered (adoption ghosts, echoes)
 
 
 class Record:
@@ -88,7 +88,7 @@ class Records:
         self._by_uid: dict[str, Record] = {}
         self._by_name: dict[tuple[str, str], str] = {}  # (namespace, pod name) -> uid
         self._ended: set[str] = set()  # deleted and judged: waiting out their retention
-        self._deleted: dict[str, float] = {}  # uid -> monotonic time a DELETED was seen
+        self._done: dict[str, float] = {}  # uid -> monotonic time it was done with
         self._listings = 0  # listings begun, every scope together: each has its own number
         self._current: dict[str | None, int] = {}  # scope -> its latest listing's number
         # (namespace, agent-sandbox Sandbox) -> its pods' uids: one live, and the ended ones
@@ -216,16 +216,18 @@ class Records:
 
     # --- deletions, listings, retention ----------------------------------------------------
 
-    def deleted(self, uid: str) -> None:
-        """A DELETED event for a pod we do not track: remembered for a while, so a listing
-        taken before it (a new DeathWatch adopting its pods) does not bring it back."""
+    def done_with(self, uid: str) -> None:
+        """A pod not to judge again for a while: a DELETED event for one we do not track (a
+        listing taken before it, a new DeathWatch adopting its pods, must not bring it back),
+        or one let go with a final verdict it never ran to earn (the kubelet's later reports
+        of its deletion must not make it a new pod, judged and counted again)."""
         now = time.monotonic()
-        self._deleted[uid] = now
-        if len(self._deleted) > 10_000:  # prune by age; bounded whatever the churn
-            self._deleted = {u: t for u, t in self._deleted.items() if now - t < RECENTLY_DELETED}
+        self._done[uid] = now
+        if len(self._done) > 10_000:  # prune by age; bounded whatever the churn
+            self._done = {u: t for u, t in self._done.items() if now - t < RECENTLY_DELETED}
 
-    def recently_deleted(self, uid: str) -> bool:
-        seen = self._deleted.get(uid)
+    def is_done_with(self, uid: str) -> bool:
+        seen = self._done.get(uid)
         return seen is not None and time.monotonic() - seen < RECENTLY_DELETED
 
     def ended(self, record: Record, at: datetime) -> None:

@@ -65,8 +65,10 @@ class PodPass:
         seen = self.records.observe(pod, listed, deleted_at)
         if seen is None:
             if kind is EventType.DELETED:
-                self.records.deleted(pod.uid)
+                self.records.done_with(pod.uid)
                 return
+            if self.records.is_done_with(pod.uid):
+                return  # let go with its final verdict: its deletion's echoes say nothing new
             rules = self.deathwatches.owner(pod)
             if rules is None:
                 return  # not a sandbox (or its DeathWatch is gone or invalid)
@@ -129,7 +131,7 @@ class PodPass:
         for pod in pods:
             if not self.tail.mine(pod.uid, "pods"):
                 continue
-            if self.records.get(pod.uid) is not None or self.records.recently_deleted(pod.uid):
+            if self.records.get(pod.uid) is not None or self.records.is_done_with(pod.uid):
                 continue  # an event brought it already, or its deletion came after this list
             owner = self.deathwatches.owner(pod)
             if owner is None or owner.key != key:

@@ -89,6 +89,8 @@ class Tail:
         outcome = decisions.decide(step, before, self.clock(), shield, claim)
         if outcome.forget:
             self.forget(record)
+            if track.state is State.GONE:  # its deletion cannot be undone: never judged again
+                self.records.done_with(record.uid)
             return
         if changed:
             self.owe(record, track)
