@@ -918,14 +918,20 @@ def test_rbac_drift_fires_writes_retrying_api_errors_and_no_leader(lane: Lane) -
 
 
 def test_the_controllers_cut_off_from_the_api_server_fire_stale_watch(lane: Lane) -> None:
-    """A network fault: the node drops every packet from its pods to the API server (the
-    controller's connections hang; nothing closes them). Its pod watches go silent past the
-    bookmark interval, and the leader, unable to renew, steps down."""
+    """A network fault: the node drops every packet between its pods and the API server, both
+    ways (the controller's connections hang; nothing closes them). Its pod watches go silent
+    past the bookmark interval, and the leader, unable to renew, steps down. One way only,
+    the server's bookmarks still came in: the stream stayed fresh until the server ended it,
+    and the alert took a minute longer to fire."""
     partition = lane.tmp / "partition.nft"
+    port = lane.c.cp.apiserver_port
     partition.write_text(
         "table inet lane_partition {\n"
         "  chain input { type filter hook input priority -300; policy accept;\n"
-        f'    iifname "{BRIDGE}" tcp dport {lane.c.cp.apiserver_port} drop\n'
+        f'    iifname "{BRIDGE}" tcp dport {port} drop\n'
+        "  }\n"
+        "  chain output { type filter hook output priority -300; policy accept;\n"
+        f'    oifname "{BRIDGE}" tcp sport {port} drop\n'
         "  }\n"
         "}\n"
     )
