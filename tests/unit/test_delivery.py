@@ -23,6 +23,7 @@ from standardwebhooks.webhooks import Webhook
 from deathwatch._api.resources import DeliveryMark, DeliveryOutcome, SandboxVerdictStatus
 from deathwatch._api.verdict_document import VerdictDocument, document
 from deathwatch._engine.verdict import State
+from deathwatch._kube.configfile import ConfigError
 from deathwatch._operator.delivery import config
 from deathwatch._operator.delivery.events import (
     PROBE_EVERY,
@@ -73,7 +74,7 @@ def sink_file(tmp_path: Path, **sink: Any) -> Path:
 def test_a_bad_sinks_file_is_one_line_naming_the_field(
     tmp_path: Path, sink: dict[str, Any], said: str
 ) -> None:
-    with pytest.raises(config.ConfigError) as caught:
+    with pytest.raises(ConfigError) as caught:
         config.load(sink_file(tmp_path, **sink))
     assert said in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
 
@@ -88,12 +89,12 @@ def test_the_sinks_file_and_keys_read_back(tmp_path: Path) -> None:
     (sink.secret_dir / "keys").write_text(f"{whsec(KEY_A)}\n{whsec(KEY_B)}\n")  # a rotation
     assert config.keys(sink) == (KEY_A, KEY_B)
     (sink.secret_dir / "keys").write_text("not-a-key\n")
-    with pytest.raises(config.ConfigError, match="line 1: expected a key starting with 'whsec_'"):
+    with pytest.raises(ConfigError, match="line 1: expected a key starting with 'whsec_'"):
         config.keys(sink)
     (sink.secret_dir / "keys").write_text(whsec(b"short") + "\n")
-    with pytest.raises(config.ConfigError, match="a key of 5 bytes; at least 24"):
+    with pytest.raises(ConfigError, match="a key of 5 bytes; at least 24"):
         config.keys(sink)
-    with pytest.raises(config.ConfigError, match="plain http"):
+    with pytest.raises(ConfigError, match="plain http"):
         config.parse(
             {"cluster": "c", "sinks": [{"name": "x", "url": "http://x", "secretDir": "/"}]}
         )

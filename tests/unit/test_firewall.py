@@ -21,8 +21,9 @@ from unittest import mock
 import prometheus_client
 import pytest
 
+from deathwatch._kube.configfile import ConfigError
 from deathwatch.firewall.agent import Agent, ClusterLink
-from deathwatch.firewall.config import ConfigError, load_config, parse_config
+from deathwatch.firewall.config import load_config, parse_config
 from deathwatch.firewall.coverage import lease_name
 from deathwatch.firewall.deathwatches import DeathWatches, read, selections
 from deathwatch.firewall.kubeapi import ApiError

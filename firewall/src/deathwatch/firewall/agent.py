@@ -27,13 +27,13 @@ from pathlib import Path
 
 import structlog
 
+from deathwatch._kube.configfile import ConfigError
 from deathwatch._kube.errors import KubeError, describe
 from deathwatch._kube.ports import Heartbeat
 from deathwatch._kube.releases import TABLE_CLASH, Collision
 from deathwatch.firewall.config import (
     AUDIT,
     ENFORCE,
-    ConfigError,
     FirewallConfig,
     Network,
     load_config,

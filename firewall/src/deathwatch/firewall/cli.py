@@ -16,11 +16,14 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deathwatch._kube.exits import LEASE_PREFIX as EXITS_PREFIX
 from deathwatch.firewall.coverage import LEASE_PREFIX
 from deathwatch.firewall.table import NAME, TABLE_NAME
+
+if TYPE_CHECKING:
+    from deathwatch.firewall.kubeapi import KubeApi
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
 
@@ -246,7 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from deathwatch.firewall.config import ConfigError, load_config
+    from deathwatch._kube.configfile import ConfigError
+    from deathwatch.firewall.config import load_config
     from deathwatch.firewall.nft import NftError, SystemNft
     from deathwatch.firewall.ruleset import POD_SETS, SANDBOX_SETS, desired
     from deathwatch.firewall.table import differences, load_state, script
@@ -312,6 +316,20 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _kube_api(args: argparse.Namespace) -> KubeApi:
+    """The API server both containers talk to: --kube-api with its token and CA (a host
+    process, the lanes), else the pod's own service account (raises NotInCluster)."""
+    from deathwatch.firewall.kubeapi import KubeApi
+
+    if not args.kube_api:
+        return KubeApi.in_cluster()
+    return KubeApi(
+        args.kube_api.rstrip("/"),
+        Path(args.kube_token_file or "/dev/null"),
+        Path(args.kube_ca_file) if args.kube_ca_file else None,
+    )
+
+
 def _agent(args: argparse.Namespace) -> int:
     from deathwatch._kube import logs
     from deathwatch._kube.ports import Heartbeat, heartbeat_file
@@ -319,7 +337,7 @@ def _agent(args: argparse.Namespace) -> int:
     from deathwatch._kube.tls import CertificateError
     from deathwatch.firewall.agent import Agent, ClusterLink
     from deathwatch.firewall.endpoint import OpenPort, listener
-    from deathwatch.firewall.kubeapi import KubeApi, NotInCluster
+    from deathwatch.firewall.kubeapi import NotInCluster
     from deathwatch.firewall.metrics import FirewallMetrics
     from deathwatch.firewall.nft import SystemNft
 
@@ -331,15 +349,7 @@ def _agent(args: argparse.Namespace) -> int:
         return EXIT_BAD_CONFIG
     if args.node_name:
         try:
-            api = (
-                KubeApi(
-                    args.kube_api.rstrip("/"),
-                    Path(args.kube_token_file or "/dev/null"),
-                    Path(args.kube_ca_file) if args.kube_ca_file else None,
-                )
-                if args.kube_api
-                else KubeApi.in_cluster()
-            )
+            api = _kube_api(args)
         except NotInCluster as exc:
             print(f"deathwatch-firewall agent: {exc}", file=sys.stderr)
             return EXIT_BAD_CONFIG
@@ -400,7 +410,7 @@ def _exits(args: argparse.Namespace) -> int:
     from deathwatch.firewall.cgroups import OomKills
     from deathwatch.firewall.endpoint import OpenPort, listener
     from deathwatch.firewall.exits import ExitsMetrics, Observer, Publisher
-    from deathwatch.firewall.kubeapi import KubeApi, NotInCluster
+    from deathwatch.firewall.kubeapi import NotInCluster
     from deathwatch.firewall.runtime import candidates, connect_any
 
     logs.configure(args.log_level)
@@ -410,15 +420,7 @@ def _exits(args: argparse.Namespace) -> int:
             print(f"deathwatch-firewall exits: {flag} is required", file=sys.stderr)
             return EXIT_BAD_CONFIG
     try:
-        api = (
-            KubeApi(
-                args.kube_api.rstrip("/"),
-                Path(args.kube_token_file or "/dev/null"),
-                Path(args.kube_ca_file) if args.kube_ca_file else None,
-            )
-            if args.kube_api
-            else KubeApi.in_cluster()
-        )
+        api = _kube_api(args)
     except NotInCluster as exc:
         print(f"deathwatch-firewall exits: {exc}", file=sys.stderr)
         return EXIT_BAD_CONFIG

@@ -45,11 +45,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 import msgspec
 import yaml
 
+from deathwatch._kube.configfile import ConfigError, explain
 from deathwatch._kube.selector import SelectorError, parse_selector
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -73,10 +74,6 @@ HOST_ADDRESS_ANNOTATIONS = (
 # flannel's VXLAN device takes the network address of the node's podCIDR, a bridge CNI's
 # gateway (cni0, cbr0) its first address
 HOST_POD_CIDR_OFFSETS = (0, 1)
-
-
-class ConfigError(ValueError):
-    pass
 
 
 class ConfigFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -216,24 +213,6 @@ def _collapsed(nets: tuple[Network, ...], kind: type[N]) -> tuple[N, ...]:
     return tuple(ipaddress.collapse_addresses(n for n in nets if isinstance(n, kind)))
 
 
-def _explain(exc: msgspec.ValidationError, data: Any) -> str:
-    """`agentPorts[0]: expected a TCP port 1-65535, got 0` from msgspec's error."""
-    text = str(exc)
-    if unknown := re.search(r"unknown field `([^`]*)`", text):
-        return f"unknown field {unknown.group(1)!r} (known: {', '.join(KEYS)})"
-    if missing := re.search(r"missing required field `([^`]*)`", text):
-        return f"{missing.group(1)}: expected {_EXPECTED[missing.group(1)]}, got nothing"
-    _, _, where = text.rpartition(" - at `$")
-    path = where.rstrip("`").lstrip(".")
-    generic = re.sub(r"\[\d+\]", "[]", path)
-    if generic not in _EXPECTED:
-        return text
-    value: Any = data
-    for part in re.findall(r"[^.\[\]]+", path):
-        value = value[int(part)] if isinstance(value, list) else value.get(part)
-    return f"{path}: expected {_EXPECTED[generic]}, got {value!r}"
-
-
 def parse_config(data: object, source: str = "config") -> FirewallConfig:
     if not isinstance(data, dict):
         raise ConfigError(
@@ -242,7 +221,7 @@ def parse_config(data: object, source: str = "config") -> FirewallConfig:
     try:
         raw = msgspec.convert(data, ConfigFile)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"{source}: {_explain(exc, data)}") from None
+        raise ConfigError(f"{source}: {explain(exc, data, _EXPECTED, KEYS)}") from None
     if len(set(raw.agent_ports)) != len(raw.agent_ports):
         raise ConfigError(f"{source}: agentPorts: duplicate port in {raw.agent_ports!r}")
     if raw.sandbox_selector and not _SELECTOR.match(raw.sandbox_selector):

@@ -12,12 +12,15 @@ from typing import Literal
 
 Operator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
 _OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
-# A qualified label key: optional DNS-subdomain prefix, then a name of at most 63 characters.
+# A label's name, and a label value that is not empty: at most 63 characters, alphanumeric
+# at both ends (the one spelling of it: label values, controller ids, Sandbox names as labels)
+_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+LABEL_VALUE = re.compile(_NAME)  # fullmatch it
+# A qualified label key: optional DNS-subdomain prefix, then a name.
 _KEY = re.compile(
-    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?" + _NAME + "$"
 )
-_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+_VALUE = re.compile(f"^({_NAME})?$")  # a value in a selector may be empty
 
 
 class SelectorError(ValueError):

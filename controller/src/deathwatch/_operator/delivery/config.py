@@ -26,17 +26,17 @@ from __future__ import annotations
 
 import base64
 import binascii
-import re
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import msgspec
 import yaml
 
 from deathwatch._api.resources import DNS_LABEL
 from deathwatch._engine.verdict import State
+from deathwatch._kube.configfile import ConfigError, explain
 
 MAX_TIMEOUT = 30.0  # the field notes' cap on every call
 KEY_PREFIX = "whsec_"
@@ -44,10 +44,6 @@ KEY_PREFIX = "whsec_"
 # answers is told in milliseconds, so 5 s is a sink falling behind, said within 10 s (#43)
 LATE_AFTER = 5.0
 SENDABLE = (State.ALIVE, State.SUSPECT, State.DEAD, State.GONE)
-
-
-class ConfigError(ValueError):
-    """The sinks file or a sink's Secret is unusable: one line naming the field and value."""
 
 
 class _Sink(msgspec.Struct, rename="camel", forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -101,7 +97,7 @@ def parse(data: object, source: str = "delivery config") -> DeliveryConfig:
     try:
         raw = msgspec.convert(data, _File)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"{source}: {_explain(exc, data)}") from None
+        raise ConfigError(f"{source}: {explain(exc, data, _EXPECTED)}") from None
     sinks, seen = [], set()
     for i, s in enumerate(raw.sinks):
         where = f"{source}: sinks[{i}]"
@@ -168,29 +164,6 @@ _EXPECTED = {
     "sinks[].lateAfterSeconds": "seconds, 1 to 3600",
     "sinks[].allowInsecure": "true or false",
 }
-
-
-def _explain(exc: msgspec.ValidationError, data: Any) -> str:
-    """`sinks[0].timeoutSeconds: expected seconds, above 0 and at most 30, got 90`."""
-    text = str(exc)
-    where = text.rpartition(" - at `$")[2].rstrip("`").lstrip(".")
-    if unknown := re.search(r"unknown field `([^`]*)`", text):
-        at = f"{where}: " if where and where != text else ""
-        return f"{at}unknown field {unknown.group(1)!r}"
-    if missing := re.search(r"missing required field `([^`]*)`", text):
-        key = f"{where}.{missing.group(1)}" if where and where != text else missing.group(1)
-        generic = re.sub(r"\[\d+\]", "[]", key)
-        return f"{key}: expected {_EXPECTED.get(generic, 'a value')}, got nothing"
-    generic = re.sub(r"\[\d+\]", "[]", where)
-    if generic not in _EXPECTED:
-        return text
-    value: Any = data
-    try:
-        for part in re.findall(r"[^.\[\]]+", where):
-            value = value[int(part)] if isinstance(value, list) else value.get(part)
-    except (IndexError, KeyError, AttributeError, ValueError):
-        value = "?"
-    return f"{where}: expected {_EXPECTED[generic]}, got {value!r}"
 
 
 def keys(sink: Sink) -> tuple[bytes, ...]:

@@ -31,6 +31,7 @@ import aiohttp
 import structlog
 
 from deathwatch._api.resources import DeliveryMark, DeliveryOutcome
+from deathwatch._kube.configfile import ConfigError
 from deathwatch._operator.delivery import config as sink_config
 from deathwatch._operator.delivery.events import Answer, Outcome, Outgoing, read_answer, request
 from deathwatch._operator.delivery.outbox import Deliveries, Ended, Owed, SinkOutbox
@@ -136,7 +137,7 @@ class Sender:
         sink = box.sink
         try:
             keys = sink_config.keys(sink)
-        except sink_config.ConfigError as exc:
+        except ConfigError as exc:
             if self._broken.get(sink.name) != str(exc):
                 self._broken[sink.name] = str(exc)
                 log.error("sink has no usable key: its events wait", sink=sink.name,

@@ -9,7 +9,6 @@ from a SandboxVerdict's status, so nothing the engine needs lives only in memory
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -46,6 +45,7 @@ from deathwatch._engine.engine import Track
 from deathwatch._engine.podview import Disruption
 from deathwatch._engine.timeutil import UTC, format_time
 from deathwatch._engine.verdict import Cause, Evidence, Observer, Origin, State, origin_of
+from deathwatch._kube.selector import LABEL_VALUE
 from deathwatch._operator.judging.shield import Shield
 
 if TYPE_CHECKING:
@@ -285,9 +285,6 @@ def events(track: Track, announcements: Iterable[Announcement]) -> list[PodEvent
     return out
 
 
-_LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
-
-
 def verdict_object(
     namespace: str,
     name: str,
@@ -305,7 +302,7 @@ def verdict_object(
         WATCH_LABEL: rules.name,
         POD_UID_LABEL: pod_uid,
     }
-    if sandbox is not None and _LABEL_VALUE.fullmatch(sandbox.name):
+    if sandbox is not None and LABEL_VALUE.fullmatch(sandbox.name):
         labels[SANDBOX_LABEL] = sandbox.name  # a longer name (up to 253) is in status only
     labels.update(more or {})
     return {

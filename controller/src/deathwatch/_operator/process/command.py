@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import socket
 import sys
 from pathlib import Path
@@ -208,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
     from deathwatch._api.kubeconfig import load as load_kubeconfig
     from deathwatch._kube import logs
     from deathwatch._kube.ports import heartbeat_file
+    from deathwatch._kube.selector import LABEL_VALUE
     from deathwatch._kube.serving import Limits, connection_cap, raise_open_files
     from deathwatch._kube.tls import CertificateError
     from deathwatch._operator.leadership.leader import LeaseTimings
@@ -223,8 +223,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_BAD_CONFIG
-    if args.controller_id and not re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?",
-                                               args.controller_id):  # fmt: skip
+    if args.controller_id and not LABEL_VALUE.fullmatch(args.controller_id):
         print(
             "deathwatch controller: --controller-id: expected a label value (up to 63 letters, "
             f"digits, - _ ., beginning and ending alphanumeric), got {args.controller_id!r}",
@@ -298,13 +297,14 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_BAD_CONFIG
     delivery = None
     if args.delivery_config is not None:
+        from deathwatch._kube.configfile import ConfigError
         from deathwatch._operator.delivery import config as delivery_config
 
         try:
             delivery = delivery_config.load(args.delivery_config)
             for sink in delivery.sinks:  # a sink that cannot sign is refused now, not at a death
                 delivery_config.keys(sink)
-        except delivery_config.ConfigError as exc:
+        except ConfigError as exc:
             print(f"deathwatch controller: --delivery-config: {exc}", file=sys.stderr)
             return EXIT_BAD_CONFIG
     # kopf's per-object chatter at INFO is one line per handler call: kept at WARNING

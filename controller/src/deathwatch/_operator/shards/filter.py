@@ -16,7 +16,8 @@ from deathwatch._operator.shards.slots import slot_of
 class ShardFilter:
     """Which sandboxes this process judges (ADR 0025): with one shard, all of them; sharded,
     the pods whose uid falls in its slots. `owned()` says which of those its leader writes
-    now. Pure: the Core counts what it drops (the API server filters the pod watch where it
+    now. It holds the shards' parts of each DeathWatch's status; what it drops is counted by
+    the tail (`Tail.mine`), where a pass asks (the API server filters the pod watch where it
     can; this runs anyway)."""
 
     spec: Spec = field(default_factory=Spec)

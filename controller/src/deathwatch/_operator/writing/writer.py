@@ -32,7 +32,7 @@ sending anything more; what it wanted is kept, not flushed.
 
 A standby sends nothing. It keeps, per object it would write differently from what the API
 holds, only a compact debt (the gist and the Events), settled by the leader's writes as its
-watch shows them (`observed`); taking over (`lead`) returns the objects still owed, which
+watch shows them (`observed`); taking over (`take_over`) returns the objects still owed, which
 the controller builds again and wants. A leader that sees on its watch a status of another
 term (a held write of an earlier term landing late, or a person) counts it, logs it, and
 returns the object so the controller says it again.
@@ -319,7 +319,7 @@ class Writer:
 
     def gained(self, slots: frozenset[int]) -> list[ObjectKey]:
         """This shard writes these slots from now on (sharding): the objects it owes there,
-        as `lead` returns them."""
+        as `take_over` returns them."""
         if not self.leading:
             return []
         return self._take_over(lambda slot: slot in slots)
@@ -412,7 +412,7 @@ class Writer:
         if key in self._queued or key in self._inflight or key in self._backoff:
             return  # picked up when the current write or backoff ends
         if not self.leading:
-            return  # kept pending; `lead` queues it
+            return  # kept pending; `take_over` queues it
         self._queued.add(key)
         self._queue.put_nowait((priority, next(self._seq), key))
 
