@@ -29,12 +29,12 @@ from deathwatch._operator.delivery.events import (
     PROBE_EVERY,
     Answer,
     Outcome,
-    backoff,
     event_id,
     outgoing,
     read_answer,
     request,
     retry_after,
+    retry_in,
     signature,
 )
 from deathwatch._operator.delivery.outbox import Deliveries, SinkOutbox
@@ -172,11 +172,11 @@ def test_what_each_answer_means() -> None:
     assert read_answer(503, {"Retry-After": date}, NOW) == Answer(Outcome.RETRY, "503", 30.0)
     assert retry_after("999999", NOW) == 3600.0 and retry_after("soon", NOW) is None
     assert retry_after("Wed, 02 Dec 2026 09:00:00 GMT", NOW) == 0.0
-    # half to all of min(3 s, 0.5 s * 2^(n-1)): never near 0, never past the probe interval
-    assert [backoff(n, 0.999) for n in (1, 2, 3, 4, 30)] == pytest.approx(
+    # half to all of 0.5, 1, 2, then 3 s: never near 0, never past the probe interval
+    assert [retry_in(n, 0.999) for n in (1, 2, 3, 4, 30)] == pytest.approx(
         [0.49975, 0.9995, 1.999, 2.9985, 2.9985]
     )
-    assert [backoff(n, 0.0) for n in (0, 1, 5)] == [0.25, 0.25, 1.5]
+    assert [retry_in(n, 0.0) for n in (0, 1, 5)] == [0.25, 0.25, 1.5]
 
 
 def box(concurrency: int = 2) -> SinkOutbox:

@@ -24,8 +24,18 @@ RECONNECT: Final[Delays] = (0.2, 0.5, 1.0, 2.0, 5.0)
 NODE_WATCH: Final[Delays] = (1.0, 2.0, 5.0, 10.0, 30.0)
 # the exits container's Lease write and runtime stream: a death waits on them, so short
 PUBLISH: Final[Delays] = (0.5, 1.0, 2.0, 5.0, 10.0)
+# a webhook sink that failed (delivery), jittered: never beyond 3 s, so that one that comes
+# back is found within it (a probe each time), and many sinks never retry in step
+DELIVER: Final[Delays] = (0.5, 1.0, 2.0, 3.0)
 
 
 def delay(delays: Delays, failures: int) -> float:
     """The wait after `failures` failures in a row (1: the first), the last repeated."""
     return delays[min(max(failures, 1), len(delays)) - 1]
+
+
+def jittered(delays: Delays, failures: int, rand: float) -> float:
+    """Equal jitter of `delay`: between half and all of it, `rand` in [0, 1). Never near 0,
+    so what failed is not tried again in a loop."""
+    span = delay(delays, failures)
+    return span / 2 + rand * span / 2

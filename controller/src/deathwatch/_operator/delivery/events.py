@@ -33,6 +33,7 @@ from standardwebhooks.webhooks import Webhook
 
 from deathwatch._api.verdict_document import VerdictDocument
 from deathwatch._engine.verdict import State
+from deathwatch._kube import backoff
 
 SPEC_VERSION = "1.0"
 TYPES = {state: f"dev.deathwatch.sandbox.{state.value.lower()}" for state in State}
@@ -42,7 +43,7 @@ JSON = "application/json"
 # 2^(n-1)); its pause is the whole sink's, and while it fails one attempt (the probe) goes at a
 # time, so a receiver back from an outage is found within PROBE_EVERY and drained at its own
 # pace (#43: a minute's cap once left a backlog up to 57 s after the receiver was back)
-BACKOFF_BASE, PROBE_EVERY = 0.5, 3.0
+PROBE_EVERY = backoff.DELIVER[-1]  # a sink down is probed this often
 RETRY_AFTER_CAP = 3600.0  # a Retry-After longer than this is taken as this
 
 
@@ -180,9 +181,7 @@ def retry_after(value: str | None, now: datetime) -> float | None:
     return min(max((when - now).total_seconds(), 0.0), RETRY_AFTER_CAP)
 
 
-def backoff(failures: int, rand: float) -> float:
-    """Equal jitter: between half and all of min(PROBE_EVERY, base * 2^(failures - 1)),
-    `rand` in [0, 1). Never near 0, so a dead receiver is not tried in a loop; never beyond
-    PROBE_EVERY, so one that comes back is found within it."""
-    span = min(PROBE_EVERY, BACKOFF_BASE * float(2 ** min(max(failures, 1) - 1, 20)))
-    return span / 2 + rand * span / 2
+def retry_in(failures: int, rand: float) -> float:
+    """The wait after a sink's `failures` failures in a row (`rand` in [0, 1)): the one
+    backoff (`_kube.backoff.DELIVER`), jittered; never beyond PROBE_EVERY."""
+    return backoff.jittered(backoff.DELIVER, failures, rand)

@@ -34,7 +34,7 @@ from datetime import datetime
 from deathwatch._api.resources import DeathWatchKey, DeliveryMark
 from deathwatch._engine.verdict import State
 from deathwatch._operator.delivery.config import LATE_AFTER, DeliveryConfig, Sink
-from deathwatch._operator.delivery.events import Answer, backoff, event_id
+from deathwatch._operator.delivery.events import Answer, event_id, retry_in
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +169,7 @@ class SinkOutbox:
             wait = answer.retry_after
             self.paused_until = now + wait
         else:
-            wait = backoff(self.failures, rand)
+            wait = retry_in(self.failures, rand)
             self.paused_until = max(self.paused_until, now + wait)
         self._release(uid, sequence, settled=False)
         return wait

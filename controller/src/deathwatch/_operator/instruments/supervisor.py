@@ -77,7 +77,7 @@ class Supervisor:
             state.crashes_in_a_row += 1
             state.restarts += 1
             state.last_error = f"{type(error).__name__}: {error}"[:300]
-            delay = self.backoff[min(state.crashes_in_a_row, len(self.backoff)) - 1]
+            delay = backoff.delay(self.backoff, state.crashes_in_a_row)
             self.metrics.task_restarts.labels(name).inc()
             log.error(
                 "task crashed, restarting",
