@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 
 from deathwatch._api.resources import EventReason
 from deathwatch._operator.instruments.metrics import Metrics
-from deathwatch._operator.judging.documents import PodEvent
+from deathwatch._operator.judging.documents import KubeEvent
 from deathwatch._operator.leadership.group import Leadership
 from deathwatch._operator.writing.writer import ObjectKey, Writer
 from tests.fakeapi import FakeApi, FakeTimers
@@ -17,8 +17,8 @@ from tests.fakeapi import FakeApi, FakeTimers
 NS = "sandboxes"
 
 
-def dead_event(name: str) -> PodEvent:
-    return PodEvent(NS, name, f"uid-{name}", EventReason.SANDBOX_DEAD, "Sandbox dead")
+def dead_event(name: str) -> KubeEvent:
+    return KubeEvent(NS, name, f"uid-{name}", EventReason.SANDBOX_DEAD, "Sandbox dead")
 
 
 def standing_by(metrics: Metrics, fence: Callable[[], bool] | None = None) -> Leadership:

@@ -28,7 +28,7 @@ from deathwatch._kube.exits import Exit, MalformedExits
 from deathwatch._kube.ports import Heartbeat
 from deathwatch.firewall import exits as exits_module
 from deathwatch.firewall.cgroups import OomKills
-from deathwatch.firewall.exits import ExitsMetrics, Observer, Publisher
+from deathwatch.firewall.exits import ExitListener, ExitsMetrics, Publisher
 from deathwatch.firewall.protos import containerd_pb2, cri_pb2
 from deathwatch.firewall.runtime import (
     CONTAINERD,
@@ -75,7 +75,7 @@ def test_a_lease_keeps_the_recent_exits_oldest_first_one_per_instance() -> None:
     old = an_exit("old", at=NOW - wire.MAX_AGE - timedelta(seconds=1))
     burst = [an_exit(f"c{i}", at=NOW - timedelta(milliseconds=i)) for i in range(100)]
     kept = wire.kept([old, *burst, an_exit("c0", code=9)], NOW)
-    assert len(kept) == wire.KEEP
+    assert len(kept) == wire.KEPT_EXITS
     assert [e.exited_at for e in kept] == sorted(e.exited_at for e in kept)
     assert old not in kept and kept[-1] == an_exit("c0", code=9)  # its latest word
 
@@ -553,7 +553,7 @@ def test_a_deaf_observer_says_so_on_its_lease_and_reads_the_runtime_once_it_answ
         return stream
 
     metrics = ExitsMetrics()
-    observer = Observer("/run/containerd/containerd.sock", publisher(api), metrics, Heartbeat(),
+    observer = ExitListener("/run/containerd/containerd.sock", publisher(api), metrics, Heartbeat(),
                         stop, connector=connector)  # fmt: skip
     runner = threading.Thread(target=observer.run, daemon=True)
     runner.start()
@@ -645,7 +645,7 @@ def test_the_observer_writes_a_burst_in_few_writes_and_keeps_a_failed_batch() ->
     burst = [an_exit(f"c{i}", at=NOW + timedelta(milliseconds=i)) for i in range(20)]
     stream = Scripted(burst)
     metrics, heartbeat = ExitsMetrics(), Heartbeat()
-    observer = Observer("unused.sock", publisher(api, lambda: NOW + timedelta(seconds=1)),
+    observer = ExitListener("unused.sock", publisher(api, lambda: NOW + timedelta(seconds=1)),
                         metrics, heartbeat, stop, connector=lambda _s, _w: stream)  # fmt: skip
     runner = threading.Thread(target=observer.run, daemon=True)
     runner.start()
@@ -686,7 +686,7 @@ def test_an_idle_observer_keeps_its_api_connection_open_and_counts_a_failed_warm
     stop = threading.Event()
     stream = Scripted([])
     metrics = ExitsMetrics()
-    observer = Observer("unused.sock", publisher(api), metrics, Heartbeat(), stop,
+    observer = ExitListener("unused.sock", publisher(api), metrics, Heartbeat(), stop,
                         connector=lambda _s, _w: stream)  # fmt: skip
     runner = threading.Thread(target=observer.run, daemon=True)
     runner.start()

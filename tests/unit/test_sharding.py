@@ -81,10 +81,10 @@ def test_a_bad_slot_description_names_the_part() -> None:
 
 from deathwatch._operator.shards.slot_claims import (  # noqa: E402
     ALL,
-    Claim,
+    SlotClaim,
     Spec,
     claim_annotations,
-    decide,
+    handover,
     read_claim,
 )
 
@@ -96,7 +96,7 @@ def lease(
             "spec": {"holderIdentity": holder}}  # fmt: skip
 
 
-def claims(*leases: tuple[dict[str, object], bool]) -> list[Claim]:
+def claims(*leases: tuple[dict[str, object], bool]) -> list[SlotClaim]:
     out = [read_claim(body, live) for body, live in leases]
     assert all(c is not None for c in out)
     return [c for c in out if c is not None]
@@ -105,7 +105,7 @@ def claims(*leases: tuple[dict[str, object], bool]) -> list[Claim]:
 def test_a_lease_says_its_shard_epoch_and_slots_and_reads_back() -> None:
     body = lease("dw-shard-1", Spec(1, 3, 7), frozenset(range(21, 30)))
     c = read_claim(body, True)
-    assert c == Claim("dw-shard-1", "p", 1, 3, 7, frozenset(range(21, 30)), True)
+    assert c == SlotClaim("dw-shard-1", "p", 1, 3, 7, frozenset(range(21, 30)), True)
     released = read_claim(lease("dw-shard-1", Spec(1, 3, 7), frozenset(), holder=None), True)
     assert released is not None and released.live is False  # released: claims nothing
     assert read_claim({"metadata": {"name": "someone-elses"}}, True) is None
@@ -116,10 +116,10 @@ def test_a_lease_says_its_shard_epoch_and_slots_and_reads_back() -> None:
 def test_a_shard_gains_what_nobody_live_claims_and_waits_for_the_rest() -> None:
     me = Spec(1, 4, 2)  # slots 16-31
     old0 = lease("dw-shard-0", Spec(0, 3, 1), frozenset(range(0, 21)))  # old epoch: 0-20
-    d = decide(me, frozenset(), claims((old0, True)), "dw-shard-1")
+    d = handover(me, frozenset(), claims((old0, True)), "dw-shard-1")
     assert d.gain == frozenset(range(21, 32)) and set(d.waiting) == set(range(16, 21))
     # the old owner's Lease expired (or it gave them up): gained
-    d = decide(me, d.gain, claims((old0, False)), "dw-shard-1")
+    d = handover(me, d.gain, claims((old0, False)), "dw-shard-1")
     assert d.gain == frozenset(range(16, 21)) and d.waiting == {}
 
 
@@ -129,20 +129,20 @@ def test_an_older_epoch_gives_up_what_a_live_newer_shard_is_assigned_and_gains_n
     me = Spec(0, 3, 1)  # 0-20, epoch 1
     owned = frozenset(range(0, 21))
     newer1 = lease("dw-shard-1", Spec(1, 4, 2), frozenset(range(21, 32)))  # 16-31 assigned
-    d = decide(me, owned, claims((newer1, True)), "dw-shard-0")
+    d = handover(me, owned, claims((newer1, True)), "dw-shard-0")
     assert d.give_up == frozenset(range(16, 21)) and d.gain == frozenset()
     # the newer shard not live yet: keep writing them
-    assert decide(me, owned, claims((newer1, False)), "dw-shard-0").give_up == frozenset()
+    assert handover(me, owned, claims((newer1, False)), "dw-shard-0").give_up == frozenset()
 
 
 def test_one_shard_owns_everything_and_a_misconfigured_reshard_gains_nothing_contested() -> None:
     solo = Spec()
     assert solo.slots == ALL and solo.lease("deathwatch-controller") == "deathwatch-controller"
-    assert decide(solo, frozenset(), [], "deathwatch-controller").gain == ALL
+    assert handover(solo, frozenset(), [], "deathwatch-controller").gain == ALL
     assert Spec(2, 3).lease("deathwatch-controller") == "deathwatch-controller-shard-2"
     me = Spec(0, 2, 5)  # 0-31
     stray = lease("dw-shard-1", Spec(1, 4, 5), frozenset())  # same epoch, another count
-    d = decide(me, frozenset(), claims((stray, True)), "dw-shard-0")
+    d = handover(me, frozenset(), claims((stray, True)), "dw-shard-0")
     assert d.conflict is not None and "same epoch 5" in d.conflict
     assert d.gain == frozenset(range(0, 16))  # 16-31 is also the stray's: not taken
     with pytest.raises(ValueError, match="expected 0 <= shard < shards"):
@@ -161,7 +161,7 @@ def test_through_any_reshard_no_slot_ever_has_two_owners(before: int, after: int
         for name in list(state):
             spec, owned = state[name]
             seen = claims(*((lease(n, s, o), True) for n, (s, o) in state.items()))
-            d = decide(spec, owned, seen, name)
+            d = handover(spec, owned, seen, name)
             state[name] = (spec, (owned - d.give_up) | d.gain)
             owners = [s for _, o in state.values() for s in o]
             assert len(owners) == len(set(owners)), state

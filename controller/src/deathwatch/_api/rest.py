@@ -16,7 +16,7 @@ never against the connect timeout, which is the TCP and TLS handshake's alone.
 A pool's connections are kept between deaths (ADR 0034): aiohttp closes a connection idle
 for 15 s by default, so in a quiet cluster every death's pod read, verdict write and Event
 each paid a TCP and TLS handshake (measured: exit -> verdict p50 22 ms with deaths 0.25-1.25 s
-apart, 37 ms 20 s apart). Idle connections are kept `keepalive.KEEP` seconds, and every
+apart, 37 ms 20 s apart). Idle connections are kept `keepalive.IDLE_KEPT` seconds, and every
 WARM_EVERY seconds `warm` sends as many requests at once as a death needs connections at
 once, as client-go's HTTP/2 pings keep its one connection: the next death finds them open (a
 busy pool reuses its most recent connection only, and lets the others close).
@@ -45,7 +45,7 @@ import msgspec
 from kubernetes import client
 
 from deathwatch._kube.errors import ApiError, NoAnswer
-from deathwatch._kube.keepalive import KEEP, WARM_PATH
+from deathwatch._kube.keepalive import IDLE_KEPT, WARM_PATH
 
 API_TIMEOUT = 30.0  # seconds: the cap of every call (field note: a hung call hides for ever)
 CONNECT_TIMEOUT = 10.0
@@ -108,7 +108,7 @@ class Rest:
 
     def _new_session(self, limit: int) -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(limit=limit, ssl=self._ssl(), enable_cleanup_closed=True,
-                                         keepalive_timeout=KEEP)  # fmt: skip
+                                         keepalive_timeout=IDLE_KEPT)  # fmt: skip
         return aiohttp.ClientSession(connector=connector, headers={"User-Agent": self.user_agent})
 
     def _headers(self, content_type: str | None) -> dict[str, str]:

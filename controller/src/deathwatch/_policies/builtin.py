@@ -101,7 +101,7 @@ class ExecProbe:
 
 
 @dataclass(frozen=True, slots=True)
-class ContainerState:
+class ByContainerState:
     name: str = "container-state"
 
     def applies(self, pod: PodView, settings: PolicySettings) -> bool:
@@ -115,5 +115,5 @@ class ContainerState:
 
 NO_PROBE = NoProbe()
 EXEC_PROBE = ExecProbe()
-CONTAINER_STATE = ContainerState()
+CONTAINER_STATE = ByContainerState()
 BUILTIN_ORDER = (NO_PROBE, EXEC_PROBE, CONTAINER_STATE)

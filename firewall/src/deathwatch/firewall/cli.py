@@ -409,7 +409,7 @@ def _exits(args: argparse.Namespace) -> int:
     from deathwatch._kube.tls import CertificateError
     from deathwatch.firewall.cgroups import OomKills
     from deathwatch.firewall.endpoint import OpenPort, listener
-    from deathwatch.firewall.exits import ExitsMetrics, Observer, Publisher
+    from deathwatch.firewall.exits import ExitListener, ExitsMetrics, Publisher
     from deathwatch.firewall.kubeapi import NotInCluster
     from deathwatch.firewall.runtime import candidates, connect_any
 
@@ -442,7 +442,7 @@ def _exits(args: argparse.Namespace) -> int:
             return EXIT_BAD_CONFIG
         oom_kills = OomKills(Path(args.cgroup_root))
     sockets = candidates(args.runtime_socket, args.host_root)
-    observer = Observer(", ".join(host for host, _ in sockets), publisher, metrics, heartbeat,
+    observer = ExitListener(", ".join(host for host, _ in sockets), publisher, metrics, heartbeat,
                         stop, args.oom_wait,
                         lambda _, wait: connect_any(sockets, wait, prefer=prefer,
                                                     oom_kills=oom_kills))  # fmt: skip

@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from deathwatch._kube import coverage as wire
-from deathwatch._kube.coverage import LABELS, LEASE_PREFIX, VALIDITY, Claim, lease_name
+from deathwatch._kube.coverage import LABELS, LEASE_PREFIX, VALIDITY, NodeCoverage, lease_name
 from deathwatch._kube.errors import ApiError
 from deathwatch.firewall.config import Address, FirewallConfig
 from deathwatch.firewall.hosts import Hosts, ranges_unknown
@@ -65,7 +65,7 @@ def lease_body(
     """The node's coverage Lease for what the agent enforces now (the format: _kube.coverage)."""
     config = state.config
     waits = ranges_unknown(config, state.hosts) if config.inbound else ()
-    claim = Claim(
+    claim = NodeCoverage(
         node=node,
         holder=identity,
         renew_time=wire.stamp(now),

@@ -46,7 +46,7 @@ log = structlog.get_logger("deathwatch.firewall.exits")
 LABELS: Final = {"app.kubernetes.io/name": "deathwatch", "app.kubernetes.io/component": COMPONENT}
 # an idle connection is used again before the API server closes it, so the next death's
 # write pays no handshake (ADR 0034)
-WARM_AFTER: Final = keepalive.KEEP
+WARM_AFTER: Final = keepalive.IDLE_KEPT
 WRITE_BUCKETS: Final = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 OOM_GAP_BUCKETS: Final = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 
@@ -207,7 +207,7 @@ class Publisher:
             return
 
 
-class Observer:
+class ExitListener:
     """Reads the runtime's exits and publishes them, for ever (until `stop`)."""
 
     def __init__(self, socket: str, publisher: Publisher, metrics: ExitsMetrics,

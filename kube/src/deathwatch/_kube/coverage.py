@@ -71,7 +71,7 @@ def lease_name(node: str, prefix: str = LEASE_PREFIX) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class Claim:
+class NodeCoverage:
     """One node's claim, as its Lease says it."""
 
     node: str
@@ -109,7 +109,7 @@ def stamp(at: datetime) -> str:
     return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def lease(claim: Claim, namespace: str, prefix: str = LEASE_PREFIX) -> dict[str, Any]:
+def lease(claim: NodeCoverage, namespace: str, prefix: str = LEASE_PREFIX) -> dict[str, Any]:
     """The Lease that says `claim` (its acquireTime is the API's business: `publish`)."""
     rule = CONTESTED if claim.contested else IN_FORCE if claim.rule_in_force else MISSING
     notes = {
@@ -155,7 +155,7 @@ def lease(claim: Claim, namespace: str, prefix: str = LEASE_PREFIX) -> dict[str,
     }
 
 
-def read(lease: Mapping[str, Any]) -> Claim | None:
+def read(lease: Mapping[str, Any]) -> NodeCoverage | None:
     """A coverage Lease read back; None when it is not one (or unreadable: then it counts as
     no agent, which is what an unreadable claim is worth)."""
     meta = lease.get("metadata") or {}
@@ -187,7 +187,7 @@ def read(lease: Mapping[str, Any]) -> Claim | None:
     except (ValueError, SelectorError):
         return None
     rule = notes.get(RULE)
-    return Claim(
+    return NodeCoverage(
         node=node,
         holder=str(spec.get("holderIdentity") or ""),
         renew_time=renew,

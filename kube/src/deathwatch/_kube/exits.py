@@ -25,7 +25,7 @@ SOURCE_ANNOTATION: Final = "deathwatch.dev/exits-source"
 COMPONENT: Final = "node-exits"
 LABEL_SELECTOR: Final = f"app.kubernetes.io/component={COMPONENT}"
 LEASE_PREFIX: Final = "deathwatch-exits"
-KEEP: Final = 64  # the most recent exits a Lease holds: a burst larger than this is judged
+KEPT_EXITS: Final = 64  # the most recent exits a Lease holds: a burst larger than this is judged
 # by the kubelet's reports, as ever (nothing is lost, only heard later)
 MAX_AGE: Final = timedelta(minutes=5)  # older exits leave the Lease at its next write
 _ID: Final = 512
@@ -65,14 +65,14 @@ def decode(text: str) -> list[Exit]:
 
 
 def kept(exits: Iterable[Exit], now: datetime) -> list[Exit]:
-    """What a Lease holds: the exits of the last MAX_AGE, oldest first, at most KEEP, one per
+    """What a Lease holds: the exits of the last MAX_AGE, oldest first, at most KEPT_EXITS, one per
     container instance."""
     fresh: dict[str, Exit] = {}
     for e in exits:
         if now - e.exited_at <= MAX_AGE:
             fresh[e.container_id] = e
     ordered = sorted(fresh.values(), key=lambda e: e.exited_at)
-    return ordered[-KEEP:]
+    return ordered[-KEPT_EXITS:]
 
 
 def lease_name(node: str, prefix: str = LEASE_PREFIX) -> str:

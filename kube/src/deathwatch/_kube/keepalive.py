@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Final
 
-KEEP: Final = 75.0  # seconds an idle connection is kept, and used again by then (< 90)
+IDLE_KEPT: Final = 75.0  # seconds an idle connection is kept, and used again by then (< 90)
 # readable by every identity (system:public-info-viewer), no storage behind it; any answer,
 # a refusal too, came on the connection and kept it
 WARM_PATH: Final = "/version"

@@ -245,7 +245,7 @@ def verdict(
     transitions: int = 0,
     marks: Mapping[str, DeliveryMark] | None = None,
     slot: int | None = None,
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, str], list[PodEvent]]:
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, str], list[KubeEvent]]:
     """A sandbox's SandboxVerdict: its status document, the object to create if it does not
     exist yet, the labels it must carry as it changes (its origin, once it has ended), and
     the Events that announce what `decide` chose to."""
@@ -264,7 +264,7 @@ def verdict_labels(slot: int | None = None) -> dict[str, str]:
     return {SLOT_LABEL: str(slot)} if slot is not None else {}
 
 
-def events(track: Track, announcements: Iterable[Announcement]) -> list[PodEvent]:
+def events(track: Track, announcements: Iterable[Announcement]) -> list[KubeEvent]:
     """The Events that say what `decide` chose to announce."""
     out = []
     for a in announcements:
@@ -608,7 +608,7 @@ def sharded_status(
 
 
 @dataclass(frozen=True, slots=True)
-class PodEvent:
+class KubeEvent:
     """A Kubernetes Event about a pod (core/v1), posted once per (pod uid, reason): its name
     is deterministic, so a second create is a 409, even from a restarted controller."""
 
@@ -652,11 +652,11 @@ class PodEvent:
         }
 
 
-def _event(track: Track, reason: EventReason, message: str, type: str = "Warning") -> PodEvent:
-    return PodEvent(track.namespace, track.name, track.uid, reason, message, type)
+def _event(track: Track, reason: EventReason, message: str, type: str = "Warning") -> KubeEvent:
+    return KubeEvent(track.namespace, track.name, track.uid, reason, message, type)
 
 
-def dead_event(track: Track) -> PodEvent:
+def dead_event(track: Track) -> KubeEvent:
     """One per pod: its death, whose doing it was, and its evidence; for a disruption of the
     cluster's, the condition's reason and the component's own message."""
     details = evidence_details(track.evidence)
@@ -669,7 +669,7 @@ def dead_event(track: Track) -> PodEvent:
     )
 
 
-def false_positive_event(track: Track) -> PodEvent:
+def false_positive_event(track: Track) -> KubeEvent:
     declared = format_time(track.evidence.declared_at) if track.evidence else None
     return _event(
         track,
@@ -678,7 +678,7 @@ def false_positive_event(track: Track) -> PodEvent:
     )
 
 
-def disputed_event(track: Track) -> PodEvent:
+def disputed_event(track: Track) -> KubeEvent:
     return _event(
         track,
         EventReason.NODE_EXIT_DISPUTED,
@@ -687,7 +687,7 @@ def disputed_event(track: Track) -> PodEvent:
     )
 
 
-def sidecar_restarted_event(track: Track) -> PodEvent:
+def sidecar_restarted_event(track: Track) -> KubeEvent:
     """Once per pod: a container that is not the sandbox restarted, and the sandbox lives on."""
     return _event(
         track,
@@ -699,11 +699,11 @@ def sidecar_restarted_event(track: Track) -> PodEvent:
     )
 
 
-def probe_blocked_event(track: Track) -> PodEvent:
+def probe_blocked_event(track: Track) -> KubeEvent:
     return _event(track, EventReason.PROBE_BLOCKED, PROBE_BLOCKED_MESSAGE)
 
 
-def lost_track_event(track: Track, last_seen: State | None) -> PodEvent:
+def lost_track_event(track: Track, last_seen: State | None) -> KubeEvent:
     return _event(
         track,
         EventReason.SANDBOX_LOST_TRACK,
@@ -712,8 +712,8 @@ def lost_track_event(track: Track, last_seen: State | None) -> PodEvent:
     )
 
 
-def unshielded_event(track: Track, shield: Shield, spell: str) -> PodEvent:
-    return PodEvent(
+def unshielded_event(track: Track, shield: Shield, spell: str) -> KubeEvent:
+    return KubeEvent(
         track.namespace,
         track.name,
         track.uid,

@@ -24,7 +24,7 @@ from deathwatch._kube import coverage as wire
 
 # the one format of the agents' coverage Leases (the agents write it, this reads it)
 SELECTOR = wire.SELECTOR
-NodeCoverage = wire.Claim  # one node's claim, as its Lease says it
+NodeCoverage = wire.NodeCoverage  # one node's claim, as its Lease says it
 read_lease = wire.read
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network

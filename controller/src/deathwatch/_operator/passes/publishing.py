@@ -28,7 +28,7 @@ from deathwatch._engine.verdict import State
 from deathwatch._operator.delivery.outbox import Deliveries
 from deathwatch._operator.instruments.metrics import Metrics
 from deathwatch._operator.judging import documents
-from deathwatch._operator.judging.documents import PodEvent
+from deathwatch._operator.judging.documents import KubeEvent
 from deathwatch._operator.judging.summary import Summaries
 from deathwatch._operator.leadership.rivals import Rivals
 from deathwatch._operator.memory.core import Firewall
@@ -157,7 +157,7 @@ class StatusPass:
         return to_document(documents.sharded_status(parts, whole.firewall, whole.conditions,
                                                     generation))  # fmt: skip
 
-    def unannounced_deaths(self, window: timedelta = EVENT_RECONCILE_WINDOW) -> list[PodEvent]:
+    def unannounced_deaths(self, window: timedelta = EVENT_RECONCILE_WINDOW) -> list[KubeEvent]:
         """The SandboxDead Event of every Dead verdict declared within `window`: what a crash (or
         a leader losing its lease) between a verdict and its Event could have left unsaid. Older
         ones are left alone: the API server has expired their Events (--event-ttl)."""

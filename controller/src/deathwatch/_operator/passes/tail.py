@@ -34,7 +34,7 @@ from deathwatch._operator.shards.filter import ShardFilter
 from deathwatch._operator.writing.writer import NORMAL, URGENT, Desired, Writer
 
 log = structlog.get_logger("deathwatch.controller")
-KEEP = object()  # "the shield did not need judging again"
+JUDGE_HERE = object()  # no shield given: the tail judges it, if anything it depends on changed
 
 
 class Tail:
@@ -72,7 +72,7 @@ class Tail:
         record: Record,
         rules: Rules,
         received: float | None = None,
-        shield: object = KEEP,  # a Shield, None, or KEEP: judge it here if need be
+        shield: object = JUDGE_HERE,  # a Shield, None, or JUDGE_HERE: judge it here if need be
     ) -> None:
         """What a step means, applied: reported, counted, written. The one tail of every
         input (pod events, node exits, listings, expiries, coverage)."""
@@ -81,9 +81,9 @@ class Tail:
         changed = any(s.kind is SignalKind.STATE_CHANGED for s in step.signals)
         if changed:
             record.transitions += 1  # the sequence of the event that announces it
-        if shield is KEEP:
+        if shield is JUDGE_HERE:
             shield = self.shield(record, rules)
-        assert shield is None or isinstance(shield, Shield)  # noqa: S101 - KEEP resolved
+        assert shield is None or isinstance(shield, Shield)  # noqa: S101 - JUDGE_HERE resolved
         claim = self.coverage.claim(record.node) if self.coverage else None
         before = Before(record.persisted, record.shield, record.shield_since, record.node)
         outcome = decisions.decide(step, before, self.clock(), shield, claim)

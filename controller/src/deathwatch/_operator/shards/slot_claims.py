@@ -1,6 +1,6 @@
 """Who owns which slots, across shards and reshards: pure decisions over what the shards'
 Leases say (ADR 0025). No I/O: the elector writes this replica's claim on its Lease at every
-renewal (`claim_annotations`), a loop reads the others' (`read_claim`), and `decide` says
+renewal (`claim_annotations`), a loop reads the others' (`read_claim`), and `handover` says
 what to gain and what to give up.
 
 Every shard leader says on its Lease which shard it is (`i/N`), the epoch of its config (the
@@ -67,7 +67,7 @@ class Spec:
 
 
 @dataclass(frozen=True, slots=True)
-class Claim:
+class SlotClaim:
     """One shard Lease as last read."""
 
     lease: str
@@ -88,7 +88,7 @@ def claim_annotations(spec: Spec, owned: Iterable[int]) -> dict[str, str]:
             SLOTS_OWNED: describe(owned)}  # fmt: skip
 
 
-def read_claim(lease: Mapping[str, Any], live: bool) -> Claim | None:
+def read_claim(lease: Mapping[str, Any], live: bool) -> SlotClaim | None:
     """A shard Lease read back (None: not one, or unreadable: it then claims nothing, which a
     live holder corrects at its next renewal)."""
     meta, spec = lease.get("metadata") or {}, lease.get("spec") or {}
@@ -101,7 +101,7 @@ def read_claim(lease: Mapping[str, Any], live: bool) -> Claim | None:
     except (KeyError, ValueError):
         return None
     holder = spec.get("holderIdentity") or None
-    return Claim(str(meta.get("name", "")), holder, shard, shards, epoch, owned,
+    return SlotClaim(str(meta.get("name", "")), holder, shard, shards, epoch, owned,
                  live and holder is not None)  # fmt: skip
 
 
@@ -113,7 +113,9 @@ class Handover:
     conflict: str | None = None  # a same-epoch Lease with another shard count
 
 
-def decide(spec: Spec, owned: frozenset[int], claims: Iterable[Claim], own_lease: str) -> Handover:
+def handover(
+    spec: Spec, owned: frozenset[int], claims: Iterable[SlotClaim], own_lease: str
+) -> Handover:
     others = [c for c in claims if c.live and c.lease != own_lease]
     held: dict[int, str] = {}
     for c in others:

@@ -31,11 +31,11 @@ from deathwatch._operator.leadership.group import Leadership
 from deathwatch._operator.shards.slot_claims import (
     ALL,
     LEASE_LABEL,
-    Claim,
     Handover,
+    SlotClaim,
     Spec,
     claim_annotations,
-    decide,
+    handover,
     read_claim,
 )
 from deathwatch._operator.shards.slots import describe as slots_text
@@ -60,7 +60,7 @@ class Ownership:
         self.owned: frozenset[int] = frozenset()
         self.leadership = leadership
         self.last: Handover | None = None
-        self.claims: list[Claim] = []
+        self.claims: list[SlotClaim] = []
         self._seen: dict[str, _Seen] = {}
         # what the controller does with what changes (set by the app: the writer, republish)
         self.on_gain: Callable[[frozenset[int]], None] = lambda slots: None
@@ -131,7 +131,7 @@ class Ownership:
         self.claims = claims
         if not self.leading:
             return None
-        decision = decide(self.spec, self.owned, claims, self.lease)
+        decision = handover(self.spec, self.owned, claims, self.lease)
         previous, self.last = self.last, decision
         if decision.conflict and (previous is None or previous.conflict != decision.conflict):
             log.error("another shard count at the same epoch: a reshard needs a new epoch "

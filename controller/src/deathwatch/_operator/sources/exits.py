@@ -128,7 +128,7 @@ class NodeExits:
                 max(0.0, (now - exit.exited_at).total_seconds())
             )
             self._take(lease.node, exit, received)
-        if len(self.taken) > 4 * wire.KEEP:
+        if len(self.taken) > 4 * wire.KEPT_EXITS:
             cut = now - REMEMBERED
             self.taken = {c: at for c, at in self.taken.items() if at >= cut}
 

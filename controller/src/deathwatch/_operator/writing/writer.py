@@ -56,7 +56,7 @@ from deathwatch._engine.timeutil import UTC
 from deathwatch._kube import backoff
 from deathwatch._kube.errors import ApiError, KubeError, describe, label, retryable
 from deathwatch._operator.instruments.metrics import Metrics
-from deathwatch._operator.judging.documents import PodEvent
+from deathwatch._operator.judging.documents import KubeEvent
 from deathwatch._operator.leadership.group import Leadership
 from deathwatch._operator.writing.kube import Fenced
 from deathwatch._operator.writing.status_writes import (
@@ -131,7 +131,7 @@ class Desired:
     # the written labels it must carry (status_writes.WRITTEN_LABELS; None: no requirement)
     labels: dict[str, str] | None = None
     delete: str | None = None  # delete the SandboxVerdict if it still is this pod uid's
-    events: list[PodEvent] = field(default_factory=list)
+    events: list[KubeEvent] = field(default_factory=list)
     priority: int = NORMAL
     received: float | None = None  # monotonic time the triggering pod event arrived
     ready_drop_at: datetime | None = None  # for the verdict latency metric (Dead only)
@@ -189,7 +189,7 @@ class Debt:
     labels: int | None
     delete: str | None
     priority: int
-    events: list[PodEvent]
+    events: list[KubeEvent]
     slot: int | None = None
 
     def settled_by(self, held: Held | None) -> bool:
@@ -294,7 +294,7 @@ class Writer:
             return held is None
         return d.held_by(held)
 
-    def reconcile(self, events: Iterable[PodEvent]) -> None:
+    def reconcile(self, events: Iterable[KubeEvent]) -> None:
         """Events that may have been lost between a verdict and its Event (a crash, a leader
         that lost its lease): post each again; a 409 says it was posted."""
         for e in events:
