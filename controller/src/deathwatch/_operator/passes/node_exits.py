@@ -1,4 +1,4 @@
-"""A container's exit heard on its node (ADR 0028), judged: the pass the exits Leases' sink
+"""A container's exit heard on its node (ADR 0028), judged: the pass the exits Leases' receiver
 (sources/exits.py) hands each exit to, with its pod as a fresh read showed it. No I/O."""
 
 from __future__ import annotations
