@@ -65,9 +65,11 @@ nc -ll -p 8080 -e /bin/cat &
 bell=
 if [ -p /ctl/bell ] && exec 3<>/ctl/bell; then bell=1; fi
 while true; do
-  if [ -f /ctl/exit ]; then exit "$(cat /ctl/exit)"; fi
-  if [ -f /ctl/exit-once ]; then c=$(cat /ctl/exit-once); rm -f /ctl/exit-once; exit "$c"; fi
-  if [ -f /ctl/fork ]; then
+  # -s, not -f: a file the host has made but not yet written is read as empty, and an
+  # `exit ""` is exit 2 (seen in CI: a death asked with 3 judged, rightly, as exit 2)
+  if [ -s /ctl/exit ]; then exit "$(cat /ctl/exit)"; fi
+  if [ -s /ctl/exit-once ]; then c=$(cat /ctl/exit-once); rm -f /ctl/exit-once; exit "$c"; fi
+  if [ -s /ctl/fork ]; then
     n=$(cat /ctl/fork); rm -f /ctl/fork; i=0
     while [ "$i" -lt "$n" ]; do sleep 3600 & i=$((i + 1)); done
   fi
