@@ -442,7 +442,7 @@ def _exits(args: argparse.Namespace) -> int:
             return EXIT_BAD_CONFIG
         oom_kills = OomKills(Path(args.cgroup_root))
     sockets = candidates(args.runtime_socket, args.host_root)
-    observer = ExitListener(", ".join(host for host, _ in sockets), publisher, metrics, heartbeat,
+    heard = ExitListener(", ".join(host for host, _ in sockets), publisher, metrics, heartbeat,
                         stop, args.oom_wait,
                         lambda _, wait: connect_any(sockets, wait, prefer=prefer,
                                                     oom_kills=oom_kills))  # fmt: skip
@@ -452,7 +452,7 @@ def _exits(args: argparse.Namespace) -> int:
             port = listener(args.metrics_host, args.metrics_port, metrics.registry, heartbeat,
                             api, Path(args.metrics_cert_dir) if args.metrics_cert_dir else None,
                             (args.identity, args.node_name), Limits(),
-                            readiness=observer.report)  # fmt: skip
+                            readiness=heard.report)  # fmt: skip
             port.start()
         except (OpenPort, CertificateError, OSError) as exc:
             print(f"deathwatch-firewall exits: --metrics-host/--metrics-port: {exc}",
@@ -464,7 +464,7 @@ def _exits(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    observer.run()
+    heard.run()
     if port is not None:
         port.stop()
     return EXIT_OK

@@ -25,14 +25,13 @@ def explain(
     the top-level keys, named when one is unknown."""
     text = str(exc)
     _, at, path = text.rpartition(" - at `$")
-    where = path.rstrip("`").lstrip(".") if at else ""
-    nested = bool(where)
+    where = path.rstrip("`").lstrip(".") if at else ""  # "" for the top level
     if unknown := re.search(r"unknown field `([^`]*)`", text):
         names = ", ".join(known)
-        hint = f" (known: {names})" if names and not nested else ""
-        return f"{where + ': ' if nested else ''}unknown field {unknown.group(1)!r}{hint}"
+        hint = f" (known: {names})" if names and not where else ""
+        return f"{where + ': ' if where else ''}unknown field {unknown.group(1)!r}{hint}"
     if missing := re.search(r"missing required field `([^`]*)`", text):
-        key = f"{where}.{missing.group(1)}" if nested else missing.group(1)
+        key = f"{where}.{missing.group(1)}" if where else missing.group(1)
         generic = re.sub(r"\[\d+\]", "[]", key)
         return f"{key}: expected {expected.get(generic, 'a value')}, got nothing"
     generic = re.sub(r"\[\d+\]", "[]", where)

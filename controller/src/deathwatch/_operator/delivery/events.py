@@ -39,10 +39,11 @@ SPEC_VERSION = "1.0"
 TYPES = {state: f"dev.deathwatch.sandbox.{state.value.lower()}" for state in State}
 STRUCTURED = "application/cloudevents+json; charset=utf-8"
 JSON = "application/json"
-# seconds: a sink that failed is tried again after half to all of min(PROBE_EVERY, base *
-# 2^(n-1)); its pause is the whole sink's, and while it fails one attempt (the probe) goes at a
-# time, so a receiver back from an outage is found within PROBE_EVERY and drained at its own
-# pace (#43: a minute's cap once left a backlog up to 57 s after the receiver was back)
+# seconds: a sink that failed is tried again after half to all of 0.5, 1, 2, then 3 s
+# (`_kube.backoff.DELIVER`, jittered); its pause is the whole sink's, and while it fails one
+# attempt (the probe) goes at a time, so a receiver back from an outage is found within
+# PROBE_EVERY and drained at its own pace (#43: a minute's cap once left a backlog up to
+# 57 s after the receiver was back)
 PROBE_EVERY = backoff.DELIVER[-1]  # a sink down is probed this often
 RETRY_AFTER_CAP = 3600.0  # a Retry-After longer than this is taken as this
 

@@ -55,7 +55,8 @@ async def probe(firewall: Firewall, rest: Rest, metrics: Metrics, readiness: Rea
     """One light call per interval: the firewall DaemonSet's status (which also says the
     API answers), or the API's /version when no firewall is configured. Each waits at most
     PROBE_DEADLINE, not the 30 s cap of every call: an answer to either takes milliseconds,
-    and /readyz says the API unreachable within an interval and that (25 s, was 45)."""
+    and /readyz says the API unreachable within the interval and this deadline (25 s, was
+    45)."""
     while True:
         try:
             if daemonset:
