@@ -301,48 +301,11 @@ def _kill(
     disruption: ClusterDisruption | None = None,
     observer: Observer = Observer.KUBELET,
 ) -> Track:
-    if disruption is not None:
-        return _disrupted(track, pod, now, cause, death, disruption, observer)
-    evidence = Evidence(
-        state=State.DEAD,
-        cause=cause,
-        policy=track.policy,
-        pod_uid=track.uid,
-        namespace=track.namespace,
-        name=track.name,
-        container=death.container if death else None,
-        exit_code=death.exit_code if death else None,
-        reason=(death.reason if death else None) or pod.reason,
-        restart_count=death.restart_count if death else None,
-        last_ready_at=track.last_ready_at,
-        ready_drop_at=track.ready_drop_at or (death.finished_at if death else None) or now,
-        declared_at=now,
-        observed_by=observer,
-        container_id=_instance(pod, death),
-    )
-    return replace(
-        track,
-        state=State.DEAD,
-        cause=cause,
-        deadline=None,
-        evidence=evidence,
-        ready_drop_at=evidence.ready_drop_at,
-        changed_at=now,
-    )
-
-
-def _disrupted(
-    track: Track,
-    pod: PodView,
-    now: datetime,
-    cause: Cause,
-    death: ContainerDeath | None,
-    disruption: ClusterDisruption,
-    observer: Observer = Observer.KUBELET,
-) -> Track:
-    """Dead by a disruption of the cluster's: the condition's reason and message are the
+    """Dead. By a disruption of the cluster's, the condition's reason and message are the
     evidence, beside a container's exit where there is one (an exit 137 under a node
-    shutdown is the kill, not an OOM: only the kubelet's word OOMKilled makes that)."""
+    shutdown is the kill, not an OOM: only the kubelet's word OOMKilled makes that), and the
+    drop is dated by the disruption, not by the exit."""
+    since = disruption.since if disruption is not None else (death.finished_at if death else None)
     evidence = Evidence(
         state=State.DEAD,
         cause=cause,
@@ -355,10 +318,10 @@ def _disrupted(
         reason=(death.reason if death else None) or pod.reason,
         restart_count=death.restart_count if death else None,
         last_ready_at=track.last_ready_at,
-        ready_drop_at=track.ready_drop_at or disruption.since or now,
+        ready_drop_at=track.ready_drop_at or since or now,
         declared_at=now,
-        disruption=disruption.reason,
-        message=disruption.message,
+        disruption=disruption.reason if disruption is not None else None,
+        message=disruption.message if disruption is not None else None,
         observed_by=observer,
         container_id=_instance(pod, death),
     )
@@ -370,7 +333,7 @@ def _disrupted(
         evidence=evidence,
         ready_drop_at=evidence.ready_drop_at,
         changed_at=now,
-        disruption=pod.disruption,
+        disruption=pod.disruption if disruption is not None else track.disruption,
     )
 
 
@@ -429,7 +392,11 @@ def step(
     `first` marks the first observation since the track was made or restored; `deletion` is
     what its deletion means when the pod's owner says (Suspended, Expired): the pod itself
     never tells why it was deleted; `observer`: whose report the observation is (the node's:
-    `exited`)."""
+    `exited`).
+
+    In phases: a final verdict learns only facts (`_after_death`); otherwise the Ready edges
+    (`_edges`) and the notices beside them (`_notices`) are recorded, then the lifecycle's
+    facts judge (`_judge_lifecycle`), or else the policy (`_by_policy`)."""
     before = track.state
     if before is State.GONE:
         return Step(track)
@@ -439,61 +406,87 @@ def step(
     else:  # the default, and nearly every pod: every regular container, no sidecar vital
         parts = (pod.containers, ())
     ready = pod.ready or sandbox_ready(pod, parts)
-
-    # 1-2. Terminal states are final; only the false-positive fact can still be learned: the
-    # pod Ready again, from not Ready, and still running (a pod GC marks an orphan Failed
-    # and leaves its Ready as it was). A pod Ready again after its containers restarted in
-    # place (restartPolicy, a container restart rule, a restart of the whole pod) is a new
-    # life of the pod, not a sign that the death was not one: the container did exit.
     if before is State.DEAD:
-        evidence = track.evidence
-        if evidence is not None and evidence.observed_by is Observer.NODE:
-            if nodeexit.stale(pod, evidence):
-                return Step(track)  # the kubelet has not relisted yet: it says nothing new
-            if track.disputed is None:
-                disputed = nodeexit.disputes(pod, evidence)
-                if disputed is not None:
-                    track = replace(track, disputed=disputed, ready=ready)
-                    return Step(track, (Signal(SignalKind.DISPUTED),))
-        if (
-            ready
-            and not track.ready
-            and not track.false_positive
-            and pod.phase not in ("Failed", "Succeeded")
-            and pod.deletion_requested_at is None
-            and not _restarted(pod, track, parts)
-        ):
-            fp = replace(track, false_positive=True, ready=True)
-            return Step(fp, (Signal(SignalKind.FALSE_POSITIVE),))
-        return Step(track if track.ready == ready else replace(track, ready=ready))
+        return _after_death(track, pod, ready, parts)
 
     signals: list[Signal] = []
+    track = _edges(track, pod, now, ready, parts, policy, first, signals)
+    track = _notices(track, pod, parts, settings, first, signals)
+    death = _container_death(pod, track.restart_baseline, parts) if track.ever_ready else None
+    disruption = disruption_of(pod) if pod.disruption is not None else None
+    after = _judge_lifecycle(track, pod, now, death, deletion, disruption, parts, observer)
+    if after is None:
+        after = _by_policy(
+            track, pod, now, policy, settings, death, disruption, deletion, observer, signals
+        )
+    if after.state is not before:
+        if after.changed_at != now:
+            after = replace(after, changed_at=now)
+        signals.append(Signal(SignalKind.STATE_CHANGED, before))
+    return Step(after, tuple(signals))
+
+
+def _after_death(track: Track, pod: PodView, ready: bool, parts: Parts) -> Step:
+    """Steps 1-2: a Dead verdict is final; only facts about it can still be learned. The
+    kubelet's report disputing the node's (once), or the false positive: the pod Ready again,
+    from not Ready, and still running (a pod GC marks an orphan Failed and leaves its Ready
+    as it was). A pod Ready again after its containers restarted in place (restartPolicy, a
+    container restart rule, a restart of the whole pod) is a new life of the pod, not a sign
+    that the death was not one: the container did exit."""
+    evidence = track.evidence
+    if evidence is not None and evidence.observed_by is Observer.NODE:
+        if nodeexit.stale(pod, evidence):
+            return Step(track)  # the kubelet has not relisted yet: it says nothing new
+        if track.disputed is None:
+            disputed = nodeexit.disputes(pod, evidence)
+            if disputed is not None:
+                track = replace(track, disputed=disputed, ready=ready)
+                return Step(track, (Signal(SignalKind.DISPUTED),))
+    if (
+        ready
+        and not track.ready
+        and not track.false_positive
+        and pod.phase not in ("Failed", "Succeeded")
+        and pod.deletion_requested_at is None
+        and not _restarted(pod, track, parts)
+    ):
+        fp = replace(track, false_positive=True, ready=True)
+        return Step(fp, (Signal(SignalKind.FALSE_POSITIVE),))
+    return Step(track if track.ready == ready else replace(track, ready=ready))
+
+
+def _edges(
+    track: Track,
+    pod: PodView,
+    now: datetime,
+    ready: bool,
+    parts: Parts,
+    policy: Policy,
+    first: bool,
+    signals: list[Signal],
+) -> Track:
+    """The Ready edges, whatever the policy: drops, recoveries (flaps), the last Ready time,
+    and the restart baseline at the first Ready; appends their signals."""
     changes: dict[str, Any] = {}
-    # Ready edges, whatever the policy: drops, recoveries (flaps), the last Ready time.
     ready_at = pod.ready_changed_at or now
-    ever_ready = track.ever_ready
-    ready_drop_at = track.ready_drop_at
-    baseline = track.restart_baseline
     if ready:
         if not track.ready:
-            if ever_ready and ready_drop_at is not None:
+            if track.ever_ready and track.ready_drop_at is not None:
                 signals.append(Signal(SignalKind.FLAPPED))
                 changes["flaps"] = track.flaps + 1
-            if not ever_ready:
+            if not track.ever_ready:
                 # Restarts before the first Ready were start-up; count from here.
-                baseline = changes["restart_baseline"] = pod.restart_counts()
-            ever_ready = changes["ever_ready"] = True
-            changes.update(ready=True, last_ready_at=ready_at)
-        if ready_drop_at is not None:
-            ready_drop_at = changes["ready_drop_at"] = None
+                changes["restart_baseline"] = pod.restart_counts()
+            changes.update(ever_ready=True, ready=True, last_ready_at=ready_at)
+        if track.ready_drop_at is not None:
+            changes["ready_drop_at"] = None
     elif track.ready:
         drop_at = ready_at
         if track.last_ready_at is not None and drop_at < track.last_ready_at:
             drop_at = now  # a stale transition time cannot predate the Ready we saw
         signals.append(Signal(SignalKind.READY_DROPPED))
-        ready_drop_at = drop_at
         changes.update(ready=False, ready_drop_at=drop_at, ready_drops=track.ready_drops + 1)
-    elif not ever_ready and first and getattr(policy, "ready_means_running", False) is True:
+    elif not track.ever_ready and first and getattr(policy, "ready_means_running", False) is True:
         # First sight of a pod with no record: did it run and stop while nobody watched?
         inferred = _ran_and_stopped(pod, parts)
         if inferred is not None:
@@ -501,16 +494,26 @@ def step(
                 c.running_since or (c.terminated.started_at if c.terminated else None)
                 for c in (*parts[0], *parts[1])
             ]
-            ever_ready = True
-            ready_drop_at = inferred.finished_at or ready_at
-            baseline = {}
             changes.update(
                 ever_ready=True,
                 last_ready_at=max((t for t in started if t), default=None),
-                ready_drop_at=ready_drop_at,
-                restart_baseline=baseline,
+                ready_drop_at=inferred.finished_at or ready_at,
+                restart_baseline={},
             )
+    return replace(track, **changes) if changes else track
 
+
+def _notices(
+    track: Track,
+    pod: PodView,
+    parts: Parts,
+    settings: PolicySettings,
+    first: bool,
+    signals: list[Signal],
+) -> Track:
+    """What is said beside the verdict, never a death: a readiness probe the firewall blocks
+    (said on first sight), a helper or sidecar restarted; appends their signals."""
+    changes: dict[str, Any] = {}
     if (
         not track.probe_blocked
         and pod.readiness_probes
@@ -520,56 +523,57 @@ def step(
         changes["probe_blocked"] = True
     if first and (track.probe_blocked or changes.get("probe_blocked")):
         signals.append(Signal(SignalKind.PROBE_BLOCKED))
-    if ever_ready and (pod.sidecars or len(parts[0]) < len(pod.containers)):
-        restarts = _sidecar_restarts(pod, parts, baseline)
+    if track.ever_ready and (pod.sidecars or len(parts[0]) < len(pod.containers)):
+        restarts = _sidecar_restarts(pod, parts, track.restart_baseline)
         if restarts > track.sidecar_restarts:
             signals.append(Signal(SignalKind.SIDECAR_RESTARTED))
             changes["sidecar_restarts"] = restarts
-    if changes:
-        track = replace(track, **changes)
+    return replace(track, **changes) if changes else track
 
-    death = _container_death(pod, baseline, parts) if ever_ready else None
-    disruption = disruption_of(pod) if pod.disruption is not None else None
-    after = _judge_lifecycle(track, pod, now, death, deletion, disruption, parts, observer)
-    if after is None:
-        # The policy judges; for a pod whose deletion was requested after its Ready drop, it
-        # judges the pod as of the request: only a death complete by then stands.
-        final = disruption is not None and disruption.final
-        deleting = pod.deletion_requested_at
-        situation = Situation(  # positional: msgspec's keyword path costs a third more
-            pod,
-            deleting if deleting is not None and deleting < now and not final else now,
-            ready_drop_at,
-            death,
-            settings,
-            disruption,
-        )
-        decision, error = _judge(policy, situation)
-        if error is not None:
-            signals.append(Signal(SignalKind.POLICY_FAILED))
-        if error != track.policy_error:
-            track = replace(track, policy_error=error)
-        if disruption is not None and disruption.final:
-            # 3: the policy called it a death or not; either way it was the cluster's doing
-            if decision.state is State.DEAD:
-                cause = decision.cause or disruption.cause
-                after = _kill(track, pod, now, cause, death, disruption, observer)
-            else:
-                after = _bury(track, now, disruption.cause, pod, disruption)
-        elif deleting is not None and decision.state is not State.DEAD:
-            after = _bury(track, now, deletion, pod)
-        elif disruption is not None and (
-            decision.state is State.ALIVE or (decision.state is State.DEAD and death is None)
-        ):
-            after = _disrupting(track, pod, now)  # 8: pending: at most Suspect
-        else:
-            after = _apply(track, pod, now, decision, death, observer)
 
-    if after.state is not before:
-        if after.changed_at != now:
-            after = replace(after, changed_at=now)
-        signals.append(Signal(SignalKind.STATE_CHANGED, before))
-    return Step(after, tuple(signals))
+def _by_policy(
+    track: Track,
+    pod: PodView,
+    now: datetime,
+    policy: Policy,
+    settings: PolicySettings,
+    death: ContainerDeath | None,
+    disruption: ClusterDisruption | None,
+    deletion: Cause,
+    observer: Observer,
+    signals: list[Signal],
+) -> Track:
+    """Steps 3, 5 and 8: the policy judges; for a pod whose deletion was requested after its
+    Ready drop, it judges the pod as of the request: only a death complete by then stands.
+    A policy that fails is said (POLICY_FAILED, `policy_error`) and container-state judges."""
+    final = disruption is not None and disruption.final
+    deleting = pod.deletion_requested_at
+    situation = Situation(  # positional: msgspec's keyword path costs a third more
+        pod,
+        deleting if deleting is not None and deleting < now and not final else now,
+        track.ready_drop_at,
+        death,
+        settings,
+        disruption,
+    )
+    decision, error = _judge(policy, situation)
+    if error is not None:
+        signals.append(Signal(SignalKind.POLICY_FAILED))
+    if error != track.policy_error:
+        track = replace(track, policy_error=error)
+    if disruption is not None and disruption.final:
+        # 3: the policy called it a death or not; either way it was the cluster's doing
+        if decision.state is State.DEAD:
+            cause = decision.cause or disruption.cause
+            return _kill(track, pod, now, cause, death, disruption, observer)
+        return _bury(track, now, disruption.cause, pod, disruption)
+    if deleting is not None and decision.state is not State.DEAD:
+        return _bury(track, now, deletion, pod)
+    if disruption is not None and (
+        decision.state is State.ALIVE or (decision.state is State.DEAD and death is None)
+    ):
+        return _disrupting(track, pod, now)  # 8: pending: at most Suspect
+    return _apply(track, pod, now, decision, death, observer)
 
 
 def _fallback(s: Situation) -> Decision:
