@@ -225,7 +225,7 @@ def test_a_bad_shard_epoch_is_one_line_naming_the_flag(value: str, said: str) ->
 
 
 def test_the_shard_epoch_is_a_number_or_a_pod_read_at_start() -> None:
-    from deathwatch._operator.process.command import shard_epoch
+    from deathwatch._operator.process.config import shard_epoch
 
     assert shard_epoch("7") == (7, None)
     assert shard_epoch("pod:deathwatch-system/deathwatch-controller-0") == (

@@ -6,7 +6,6 @@ import argparse
 import os
 import socket
 import sys
-from pathlib import Path
 
 EXIT_BAD_CONFIG = 2
 
@@ -199,114 +198,25 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def run(args: argparse.Namespace) -> int:
     import asyncio  # here, not at the top: `deathwatch replay` and `--help` never need it
     import logging
+    from dataclasses import replace
 
     import kopf
     import structlog
 
-    from deathwatch._api.kubeconfig import CredentialError, KubeconfigError
-    from deathwatch._api.kubeconfig import load as load_kubeconfig
     from deathwatch._kube import logs
-    from deathwatch._kube.ports import heartbeat_file
-    from deathwatch._kube.selector import LABEL_VALUE
     from deathwatch._kube.serving import Limits, connection_cap, raise_open_files
     from deathwatch._kube.tls import CertificateError
-    from deathwatch._operator.leadership.leader import LeaseTimings
-    from deathwatch._operator.ports.endpoints import address
     from deathwatch._operator.process.app import App
-    from deathwatch._operator.process.config import Config
+    from deathwatch._operator.process.config import BadFlag, Config
     from deathwatch._operator.process.lifecycle import register
 
-    if args.firewall_daemonset is not None and args.firewall_daemonset.count("/") != 1:
-        print(
-            "deathwatch controller: --firewall-daemonset: expected NS/NAME, "
-            f"got {args.firewall_daemonset!r}",
-            file=sys.stderr,
-        )
-        return EXIT_BAD_CONFIG
-    if args.controller_id and not LABEL_VALUE.fullmatch(args.controller_id):
-        print(
-            "deathwatch controller: --controller-id: expected a label value (up to 63 letters, "
-            f"digits, - _ ., beginning and ending alphanumeric), got {args.controller_id!r}",
-            file=sys.stderr,
-        )
-        return EXIT_BAD_CONFIG
-    if not 0.1 <= args.coverage_interval <= 300:
-        print(
-            "deathwatch controller: --coverage-interval: expected seconds in [0.1, 300], "
-            f"got {args.coverage_interval}",
-            file=sys.stderr,
-        )
-        return EXIT_BAD_CONFIG
-    if not 0.1 <= args.release_check_interval <= 3600:
-        print(
-            "deathwatch controller: --release-check-interval: expected seconds in [0.1, 3600], "
-            f"got {args.release_check_interval}",
-            file=sys.stderr,
-        )
-        return EXIT_BAD_CONFIG
-    if not 1 <= args.watch_open_deadline <= 3600:
-        print(
-            "deathwatch controller: --watch-open-deadline: expected seconds in [1, 3600], "
-            f"got {args.watch_open_deadline}",
-            file=sys.stderr,
-        )
-        return EXIT_BAD_CONFIG
-    from deathwatch._operator.shards.slot_claims import Spec
-
     try:
-        epoch, epoch_pod = shard_epoch(args.shard_epoch)
-        shard = Spec(args.shard, args.shards, epoch)
-    except ValueError as exc:
-        print(f"deathwatch controller: --shards/--shard/--shard-epoch: {exc}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
-    if shard.sharded and not args.leader_elect:
-        print("deathwatch controller: --shards above 1 needs --leader-elect: a shard's slots "
-              "are claimed on its Lease", file=sys.stderr)  # fmt: skip
-        return EXIT_BAD_CONFIG
-    try:
-        flag = "--metrics-address"
-        metrics_address = address(args.metrics_address)
-        flag = "--health-address"
-        health_address = address(args.health_address)
-        flag = "--max-connections"
-        Limits(connections=args.max_connections)  # the value checked before anything starts
-        flag = "--heartbeat-file"
-        heartbeat = heartbeat_file(args.heartbeat_file) if args.heartbeat_file else None
-    except ValueError as exc:
-        print(f"deathwatch controller: {flag}: {exc}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
-    if args.metrics_cert_dir is not None and not os.path.isdir(args.metrics_cert_dir):
-        print(f"deathwatch controller: --metrics-cert-dir: no such directory: "
-              f"{args.metrics_cert_dir}", file=sys.stderr)  # fmt: skip
-        return EXIT_BAD_CONFIG
-    try:
-        # before anything starts or logs: the file, context and field, in one line
-        load_kubeconfig(args.kubeconfig)
-    except (KubeconfigError, CredentialError) as exc:
+        config = Config.from_args(args)  # before anything starts or logs
+    except BadFlag as exc:
         print(f"deathwatch controller: {exc}", file=sys.stderr)
         return EXIT_BAD_CONFIG
-    if args.kubeconfig:
-        os.environ["KUBECONFIG"] = args.kubeconfig  # for kopf's own login as well
-    try:
-        timings = LeaseTimings(args.lease_duration, args.renew_deadline, args.retry_period)
-    except ValueError as exc:
-        print(f"deathwatch controller: {exc}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
-    if not args.identity:
-        print("deathwatch controller: --identity: empty", file=sys.stderr)
-        return EXIT_BAD_CONFIG
-    delivery = None
-    if args.delivery_config is not None:
-        from deathwatch._kube.configfile import ConfigError
-        from deathwatch._operator.delivery import config as delivery_config
-
-        try:
-            delivery = delivery_config.load(args.delivery_config)
-            for sink in delivery.sinks:  # a sink that cannot sign is refused now, not at a death
-                delivery_config.keys(sink)
-        except ConfigError as exc:
-            print(f"deathwatch controller: --delivery-config: {exc}", file=sys.stderr)
-            return EXIT_BAD_CONFIG
+    if config.kubeconfig:
+        os.environ["KUBECONFIG"] = config.kubeconfig  # for kopf's own login as well
     # kopf's per-object chatter at INFO is one line per handler call: kept at WARNING
     logs.configure(args.log_level, quiet={"kopf": logging.WARNING, "urllib3": logging.ERROR,
                                           "aiohttp.access": logging.WARNING})  # fmt: skip
@@ -316,33 +226,7 @@ def run(args: argparse.Namespace) -> int:
     limits = Limits(connections=connection_cap(args.max_connections, soft), evict_after=2.0)
     structlog.get_logger("deathwatch").info("open files", limit=soft, hard_limit=hard,
                                             metrics_connections=limits.connections)  # fmt: skip
-    config = Config(
-        namespaces=tuple(dict.fromkeys(args.namespace)),
-        kubeconfig=args.kubeconfig,
-        metrics_address=metrics_address,
-        health_address=health_address,
-        heartbeat_file=heartbeat,
-        metrics_cert_dir=Path(args.metrics_cert_dir) if args.metrics_cert_dir else None,
-        port_limits=limits,
-        firewall_daemonset=args.firewall_daemonset,
-        coverage_interval=args.coverage_interval,
-        release_check_interval=args.release_check_interval,
-        crds_release=args.crds_release,
-        watch_open_deadline=args.watch_open_deadline,
-        pod_label_selector=args.pod_label_selector,
-        controller_id=args.controller_id,
-        agent_sandbox=args.agent_sandbox,
-        leader_elect=args.leader_elect,
-        identity=args.identity,
-        lease_name=args.lease_name,
-        lease_namespace=args.lease_namespace,
-        lease_owner=args.lease_owner,
-        lease_timings=timings,
-        delivery=delivery,
-        shard=shard,
-        shard_epoch_pod=epoch_pod,
-        node_exits_namespace=args.node_exits,
-    )
+    config = replace(config, port_limits=limits)
     try:
         app = App(config)
         app.build()
@@ -361,16 +245,3 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     return 0
-
-
-def shard_epoch(value: str) -> tuple[int, tuple[str, str] | None]:
-    """--shard-epoch: a number, or pod:NAMESPACE/NAME (its epoch read at start: 0 until then)."""
-    if value.startswith("pod:"):
-        namespace, _, name = value[4:].partition("/")
-        if not namespace or not name or "/" in name:
-            raise ValueError(f"{value!r}: expected pod:NAMESPACE/NAME")
-        return 0, (namespace, name)
-    try:
-        return int(value), None
-    except ValueError:
-        raise ValueError(f"{value!r}: expected a number, or pod:NAMESPACE/NAME") from None
