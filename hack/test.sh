@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: lint, format, types, import contracts, then pytest (every lane).
-#   hack/test.sh [pytest args...]
+#   hack/test.sh                   every lane, the node's and the rest at once (hack/lanes.py)
+#   hack/test.sh [pytest args...]  one pytest, as given (a lane, a test, -k ...)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -9,5 +10,9 @@ echo "[test] ruff check" >&2 && ruff check .
 echo "[test] ruff format --check" >&2 && ruff format --check .
 echo "[test] mypy" >&2 && mypy
 echo "[test] lint-imports (the layers: .importlinter)" >&2 && lint-imports --no-cache
-echo "[test] pytest" >&2
+if [ $# -eq 0 ]; then
+  echo "[test] pytest: the node's lanes and the rest at once (hack/lanes.py)" >&2
+  exec python3 -m hack.lanes
+fi
+echo "[test] pytest $*" >&2
 exec python3 -m pytest "$@"

@@ -9,7 +9,7 @@ import pytest
 
 from hack.localcluster import cluster
 from tests.conftest import _binaries_or_skip
-from tests.demo_driver import leftovers, run_demo
+from tests.demo_driver import demo_tmp, leftovers, run_demo
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,13 +21,14 @@ def test_the_demo_installs_deathwatch_and_judges_real_sandboxes() -> None:
     if reason:
         pytest.skip(reason)
     _binaries_or_skip("kubelet", "kube-scheduler", "kube-proxy")
-    result = run_demo()
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
-    out = result.stdout
-    assert "both rolled out" in out
-    assert "all 9 verdicts as expected" in out
-    assert "SandboxDead" in out
-    assert "ProbeBlockedByFirewall" in out
-    assert ":49983 refused" in out  # the firewall, shown from the host
-    assert "firewall coverage 1/1" in out
-    assert leftovers() == set()
+    with demo_tmp() as tmp:
+        result = run_demo(tmp)
+        assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
+        out = result.stdout
+        assert "both rolled out" in out
+        assert "all 9 verdicts as expected" in out
+        assert "SandboxDead" in out
+        assert "ProbeBlockedByFirewall" in out
+        assert ":49983 refused" in out  # the firewall, shown from the host
+        assert "firewall coverage 1/1" in out
+        assert leftovers(tmp) == set()
