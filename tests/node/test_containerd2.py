@@ -59,7 +59,15 @@ def test_each_stream_hears_each_death_and_the_kubelet_agrees(
         assert said["version"].lstrip("v").startswith("2."), said
         e.start_controller(extra=NODE_EXITS)
         e.deathwatch()
-        each_death_heard(e, f"{prefer}-", exits=observer if stream == CONTAINERD else None)
+        # containerd 2 removes a killed container's cgroup sooner: with the other lanes
+        # beside this one (hack/lanes.py) a task exit was read 36 ms late, its cgroup gone,
+        # and the exit held 20 ms for an OOM event (bench/node_latency.py measures the gain)
+        each_death_heard(
+            e,
+            f"{prefer}-",
+            exits=observer if stream == CONTAINERD else None,
+            cgroup_may_be_gone=True,
+        )
     finally:
         observer.stop()
         print(f"--- exits observer:\n{observer.log.read_text()[-3000:]}")
