@@ -35,7 +35,7 @@ from deathwatch._engine.nodeexit import NodeExit
 from deathwatch._engine.podview import read_pod
 from deathwatch._engine.verdict import Cause, Evidence, Observer, State
 from deathwatch._operator.instruments.metrics import Metrics
-from deathwatch._operator.judging import documents
+from deathwatch._operator.judging import sandbox_verdicts
 from deathwatch._operator.memory.core import Core
 from deathwatch._operator.memory.deathwatches import DeathWatches, Revised
 from deathwatch._operator.passes import (
@@ -727,7 +727,7 @@ async def test_a_standby_owes_digests_and_a_takeover_says_only_what_differs() ->
             record = c.core.records.get(f"u{i}")
             track = record.track if record else None
             assert record is not None and track is not None
-            written = documents.verdict_status(track, None, transitions=record.transitions)
+            written = sandbox_verdicts.verdict_status(track, None, transitions=record.transitions)
             status["status"] = {**to_document(written), "term": 1}
             c.verdicts.on_verdict(EventType.MODIFIED, VerdictObject(NS, f"sbx-{i}", api.version(SV_PLURAL, NS, f"sbx-{i}"),
                                                  "sandboxes", {}, status["status"]))  # fmt: skip
@@ -847,14 +847,14 @@ def test_every_persisted_field_of_a_track_survives_the_round_trip() -> None:
         changed_at=at(41.5),
         disputed="exit code: the node saw 137, the kubelet reports 143",
     )
-    stored = json.loads(json.dumps(to_document(documents.verdict_status(track, "node-1"))))
-    assert documents.track_from_status(NS, "sbx-1", stored) == track
+    stored = json.loads(json.dumps(to_document(sandbox_verdicts.verdict_status(track, "node-1"))))
+    assert sandbox_verdicts.track_from_status(NS, "sbx-1", stored) == track
     suspect = msgspec.structs.replace(
         track, state=State.SUSPECT, cause=Cause.NOT_READY, evidence=None, deadline=at(70.25),
         false_positive=False,
     )  # fmt: skip
-    stored = json.loads(json.dumps(to_document(documents.verdict_status(suspect, None))))
-    assert documents.track_from_status(NS, "sbx-1", stored) == suspect
+    stored = json.loads(json.dumps(to_document(sandbox_verdicts.verdict_status(suspect, None))))
+    assert sandbox_verdicts.track_from_status(NS, "sbx-1", stored) == suspect
 
 
 SETTINGS = PolicySettings(agent_ports=frozenset({49983}))
@@ -910,10 +910,12 @@ def test_a_restart_at_any_point_changes_no_verdict(
     if not (track.ever_ready or track.probe_blocked):
         return  # never persisted: nothing to restore
     # the status as the API stores it: JSON, and back
-    stored = json.loads(json.dumps(to_document(documents.verdict_status(track, "node-1"))))
-    restored = documents.track_from_status(NS, "sbx-1", stored)
+    stored = json.loads(json.dumps(to_document(sandbox_verdicts.verdict_status(track, "node-1"))))
+    restored = sandbox_verdicts.track_from_status(NS, "sbx-1", stored)
     assert restored is not None
-    assert documents.verdict_status(restored, "node-1") == documents.verdict_status(track, "node-1")
+    assert sandbox_verdicts.verdict_status(restored, "node-1") == sandbox_verdicts.verdict_status(
+        track, "node-1"
+    )
     after = Pods(default_registry())
     after.memories[restored.uid] = memory.restored(restored, after.policies, after.deadlines)
     for t, body in steps[split + 1 :]:

@@ -22,7 +22,7 @@ from deathwatch._engine import memory
 from deathwatch._engine.engine import SignalKind
 from deathwatch._engine.nodeexit import NodeExit
 from deathwatch._engine.verdict import Cause, State
-from deathwatch._operator.judging import documents
+from deathwatch._operator.judging import sandbox_verdicts
 from deathwatch._policies import AUTO
 from deathwatch._policies.builtin import BUILTIN_ORDER
 from tests.builders import at, exec_probe, pod, running, terminated, termination
@@ -330,8 +330,8 @@ def _final(shape: Shape, exit_at: int | None, join_at: int | None) -> tuple[Stat
     j.see(live, 2)
     reports = shape.reports()
     if join_at is not None:
-        status = documents.verdict_status(j.track, None)
-        restored = documents.track_from_status("sandboxes", "sbx-1",
+        status = sandbox_verdicts.verdict_status(j.track, None)
+        restored = sandbox_verdicts.track_from_status("sandboxes", "sbx-1",
                                                to_document(status))  # fmt: skip
         assert restored is not None
         j = Judge(shape.policy, sandbox=j.settings.sandbox_containers)

@@ -7,7 +7,7 @@
     memory       what the controller knows: the Core, records, DeathWatches, Sandboxes, coverage
     writing      what goes out: the writer (one write in flight per object, fenced) and its calls
     delivery     CloudEvents to the platform's sinks, at least once
-    judging      pure decisions and documents: what a step means, what a verdict says, Shielded
+    judging      pure decisions and the documents: what a step means, what a verdict says, Shielded
     shards       which slots this process judges, claimed on Leases
     leadership   who may write: the Lease, elected
     ports        /healthz, /readyz, /metrics

@@ -1,7 +1,7 @@
 """What one step of the engine means for the outside world, decided in one pure function:
 what to announce (Events), whether the verdict is written, the sandbox's shield and what its
 DeathWatch now counts for it. No I/O, no clock (the caller passes `now`), no state, and no
-document: how each thing is said is documents.py's, the next stage.
+document: how each thing is said is the next stage's (sandbox_verdicts, pod_events).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class Facts:
 
 @dataclass(frozen=True, slots=True)
 class Announcement:
-    """An Event to post on the pod (documents.events builds it): its reason, and what its
+    """An Event to post on the pod (sandbox_verdicts.events builds it): its reason, and what its
     message needs beyond the track."""
 
     reason: EventReason

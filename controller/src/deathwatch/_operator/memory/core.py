@@ -11,7 +11,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from deathwatch._engine.memory import Deadlines
-from deathwatch._operator.judging.documents import FirewallReading
+from deathwatch._operator.judging.deathwatch_status import FirewallReading
 from deathwatch._operator.judging.summary import Summaries
 from deathwatch._operator.leadership.rivals import Rivals
 from deathwatch._operator.memory.agent_sandboxes import AgentSandboxes

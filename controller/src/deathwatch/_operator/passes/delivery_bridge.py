@@ -14,7 +14,7 @@ from deathwatch._api.verdict_document import document as verdict_document
 from deathwatch._operator.delivery.events import Outgoing
 from deathwatch._operator.delivery.events import outgoing as make_outgoing
 from deathwatch._operator.delivery.outbox import Deliveries, Ended, Owed
-from deathwatch._operator.judging import documents
+from deathwatch._operator.judging import sandbox_verdicts
 from deathwatch._operator.memory.agent_sandboxes import AgentSandboxes
 from deathwatch._operator.memory.deathwatches import DeathWatches
 from deathwatch._operator.memory.records import Records
@@ -50,12 +50,13 @@ class DeliveryPass:
         rules = self.deathwatches.get(record.deathwatch)
         owner = record.agent_sandbox
         ref = self.agent_sandboxes.ref(record.namespace, owner) if owner is not None else None
-        status = documents.verdict_status(track, record.node, record.deleted_at, record.shield,
-                                          record.shield_since, ref, record.transitions,
-                                          record.marks)  # fmt: skip
-        labels = (documents.verdict_object(record.namespace, record.name, rules, record.uid, ref,
-                                           documents.verdict_labels(self.shards.slot(record.uid))
-                                           )["metadata"]["labels"]
+        status = sandbox_verdicts.verdict_status(
+            track, record.node, record.deleted_at, record.shield, record.shield_since, ref,
+            record.transitions, record.marks,
+        )  # fmt: skip
+        slot = sandbox_verdicts.verdict_labels(self.shards.slot(record.uid))
+        labels = (sandbox_verdicts.verdict_object(record.namespace, record.name, rules, record.uid,
+                                                  ref, slot)["metadata"]["labels"]
                   if rules is not None else {})  # fmt: skip
         name = rules.name if rules is not None else None
         doc = verdict_document(record.namespace, record.name, name, status, labels)

@@ -27,8 +27,8 @@ from deathwatch._api.resources import (
 from deathwatch._engine.verdict import State
 from deathwatch._operator.delivery.outbox import Deliveries
 from deathwatch._operator.instruments.metrics import Metrics
-from deathwatch._operator.judging import documents
-from deathwatch._operator.judging.documents import KubeEvent
+from deathwatch._operator.judging import deathwatch_status, pod_events
+from deathwatch._operator.judging.pod_events import KubeEvent
 from deathwatch._operator.judging.summary import Summaries
 from deathwatch._operator.leadership.rivals import Rivals
 from deathwatch._operator.memory.core import Firewall
@@ -87,13 +87,14 @@ class StatusPass:
         conflicts = self.rivals.messages() if self.rivals is not None else None
         for key in keys:
             try:
-                conditions = self.deathwatches.conditions[key] = documents.deathwatch_conditions(
+                conditions = deathwatch_status.deathwatch_conditions(
                     self.deathwatches.conditions.get(key, ()), now,
                     invalid=self.deathwatches.invalid.get(key), fresh=fresh,
                     stale_after=liveness.stale_after, firewall=reading,
                     backlogs=backlogs.get(key, []) if backlogs is not None else None,
                     conflicts=conflicts,
                 )  # fmt: skip
+                self.deathwatches.conditions[key] = conditions
                 if sharded and self.shards.spec.index != 0:
                     # its part only: the whole status (shard 0's to write) is not computed here
                     part = self.own_part(key, leader)
@@ -103,8 +104,9 @@ class StatusPass:
                 else:
                     rules = self.deathwatches.get(key)
                     generation = rules.generation if rules else None
-                    status = documents.deathwatch_status(self.summaries[key], coverage, conditions,
-                                                         generation, leader)  # fmt: skip
+                    status = deathwatch_status.deathwatch_status(
+                        self.summaries[key], coverage, conditions, generation, leader
+                    )
                     document = (self.shard_status(key, status, generation, leader) if sharded
                                 else to_document(status))  # fmt: skip
             except Exception:
@@ -134,7 +136,7 @@ class StatusPass:
 
     def own_part(self, key: DeathWatchKey, leader: str | None) -> ShardPart:
         """This shard's part of the DeathWatch's status."""
-        return documents.shard_part(self.summaries[key], self.shards.spec.index,
+        return deathwatch_status.shard_part(self.summaries[key], self.shards.spec.index,
                                     slots_text(self.shards.owned()), leader)  # fmt: skip
 
     def part_due(self, key: DeathWatchKey, part: ShardPart, now: datetime) -> bool:
@@ -154,7 +156,7 @@ class StatusPass:
         (and the conditions, computed from what it sees: ADR 0025)."""
         mine = self.own_part(key, leader)
         parts = [*self.shards.parts.get(key, {}).values(), mine]
-        return to_document(documents.sharded_status(parts, whole.firewall, whole.conditions,
+        return to_document(deathwatch_status.sharded_status(parts, whole.firewall, whole.conditions,
                                                     generation))  # fmt: skip
 
     def unannounced_deaths(self, window: timedelta = EVENT_RECONCILE_WINDOW) -> list[KubeEvent]:
@@ -171,5 +173,5 @@ class StatusPass:
                 and track.evidence is not None
                 and track.evidence.declared_at >= since
             ):
-                out.append(documents.dead_event(track))
+                out.append(pod_events.dead_event(track))
         return out

@@ -23,7 +23,7 @@ from deathwatch._engine.timeutil import UTC
 from deathwatch._engine.verdict import Cause, State, origin_of
 from deathwatch._operator.delivery.outbox import Deliveries
 from deathwatch._operator.instruments.metrics import Metrics
-from deathwatch._operator.judging import decisions, documents
+from deathwatch._operator.judging import decisions, sandbox_verdicts
 from deathwatch._operator.judging.decisions import Announcement, Before
 from deathwatch._operator.judging.shield import Shield
 from deathwatch._operator.judging.summary import Summaries
@@ -129,7 +129,7 @@ class Tail:
         owner = record.agent_sandbox
         ref = self.agent_sandboxes.ref(track.namespace, owner) if owner is not None else None
         slot = self.shards.slot(track.uid)
-        status, obj, labels, events = documents.verdict(
+        status, obj, labels, events = sandbox_verdicts.verdict(
             track, rules, record.node, record.deleted_at, record.shield, record.shield_since,
             announce, ref, record.transitions, record.marks, slot,
         )  # fmt: skip

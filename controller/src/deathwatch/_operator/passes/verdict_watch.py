@@ -32,7 +32,7 @@ from deathwatch._engine.timeutil import parse_time
 from deathwatch._engine.verdict import Cause, State
 from deathwatch._operator.delivery.outbox import Deliveries
 from deathwatch._operator.instruments.metrics import Metrics
-from deathwatch._operator.judging import decisions, documents
+from deathwatch._operator.judging import decisions, sandbox_verdicts
 from deathwatch._operator.judging.shield import Shield
 from deathwatch._operator.judging.summary import Summaries
 from deathwatch._operator.memory.agent_sandboxes import AgentSandboxes
@@ -77,7 +77,7 @@ class VerdictPass:
             return False
         self.writer.knows(SV_PLURAL, verdict.namespace, verdict.name, status, verdict.version,
                           verdict.labels)  # fmt: skip
-        track = documents.track_from_status(verdict.namespace, verdict.name, status)
+        track = sandbox_verdicts.track_from_status(verdict.namespace, verdict.name, status)
         if track is None:
             return False
         try:
@@ -107,7 +107,7 @@ class VerdictPass:
             self.records.ended(record, deleted_at)
         record.counted = decisions.facts(track, record.shield, record.node)
         self.summaries.apply(key, None, record.counted)
-        record.transitions, marks = documents.delivery_from_status(status)
+        record.transitions, marks = sandbox_verdicts.delivery_from_status(status)
         if marks:
             record.marks = marks
         self.tail.owe(record, track)  # what no mark covers is sent when this replica leads
@@ -159,7 +159,7 @@ class VerdictPass:
             return
         if mine.cause is not Cause.UNOBSERVED and self.writer.leading:
             return
-        theirs = documents.track_from_status(namespace, name, status)
+        theirs = sandbox_verdicts.track_from_status(namespace, name, status)
         if (
             theirs is None
             or theirs.uid != record.uid
@@ -205,7 +205,7 @@ class VerdictPass:
         track = record.track if record is not None else None
         if record is None or track is None or status.get("podUID") != record.uid:
             return
-        transitions, marks = documents.delivery_from_status(status)
+        transitions, marks = sandbox_verdicts.delivery_from_status(status)
         if status.get("state") == track.state.value:
             record.transitions = transitions
         if marks:

@@ -25,7 +25,7 @@ from typing import Any, Final
 import msgspec
 
 TERM: Final = "term"  # the status field the writer stamps: which term wrote it (ADR 0011)
-# the labels the writer maintains on an object it created (documents.verdict_labels)
+# the labels the writer maintains on an object it created (sandbox_verdicts.verdict_labels)
 WRITTEN_LABELS: Final = ("deathwatch.dev/slot",)
 # When each replica noticed something: masked by value, kept by presence.
 VOLATILE: Final = frozenset({"declaredAt", "podDeletedAt", "lastTransitionTime", "observedAt"})
