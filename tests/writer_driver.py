@@ -9,8 +9,8 @@ from contextlib import asynccontextmanager
 
 from deathwatch._api.resources import EventReason
 from deathwatch._operator.instruments.metrics import Metrics
-from deathwatch._operator.judging.pod_events import KubeEvent
 from deathwatch._operator.leadership.group import Leadership
+from deathwatch._operator.reporting.pod_events import KubeEvent
 from deathwatch._operator.writing.writer import ObjectKey, Writer
 from tests.fakeapi import FakeApi, FakeTimers
 

@@ -17,8 +17,8 @@ from deathwatch._engine.contract import PolicySettings
 from deathwatch._engine.podview import read_pod
 from deathwatch._engine.verdict import Cause, State
 from deathwatch._kube.selection import TRACKING_LABEL
-from deathwatch._operator.judging.sandbox_verdicts import verdict_object
 from deathwatch._operator.memory.agent_sandboxes import AgentSandboxes
+from deathwatch._operator.reporting.sandbox_verdicts import verdict_object
 from deathwatch._policies import default_registry
 from tests.builders import at, pod, running, ts
 from tests.engine_driver import Pods

@@ -35,13 +35,13 @@ from deathwatch._engine.nodeexit import NodeExit
 from deathwatch._engine.podview import read_pod
 from deathwatch._engine.verdict import Cause, Evidence, Observer, State
 from deathwatch._operator.instruments.metrics import Metrics
-from deathwatch._operator.judging import sandbox_verdicts
 from deathwatch._operator.memory.core import Core
 from deathwatch._operator.memory.deathwatches import DeathWatches, Revised
 from deathwatch._operator.passes import (
     publishing,
 )
 from deathwatch._operator.passes.wiring import Passes
+from deathwatch._operator.reporting import sandbox_verdicts
 from deathwatch._operator.sources.receivers import DeathWatchReceiver, Malformed
 from deathwatch._operator.writing.writer import Writer
 from deathwatch._policies import AUTO, PolicySettings, default_registry

@@ -22,7 +22,7 @@ from deathwatch._engine import memory
 from deathwatch._engine.engine import SignalKind
 from deathwatch._engine.nodeexit import NodeExit
 from deathwatch._engine.verdict import Cause, State
-from deathwatch._operator.judging import sandbox_verdicts
+from deathwatch._operator.reporting import sandbox_verdicts
 from deathwatch._policies import AUTO
 from deathwatch._policies.builtin import BUILTIN_ORDER
 from tests.builders import at, exec_probe, pod, running, terminated, termination

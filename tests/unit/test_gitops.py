@@ -15,7 +15,7 @@ import msgspec
 import yaml
 from lupa import lua51
 
-from deathwatch._operator.judging.deathwatch_status import FirewallReading, deathwatch_conditions
+from deathwatch._operator.reporting.deathwatch_status import FirewallReading, deathwatch_conditions
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "gitops.md"

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from deathwatch._api.resources import ConditionStatus
-from deathwatch._operator.judging.shield import (
+from deathwatch._operator.memory.coverage import Coverage
+from deathwatch._operator.reporting.shield import (
     SELECTOR,
     NodeCoverage,
     ShieldReason,
@@ -21,7 +22,6 @@ from deathwatch._operator.judging.shield import (
     read_lease,
     sight,
 )
-from deathwatch._operator.memory.coverage import Coverage
 from deathwatch.firewall.config import FirewallConfig, parse_config
 from deathwatch.firewall.coverage import LABELS, NodeState, lease_body, lease_name
 from deathwatch.firewall.hosts import Hosts
@@ -176,8 +176,8 @@ def test_another_releases_agents_are_not_this_releases_claims() -> None:
 def test_an_audit_nodes_sandboxes_are_counted_apart_and_leave_it_covered() -> None:
     from deathwatch._engine.engine import Track
     from deathwatch._engine.verdict import State
-    from deathwatch._operator.judging.decisions import facts
-    from deathwatch._operator.judging.summary import Summaries
+    from deathwatch._operator.reporting.decisions import facts
+    from deathwatch._operator.reporting.summary import Summaries
 
     seen = Sighting("t", seen_at=100.0, age_then=1.0)
     track = Track(uid="u", namespace="ns", name="p", policy="no-probe", state=State.ALIVE)

@@ -11,13 +11,13 @@ import asyncio
 from dataclasses import dataclass, field
 
 from deathwatch._engine.memory import Deadlines
-from deathwatch._operator.judging.deathwatch_status import FirewallReading
-from deathwatch._operator.judging.summary import Summaries
 from deathwatch._operator.leadership.rivals import Rivals
 from deathwatch._operator.memory.agent_sandboxes import AgentSandboxes
 from deathwatch._operator.memory.coverage import Coverage
 from deathwatch._operator.memory.deathwatches import DeathWatches
 from deathwatch._operator.memory.records import Records
+from deathwatch._operator.reporting.deathwatch_status import FirewallReading
+from deathwatch._operator.reporting.summary import Summaries
 from deathwatch._operator.shards.filter import ShardFilter
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from deathwatch._operator.judging.shield import (
+from deathwatch._operator.reporting.shield import (
     NodeCoverage,
     Shield,
     Sighting,

@@ -24,8 +24,8 @@ from deathwatch._api.resources import SV_PLURAL, DeathWatchKey, DeliveryMark
 from deathwatch._engine.engine import Track
 from deathwatch._engine.memory import Memory
 from deathwatch._engine.podview import PodView
-from deathwatch._operator.judging.decisions import Facts
-from deathwatch._operator.judging.shield import Shield
+from deathwatch._operator.reporting.decisions import Facts
+from deathwatch._operator.reporting.shield import Shield
 
 _NO_MARKS: dict[str, DeliveryMark] = {}  # shared, never mutated: most records have none
 RECENTLY_DELETED = 600.0  # seconds a uid done with is remembered (adoption ghosts, echoes)

@@ -14,11 +14,11 @@ from deathwatch._api.verdict_document import document as verdict_document
 from deathwatch._operator.delivery.events import Outgoing
 from deathwatch._operator.delivery.events import outgoing as make_outgoing
 from deathwatch._operator.delivery.outbox import Deliveries, Ended, Owed
-from deathwatch._operator.judging import sandbox_verdicts
 from deathwatch._operator.memory.agent_sandboxes import AgentSandboxes
 from deathwatch._operator.memory.deathwatches import DeathWatches
 from deathwatch._operator.memory.records import Records
 from deathwatch._operator.passes.tail import Tail, event_time
+from deathwatch._operator.reporting import sandbox_verdicts
 from deathwatch._operator.shards.filter import ShardFilter
 from deathwatch._operator.writing.writer import LOW, Writer
 

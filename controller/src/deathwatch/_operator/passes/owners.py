@@ -13,11 +13,11 @@ import msgspec
 from deathwatch._api.agent_sandbox import SandboxObject
 from deathwatch._api.objects import DeathWatchObject, EventType
 from deathwatch._api.resources import DW_PLURAL, DeathWatchKey, ShardPart
-from deathwatch._operator.judging.summary import Summaries
 from deathwatch._operator.memory.agent_sandboxes import AgentSandboxes
 from deathwatch._operator.memory.deathwatches import DeathWatches, Revised
 from deathwatch._operator.memory.records import Records
 from deathwatch._operator.passes.tail import Tail
+from deathwatch._operator.reporting.summary import Summaries
 from deathwatch._operator.shards.filter import ShardFilter
 from deathwatch._operator.writing.writer import Writer
 

@@ -27,13 +27,13 @@ from deathwatch._api.resources import (
 from deathwatch._engine.verdict import State
 from deathwatch._operator.delivery.outbox import Deliveries
 from deathwatch._operator.instruments.metrics import Metrics
-from deathwatch._operator.judging import deathwatch_status, pod_events
-from deathwatch._operator.judging.pod_events import KubeEvent
-from deathwatch._operator.judging.summary import Summaries
 from deathwatch._operator.leadership.rivals import Rivals
 from deathwatch._operator.memory.core import Firewall
 from deathwatch._operator.memory.deathwatches import DeathWatches
 from deathwatch._operator.memory.records import Records
+from deathwatch._operator.reporting import deathwatch_status, pod_events
+from deathwatch._operator.reporting.pod_events import KubeEvent
+from deathwatch._operator.reporting.summary import Summaries
 from deathwatch._operator.shards.filter import ShardFilter
 from deathwatch._operator.shards.slots import describe as slots_text
 from deathwatch._operator.writing.writer import LOW, Desired, Writer

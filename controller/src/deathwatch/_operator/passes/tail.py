@@ -23,13 +23,13 @@ from deathwatch._engine.timeutil import UTC
 from deathwatch._engine.verdict import Cause, State, origin_of
 from deathwatch._operator.delivery.outbox import Deliveries
 from deathwatch._operator.instruments.metrics import Metrics
-from deathwatch._operator.judging import decisions, sandbox_verdicts
-from deathwatch._operator.judging.decisions import Announcement, Before
-from deathwatch._operator.judging.shield import Shield
-from deathwatch._operator.judging.summary import Summaries
 from deathwatch._operator.memory.agent_sandboxes import AgentSandboxes
 from deathwatch._operator.memory.coverage import Coverage
 from deathwatch._operator.memory.records import Record, Records
+from deathwatch._operator.reporting import decisions, sandbox_verdicts
+from deathwatch._operator.reporting.decisions import Announcement, Before
+from deathwatch._operator.reporting.shield import Shield
+from deathwatch._operator.reporting.summary import Summaries
 from deathwatch._operator.shards.filter import ShardFilter
 from deathwatch._operator.writing.writer import NORMAL, URGENT, Desired, Writer
 

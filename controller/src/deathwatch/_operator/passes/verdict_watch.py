@@ -32,13 +32,13 @@ from deathwatch._engine.timeutil import parse_time
 from deathwatch._engine.verdict import Cause, State
 from deathwatch._operator.delivery.outbox import Deliveries
 from deathwatch._operator.instruments.metrics import Metrics
-from deathwatch._operator.judging import decisions, sandbox_verdicts
-from deathwatch._operator.judging.shield import Shield
-from deathwatch._operator.judging.summary import Summaries
 from deathwatch._operator.memory.agent_sandboxes import AgentSandboxes
 from deathwatch._operator.memory.deathwatches import DeathWatches
 from deathwatch._operator.memory.records import Records
 from deathwatch._operator.passes.tail import Tail
+from deathwatch._operator.reporting import decisions, sandbox_verdicts
+from deathwatch._operator.reporting.shield import Shield
+from deathwatch._operator.reporting.summary import Summaries
 from deathwatch._operator.shards.filter import ShardFilter
 from deathwatch._operator.writing.writer import LOW, Desired, ObjectKey, Writer
 

@@ -18,10 +18,10 @@ from deathwatch._api.rest import Rest
 from deathwatch._engine.timeutil import UTC
 from deathwatch._kube.errors import ApiError, describe, label
 from deathwatch._operator.instruments.metrics import Metrics
-from deathwatch._operator.judging.deathwatch_status import FirewallReading
-from deathwatch._operator.judging.shield import SELECTOR
 from deathwatch._operator.memory.core import Firewall
 from deathwatch._operator.passes.shielding import ShieldPass
+from deathwatch._operator.reporting.deathwatch_status import FirewallReading
+from deathwatch._operator.reporting.shield import SELECTOR
 from deathwatch._operator.sources.readiness import Readiness
 
 log = structlog.get_logger("deathwatch.reads")

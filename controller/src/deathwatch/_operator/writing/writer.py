@@ -1,6 +1,6 @@
 """Sends what the controller decided to the API: SandboxVerdicts, DeathWatch status, Events.
 
-The controller decides and builds every document (judging/); the writer only decides when
+The controller decides and builds every document (reporting/); the writer only decides when
 and how to send, through the five calls of `WriteApi` (kube.ApiWrites on the real API, a fake
 in the unit tests), with these rules:
 
@@ -56,8 +56,8 @@ from deathwatch._engine.timeutil import UTC
 from deathwatch._kube import backoff
 from deathwatch._kube.errors import ApiError, KubeError, describe, label, retryable
 from deathwatch._operator.instruments.metrics import Metrics
-from deathwatch._operator.judging.pod_events import KubeEvent
 from deathwatch._operator.leadership.group import Leadership
+from deathwatch._operator.reporting.pod_events import KubeEvent
 from deathwatch._operator.writing.kube import Fenced
 from deathwatch._operator.writing.status_writes import (
     EMPTY,

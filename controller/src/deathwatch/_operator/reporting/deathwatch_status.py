@@ -24,8 +24,8 @@ from deathwatch._engine.verdict import Origin, State
 
 if TYPE_CHECKING:
     from deathwatch._operator.delivery.outbox import Backlog
-from deathwatch._operator.judging.conditions import condition
-from deathwatch._operator.judging.summary import LAST_DEATHS, Summary
+from deathwatch._operator.reporting.conditions import condition
+from deathwatch._operator.reporting.summary import LAST_DEATHS, Summary
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from datetime import datetime
 from deathwatch._api.resources import ConditionStatus, EventReason
 from deathwatch._engine.engine import SignalKind, Step, Track
 from deathwatch._engine.verdict import Cause, Evidence, State
-from deathwatch._operator.judging.shield import NodeCoverage, Shield
+from deathwatch._operator.reporting.shield import NodeCoverage, Shield
 
 
 @dataclass(frozen=True, slots=True)

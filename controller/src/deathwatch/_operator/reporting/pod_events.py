@@ -14,11 +14,11 @@ from deathwatch._api.resources import (
 from deathwatch._engine.engine import Track
 from deathwatch._engine.timeutil import format_time
 from deathwatch._engine.verdict import State, origin_of
-from deathwatch._operator.judging.shield import Shield
+from deathwatch._operator.reporting.shield import Shield
 
 if TYPE_CHECKING:
     pass
-from deathwatch._operator.judging.wording import BY_WHOM, evidence_details
+from deathwatch._operator.reporting.wording import BY_WHOM, evidence_details
 
 PROBE_BLOCKED_MESSAGE = (
     "a tcpSocket/httpGet/grpc readiness probe targets an agent port; kubelet probes from the "

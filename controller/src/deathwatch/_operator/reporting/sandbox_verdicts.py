@@ -33,12 +33,12 @@ from deathwatch._engine.podview import Disruption
 from deathwatch._engine.timeutil import format_time
 from deathwatch._engine.verdict import Cause, Evidence, Observer, State, origin_of
 from deathwatch._kube.selector import LABEL_VALUE
-from deathwatch._operator.judging.shield import Shield
+from deathwatch._operator.reporting.shield import Shield
 
 if TYPE_CHECKING:
-    from deathwatch._operator.judging.decisions import Announcement
-from deathwatch._operator.judging.conditions import condition
-from deathwatch._operator.judging.pod_events import (
+    from deathwatch._operator.reporting.decisions import Announcement
+from deathwatch._operator.reporting.conditions import condition
+from deathwatch._operator.reporting.pod_events import (
     PROBE_BLOCKED_MESSAGE,
     KubeEvent,
     dead_event,
@@ -49,7 +49,7 @@ from deathwatch._operator.judging.pod_events import (
     sidecar_restarted_event,
     unshielded_event,
 )
-from deathwatch._operator.judging.wording import BY_WHOM, evidence_summary
+from deathwatch._operator.reporting.wording import BY_WHOM, evidence_summary
 
 
 def verdict_message(track: Track) -> str:

@@ -18,7 +18,7 @@ from datetime import datetime
 
 from deathwatch._api.resources import ConditionStatus, DeathWatchKey
 from deathwatch._engine.verdict import Evidence, Origin, State
-from deathwatch._operator.judging.decisions import Facts
+from deathwatch._operator.reporting.decisions import Facts
 
 LAST_DEATHS = 20
 
