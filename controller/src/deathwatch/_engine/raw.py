@@ -84,7 +84,7 @@ class PodSpec(msgspec.Struct, rename="camel", frozen=True, gc=False):
     restart_policy: str | None = None
 
 
-class Condition(msgspec.Struct, rename="camel", frozen=True, gc=False):
+class PodCondition(msgspec.Struct, rename="camel", frozen=True, gc=False):
     type: str | None = None
     status: str | None = None
     reason: str | None = None
@@ -129,7 +129,7 @@ class PodStatus(msgspec.Struct, rename="camel", frozen=True, gc=False):
     message: str | None = None
     pod_ip: str | None = msgspec.field(name="podIP", default=None)
     pod_ips: list[PodIP] | None = msgspec.field(name="podIPs", default=None)
-    conditions: list[Condition] | None = None
+    conditions: list[PodCondition] | None = None
     container_statuses: list[ContainerStatus] | None = None
     init_container_statuses: list[ContainerStatus] | None = None
 
