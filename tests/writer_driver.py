@@ -21,6 +21,11 @@ def dead_event(name: str) -> KubeEvent:
     return KubeEvent(NS, name, f"uid-{name}", EventReason.SANDBOX_DEAD, "Sandbox dead")
 
 
+def the_only_writer(metrics: Metrics) -> Leadership:
+    """The Leadership of a replica without election: it leads from the start."""
+    return Leadership(metrics, "test", elected=False)
+
+
 def standing_by(metrics: Metrics, fence: Callable[[], bool] | None = None) -> Leadership:
     """A replica's Leadership that waits to be elected (`fence`: the elector's may_write)."""
     leadership = Leadership(metrics, "test", elected=True)
@@ -56,7 +61,9 @@ async def workers(writer: Writer, n: int = 4) -> AsyncIterator[Writer]:
 @asynccontextmanager
 async def running(n: int = 4) -> AsyncIterator[tuple[Writer, FakeApi, FakeTimers]]:
     api, timers = FakeApi(), FakeTimers()
-    writer = Writer(api, Metrics(), schedule=timers)
+    writer = Writer(
+        api, (metrics := Metrics()), schedule=timers, leadership=the_only_writer(metrics)
+    )
     async with workers(writer, n):
         yield writer, api, timers
 

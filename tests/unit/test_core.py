@@ -50,7 +50,7 @@ from tests.engine_driver import Pods
 from tests.examples import examples
 from tests.fakeapi import FakeApi, FakeTimers
 from tests.lifecycles import lifecycle, observation, probes
-from tests.writer_driver import lead, standing_by, workers
+from tests.writer_driver import lead, standing_by, the_only_writer, workers
 
 NS = "sandboxes"
 
@@ -125,7 +125,9 @@ async def harness(api: FakeApi | None = None) -> AsyncIterator[Harness]:
     api = api or FakeApi()
     api.objects.setdefault((DW_PLURAL, NS, "sandboxes"), deathwatch_body())
     clock, metrics = Clock(), Metrics()
-    writer = Writer(api, metrics, schedule=FakeTimers(), clock=clock)
+    writer = Writer(
+        api, metrics, schedule=FakeTimers(), clock=clock, leadership=the_only_writer(metrics)
+    )
     async with workers(writer):
         yield Harness(api, clock, core(writer, clock, metrics), writer)
 
@@ -384,7 +386,9 @@ async def test_two_controllers_each_judge_only_what_the_oldest_deathwatch_of_the
     controllers = {}
     for name in ("", "staging"):
         clock, metrics = Clock(), Metrics()
-        writer = Writer(api, metrics, schedule=FakeTimers(), clock=clock)
+        writer = Writer(
+            api, metrics, schedule=FakeTimers(), clock=clock, leadership=the_only_writer(metrics)
+        )
         c = core(writer, clock, metrics)
         c.core.deathwatches.controller_id = name
         controllers[name] = (c, writer, clock)

@@ -311,7 +311,7 @@ from deathwatch._policies import default_registry  # noqa: E402
 from tests.builders import at, pod, terminated  # noqa: E402
 from tests.fakeapi import FakeApi, FakeTimers  # noqa: E402
 from tests.unit.test_core import NS, Clock, as_deathwatch, deathwatch_body  # noqa: E402
-from tests.writer_driver import fence, standing_by, workers  # noqa: E402
+from tests.writer_driver import fence, standing_by, the_only_writer, workers  # noqa: E402
 
 
 def controller(writer: Writer, clock: Clock, metrics: Metrics, max_age: float = 3600.0) -> Passes:
@@ -337,7 +337,9 @@ async def test_a_death_is_owed_built_from_the_record_and_its_mark_written_back()
     api = FakeApi()
     api.objects[(DW_PLURAL, NS, "sandboxes")] = deathwatch_body()
     clock, metrics = Clock(), Metrics()
-    writer = Writer(api, metrics, schedule=FakeTimers(), clock=clock)
+    writer = Writer(
+        api, metrics, schedule=FakeTimers(), clock=clock, leadership=the_only_writer(metrics)
+    )
     async with workers(writer):
         c = controller(writer, clock, metrics)
         c.owners.on_deathwatch(EventType.LISTED, as_deathwatch(deathwatch_body()))
@@ -373,8 +375,9 @@ async def test_a_death_is_owed_built_from_the_record_and_its_mark_written_back()
     assert c2.verdicts.restore(VerdictObject(NS, "sbx-1", "5", "sandboxes", {}, written))
     assert not c2.deliveries.owes(uid)
     unmarked = {k: v for k, v in written.items() if k != "delivery"}
-    c3 = controller(Writer(FakeApi(), Metrics(), schedule=FakeTimers(), clock=clock), clock,
-                    Metrics())  # fmt: skip
+    m3 = Metrics()
+    c3 = controller(Writer(FakeApi(), m3, schedule=FakeTimers(), clock=clock,
+                           leadership=the_only_writer(m3)), clock, Metrics())  # fmt: skip
     assert c3.verdicts.restore(VerdictObject(NS, "sbx-1", "5", "sandboxes", {}, unmarked))
     assert c3.deliveries.owes(uid)
     # a standby owing it levels with the leader's mark as its watch shows it
@@ -391,7 +394,9 @@ async def test_a_verdict_owed_to_a_sink_outlives_its_retention_until_the_sinks_m
     api = FakeApi()
     api.objects[(DW_PLURAL, NS, "sandboxes")] = deathwatch_body()
     clock, metrics = Clock(), Metrics()
-    writer = Writer(api, metrics, schedule=FakeTimers(), clock=clock)
+    writer = Writer(
+        api, metrics, schedule=FakeTimers(), clock=clock, leadership=the_only_writer(metrics)
+    )
     async with workers(writer):
         c = controller(writer, clock, metrics, max_age=7200.0)
         died(c, clock)

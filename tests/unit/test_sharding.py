@@ -191,7 +191,7 @@ from deathwatch._policies import default_registry  # noqa: E402
 from tests.builders import at, pod  # noqa: E402
 from tests.fakeapi import FakeApi, FakeTimers  # noqa: E402
 from tests.unit.test_core import NS, Clock, as_deathwatch, deathwatch_body  # noqa: E402
-from tests.writer_driver import workers  # noqa: E402
+from tests.writer_driver import the_only_writer, workers  # noqa: E402
 
 
 def uids_in(slots: frozenset[int], n: int) -> list[str]:
@@ -209,8 +209,10 @@ def uids_in(slots: frozenset[int], n: int) -> list[str]:
 def shard_controller(api: FakeApi, index: int, count: int, clock: Clock) -> tuple[Passes, Writer]:
     spec = Spec(index, count, 3)
     owned = spec.slots
-    writer = Writer(api, Metrics(), schedule=FakeTimers(), clock=clock,
-                    owns=lambda slot: slot is None or slot in owned)  # fmt: skip
+    metrics = Metrics()
+    writer = Writer(api, metrics, schedule=FakeTimers(), clock=clock,
+                    owns=lambda slot: slot is None or slot in owned,
+                    leadership=the_only_writer(metrics))  # fmt: skip
     registry = default_registry()
     c = Passes(Core(DeathWatches(registry), shards=ShardFilter(spec, lambda: owned)),
                writer=writer, metrics=Metrics(), policies=registry, clock=clock)  # fmt: skip

@@ -77,7 +77,8 @@ class Elector:
         namespace: str,
         metrics: Metrics,
         timings: LeaseTimings | None = None,
-        leadership: Leadership | None = None,
+        *,
+        leadership: Leadership,
         term_of: Callable[[int], int] = lambda term: term,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
@@ -100,7 +101,7 @@ class Elector:
         self.name, self.namespace = name, namespace
         self.metrics = metrics
         self.timings = timings or LeaseTimings()
-        self.leadership = leadership or Leadership(metrics, identity, elected=True)
+        self.leadership = leadership
         self.leadership.fenced_by(self.may_write)
         self.term_of = term_of
         self.clock, self.wall = clock, wall

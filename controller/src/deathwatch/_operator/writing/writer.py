@@ -213,13 +213,13 @@ class Writer:
         api: WriteApi,
         metrics: Metrics,
         *,
+        leadership: Leadership,
         schedule: Schedule | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-        leadership: Leadership | None = None,
         term: int = 0,
         owns: Callable[[int | None], bool] = lambda slot: True,
     ) -> None:
-        """`leadership`: whether this replica writes (None: the only replica, it does);
+        """`leadership`: whether this replica writes, the process's one (process/app.py);
         `owns(slot)`: whether this shard writes that slot's objects now (sharding: a slot not
         owned is owed, as a standby owes; one shard owns every slot)."""
         self.api = api
@@ -238,7 +238,7 @@ class Writer:
         self._idle = asyncio.Event()
         self._idle.set()
         self.instance = os.environ.get("HOSTNAME", "deathwatch")
-        self.leadership = leadership or Leadership(metrics, self.instance, elected=False)
+        self.leadership = leadership
         self.owns = owns
         self.term = term  # stamped on every status this writer sends (leader.py)
         for plural in NOUNS:  # a finite label set: its series exist, at 0, from the start
