@@ -1,7 +1,7 @@
 """The fake API server for unit tests: one in-memory store of objects with resourceVersions,
 and the faces each part of deathwatch calls it through. Lanes use the real API server.
 
-- `FakeApi` itself is the writer's face (writer.WriteApi): it keeps objects and Events,
+- `FakeApi` itself is the writer's face (object_writes.WriteApi): it keeps objects and Events,
   replaces statuses whole (PUT), answers 404/409/422 like the API (a stale resourceVersion in
   a write or a delete precondition is a 409; an update without one, 422), and lets a test
   hold calls in flight or make the next ones fail. As on the API server, a write that

@@ -11,7 +11,8 @@ from deathwatch._api.resources import EventReason
 from deathwatch._operator.instruments.metrics import Metrics
 from deathwatch._operator.leadership.group import Leadership
 from deathwatch._operator.reporting.pod_events import KubeEvent
-from deathwatch._operator.writing.writer import ObjectKey, Writer
+from deathwatch._operator.writing.desired import ObjectKey
+from deathwatch._operator.writing.writer import Writer
 from tests.fakeapi import FakeApi, FakeTimers
 
 NS = "sandboxes"

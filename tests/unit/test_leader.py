@@ -18,8 +18,9 @@ from deathwatch._operator.instruments.metrics import Metrics
 from deathwatch._operator.leadership.group import Leadership
 from deathwatch._operator.leadership.leader import Elector, LeaseTimings
 from deathwatch._operator.leadership.owner import LeaseOwner
+from deathwatch._operator.writing.desired import LOW, URGENT, Desired
 from deathwatch._operator.writing.kube import ApiWrites, Fenced
-from deathwatch._operator.writing.writer import LOW, URGENT, Desired, Writer
+from deathwatch._operator.writing.writer import Writer
 from tests.builders import T0
 from tests.fakeapi import FakeApi, FakeLease, FakeTimers, Link
 from tests.writer_driver import dead_event, fence, lead, standing_by, until, workers
@@ -433,7 +434,7 @@ async def test_a_held_first_write_of_the_old_leader_cannot_land_over_the_new_lea
         await asyncio.wait_for(b.idle(), 5)
         link_a.heal()
         await until(lambda: link_a.waiting == 0)
-        await until(lambda: not a._inflight)
+        await until(lambda: not a.queue.inflight)
     assert api.status(*key) == {"tracked": 2, "dead": 2, "leader": "b"}
     assert api.term(*key) == 2
 

@@ -13,7 +13,7 @@ import pytest
 
 from deathwatch._api.resources import DW_PLURAL, SV_PLURAL
 from deathwatch._kube.backoff import WRITE
-from deathwatch._operator.writing.writer import LOW, NORMAL, URGENT, Desired
+from deathwatch._operator.writing.desired import LOW, NORMAL, URGENT, Desired
 from tests.writer_driver import NS, dead_event, fence, running, settle, until
 
 

@@ -240,7 +240,7 @@ class DeathWatchStatus(_Object, frozen=True):
     deaths: OriginCounts
     observed_generation: int | None = None
     leader: str | None = None  # the controller replica that holds the Lease and writes
-    term: int | None = None  # stamped by the writer (writer.py): the term that wrote it
+    term: int | None = None  # stamped by the writer (object_writes.py): the term that wrote it
     firewall: FirewallCoverage | None = None
     # nodes running this DeathWatch's live sandboxes whose firewall is not current (shield.py)
     uncovered_nodes: Annotated[list[str], msgspec.Meta(max_length=100)] = msgspec.field(
@@ -345,7 +345,7 @@ class SandboxVerdictStatus(_Object, frozen=True):
     sandbox: SandboxRef | None = None
     # while the pod's policy fails: why (it is judged by container-state meanwhile)
     policy_error: str | None = None
-    term: int | None = None  # stamped by the writer (writer.py): the term that wrote it
+    term: int | None = None  # stamped by the writer (object_writes.py): the term that wrote it
     # how many times the state changed: each delivered event's `sequence`
     transitions: int | None = None
     delivery: Annotated[list[DeliveryMark], msgspec.Meta(max_length=16)] | None = None

@@ -20,7 +20,8 @@ from deathwatch._operator.memory.records import Records
 from deathwatch._operator.passes.tail import Tail, event_time
 from deathwatch._operator.reporting import sandbox_verdicts
 from deathwatch._operator.shards.filter import ShardFilter
-from deathwatch._operator.writing.writer import LOW, Writer
+from deathwatch._operator.writing.desired import LOW
+from deathwatch._operator.writing.writer import Writer
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,8 @@ from deathwatch._operator.reporting.pod_events import KubeEvent
 from deathwatch._operator.reporting.summary import Summaries
 from deathwatch._operator.shards.filter import ShardFilter
 from deathwatch._operator.shards.slots import describe as slots_text
-from deathwatch._operator.writing.writer import LOW, Desired, Writer
+from deathwatch._operator.writing.desired import LOW, Desired
+from deathwatch._operator.writing.writer import Writer
 
 log = structlog.get_logger("deathwatch.controller")
 # Dead verdicts younger than this get their Event re-posted at start and takeover (under the

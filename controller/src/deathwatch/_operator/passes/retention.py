@@ -20,7 +20,8 @@ from deathwatch._operator.memory.records import Records
 from deathwatch._operator.passes.delivery_bridge import DeliveryPass
 from deathwatch._operator.passes.tail import Tail
 from deathwatch._operator.shards.filter import ShardFilter
-from deathwatch._operator.writing.writer import LOW, Desired, Writer
+from deathwatch._operator.writing.desired import LOW, Desired
+from deathwatch._operator.writing.writer import Writer
 
 log = structlog.get_logger("deathwatch.controller")
 

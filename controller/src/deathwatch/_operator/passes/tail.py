@@ -31,7 +31,8 @@ from deathwatch._operator.reporting.decisions import Announcement, Before
 from deathwatch._operator.reporting.shield import Shield
 from deathwatch._operator.reporting.summary import Summaries
 from deathwatch._operator.shards.filter import ShardFilter
-from deathwatch._operator.writing.writer import NORMAL, URGENT, Desired, Writer
+from deathwatch._operator.writing.desired import NORMAL, URGENT, Desired
+from deathwatch._operator.writing.writer import Writer
 
 log = structlog.get_logger("deathwatch.controller")
 JUDGE_HERE = object()  # no shield given: the tail judges it, if anything it depends on changed

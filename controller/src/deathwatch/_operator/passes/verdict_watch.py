@@ -40,7 +40,8 @@ from deathwatch._operator.reporting import decisions, sandbox_verdicts
 from deathwatch._operator.reporting.shield import Shield
 from deathwatch._operator.reporting.summary import Summaries
 from deathwatch._operator.shards.filter import ShardFilter
-from deathwatch._operator.writing.writer import LOW, Desired, ObjectKey, Writer
+from deathwatch._operator.writing.desired import LOW, Desired, ObjectKey
+from deathwatch._operator.writing.writer import Writer
 
 log = structlog.get_logger("deathwatch.controller")
 

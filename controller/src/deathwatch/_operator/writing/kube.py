@@ -43,7 +43,7 @@ _with_status = msgspec.json.Decoder(_WithStatus).decode
 
 
 class ApiWrites:
-    """The writer's calls (writer.WriteApi) on the real API, each with its deadline, each
+    """The writer's calls (object_writes.WriteApi) on the real API, each with its deadline, each
     write checked against `may_write` right before it is sent and signed with
     `field_manager` (the replica: managedFields and the audit log name it)."""
 
