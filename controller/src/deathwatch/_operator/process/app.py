@@ -93,36 +93,49 @@ class App:
     # --- construction: every part once, handed to the next -----------------------------
 
     def build(self) -> None:
-        cfg, metrics = self.config, self.metrics
-        self.gc_pauses = gcpauses.install(metrics)
-        configuration = load_configuration(cfg.kubeconfig)
+        """Every part once, each handed its collaborators, in the order they depend on each
+        other: the API clients, who leads, the writer, the memory and its passes, then what
+        feeds them."""
+        self.gc_pauses = gcpauses.install(self.metrics)
+        self._configuration = load_configuration(self.config.kubeconfig)
+        self._clients()
+        self._leadership()
+        self._writer()
+        self._passes()
+        self._sources()
+        self.built = True
 
-        def rest(purpose: str, connections: int) -> Rest:
-            client = Rest(configuration, identity=cfg.identity, purpose=purpose,
-                          connections=connections)  # fmt: skip
-            self.rests.append(client)
-            return client
+    def _rest(self, purpose: str, connections: int) -> Rest:
+        client = Rest(self._configuration, identity=self.config.identity, purpose=purpose,
+                      connections=connections)  # fmt: skip
+        self.rests.append(client)
+        return client
 
-        # one client per purpose: a renewal never waits behind writes, a watch never holds a
-        # writer's connection, /readyz's probe never queues behind anything
-        writes = rest("writes", cfg.writers + 2)
+    def _clients(self) -> None:
+        """One client per purpose: a renewal never waits behind writes, a watch never holds
+        a writer's connection, /readyz's probe never queues behind anything."""
+        cfg = self.config
+        self._writes = self._rest("writes", cfg.writers + 2)
         # the connections a death uses at once, kept warm between deaths (ADR 0034): its
         # verdict and its Event on the writes' pool, its pod read on the node exits' own
-        self.warm_pools: list[tuple[Rest, int]] = [(writes, 2)]
+        self.warm_pools: list[tuple[Rest, int]] = [(self._writes, 2)]
         self.watched = Watched.of(cfg.scopes, cfg.shard, agent_sandbox=cfg.agent_sandbox,
                                   pod_label_selector=cfg.pod_label_selector,
                                   node_exits_namespace=cfg.node_exits_namespace)  # fmt: skip
-        self.watches = rest("watches", self.watched.list_connections)
-        self.probe = rest("probe", 2)
+        self.watches = self._rest("watches", self.watched.list_connections)
+        self.probe = self._rest("probe", 2)
         self.endpoints = Endpoints(
             metrics_address=cfg.metrics_address, health_address=cfg.health_address,
             cert_dir=cfg.metrics_cert_dir, names=[cfg.identity, "localhost"],
-            limits=cfg.port_limits, metrics=metrics, reviews=rest("reviews", 2),
+            limits=cfg.port_limits, metrics=self.metrics, reviews=self._rest("reviews", 2),
             readiness=self.readyz, heartbeat=self.heartbeat,
         )  # fmt: skip
-        shard = cfg.shard
+
+    def _leadership(self) -> None:
+        """Who leads: one answer every part that writes asks (Leadership), the shard's slots,
+        the other releases, and with election the Lease's elector."""
+        cfg, metrics, shard = self.config, self.metrics, self.config.shard
         lease_name = shard.lease(cfg.lease_name)
-        # one answer to "does this replica lead", every part that writes asks it
         self.leadership = leadership = Leadership(metrics, cfg.identity, elected=cfg.leader_elect)
         self.ownership = ownership = Ownership(
             shard, lease_name, cfg.lease_namespace, metrics, cfg.lease_timings.retry_period,
@@ -131,31 +144,40 @@ class App:
         if cfg.lease_owner:
             # this replica's Deployment: what another release may share with it is checked at
             # runtime, as `lookup` does at install (ADR 0038), with or without election
-            self.rivals = Rivals(rest("releases", 1), metrics, cfg.lease_namespace,
+            self.rivals = Rivals(self._rest("releases", 1), metrics, cfg.lease_namespace,
                                  cfg.lease_owner, cfg.firewall_daemonset,
                                  cfg.crds_release)  # fmt: skip
-        if cfg.leader_elect:
-            self.lease_rest = rest("lease", 2)
-            lease = ApiLease(self.lease_rest, lease_name, cfg.lease_namespace,
-                             cfg.lease_timings.renew_deadline / 2, cfg.identity)  # fmt: skip
-            refusal: Callable[[], str | None] = _nothing_refused
-            if cfg.lease_owner:
-                self.lease_owner = LeaseOwner(self.lease_rest, cfg.lease_namespace,
-                                              cfg.lease_owner, metrics)  # fmt: skip
-            if self.rivals is not None:
-                refusal = self.rivals.refusal
-            self.elector = Elector(lease, cfg.identity, lease_name, cfg.lease_namespace,
-                                   metrics, cfg.lease_timings, leadership=leadership,
-                                   term_of=shard.term, claim=ownership.claim,
-                                   owner=self.lease_owner, refusal=refusal)  # fmt: skip
+        if not cfg.leader_elect:
+            return
+        self.lease_rest = self._rest("lease", 2)
+        lease = ApiLease(self.lease_rest, lease_name, cfg.lease_namespace,
+                         cfg.lease_timings.renew_deadline / 2, cfg.identity)  # fmt: skip
+        refusal: Callable[[], str | None] = _nothing_refused
+        if cfg.lease_owner:
+            self.lease_owner = LeaseOwner(self.lease_rest, cfg.lease_namespace,
+                                          cfg.lease_owner, metrics)  # fmt: skip
+        if self.rivals is not None:
+            refusal = self.rivals.refusal
+        self.elector = Elector(lease, cfg.identity, lease_name, cfg.lease_namespace,
+                               metrics, cfg.lease_timings, leadership=leadership,
+                               term_of=shard.term, claim=ownership.claim,
+                               owner=self.lease_owner, refusal=refusal)  # fmt: skip
+
+    def _writer(self) -> None:
+        cfg, leadership, ownership = self.config, self.leadership, self.ownership
         # the only writer stamps its statuses with its start time: a new process is a new term
         term = 0 if cfg.leader_elect else time.time_ns() // 1_000_000
         self.writer = Writer(
-            ApiWrites(writes, may_write=leadership.may_write, field_manager=cfg.identity),
-            metrics, leadership=leadership, term=term,
-            owns=ownership.owns if shard.sharded else _everything,
+            ApiWrites(self._writes, may_write=leadership.may_write, field_manager=cfg.identity),
+            self.metrics, leadership=leadership, term=term,
+            owns=ownership.owns if cfg.shard.sharded else _everything,
         )  # fmt: skip
         ownership.on_give_up = self.writer.gave_up
+
+    def _passes(self) -> None:
+        """The memory (the Core), a pass per input over it, what publishes, what delivers;
+        the followers of leadership, told in order."""
+        cfg, metrics, ownership = self.config, self.metrics, self.ownership
         registry = default_registry()
         metrics.policies_known(registry.names)
         elector = self.elector
@@ -169,7 +191,7 @@ class App:
         self.core = core = Core(
             deathwatches=DeathWatches(registry, cfg.controller_id),
             firewall=Firewall(cfg.firewall_daemonset, coverage),
-            shards=ShardFilter(shard, lambda: ownership.owned),
+            shards=ShardFilter(cfg.shard, lambda: ownership.owned),
             rivals=self.rivals,
         )
         self.passes = passes = Passes(core, writer=self.writer, metrics=metrics,
@@ -181,12 +203,18 @@ class App:
         )
         if deliveries:
             self.sender = Sender(deliveries, passes.bridge.compose, passes.bridge.delivered,
-                                 metrics, leadership=leadership,
+                                 metrics, leadership=self.leadership,
                                  user_agent=f"deathwatch/{version()}", clock=passes.clock,
                                  sendable=(lambda uid: ownership.owns(slot_of(uid)))
-                                 if shard.sharded else None)  # fmt: skip
+                                 if cfg.shard.sharded else None)  # fmt: skip
         ownership.on_gain = passes.takeover.gained
-        leadership.follow(ownership, passes.takeover, *([self.sender] if self.sender else []))
+        self.leadership.follow(ownership, passes.takeover,
+                               *([self.sender] if self.sender else []))  # fmt: skip
+
+    def _sources(self) -> None:
+        """What feeds the passes: adoption, and a reflector per watched collection, each
+        with its receiver."""
+        cfg, metrics, passes, core = self.config, self.metrics, self.passes, self.core
         plan = self.watched
         self.adoption = Adoption(self.watches, passes.pods, core.deathwatches, metrics,
                                  cfg.pod_label_selector, plan.pods_by_slot)  # fmt: skip
@@ -209,13 +237,12 @@ class App:
         s.pods.extend(reflector(x, PodReceiver(passes.pods, malformed, metrics)) for x in plan.pods)
         if plan.node_exits:
             # its own client: a pod read for an exit never queues behind a listing or a write
-            exits_rest = rest("node-exits", 4)
+            exits_rest = self._rest("node-exits", 4)
             self.warm_pools.append((exits_rest, 1))
             heard = node_exits.NodeExits(passes.node_exits, core.records, self.writer,
-                                         core.shards, leadership, exits_rest, metrics,
+                                         core.shards, self.leadership, exits_rest, metrics,
                                          self.supervisor, malformed)  # fmt: skip
             s.node_exits.extend(reflector(x, heard) for x in plan.node_exits)
-        self.built = True
 
     # --- start-up and shutdown -------------------------------------------------------------
 
