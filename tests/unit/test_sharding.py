@@ -210,9 +210,9 @@ def shard_controller(api: FakeApi, index: int, count: int, clock: Clock) -> tupl
     spec = Spec(index, count, 3)
     owned = spec.slots
     metrics = Metrics()
-    writer = Writer(api, metrics, schedule=FakeTimers(), clock=clock,
-                    owns=lambda slot: slot is None or slot in owned,
-                    leadership=the_only_writer(metrics))  # fmt: skip
+    leadership = the_only_writer(metrics)
+    leadership.sharded_by(lambda slot: slot is None or slot in owned)
+    writer = Writer(api, metrics, schedule=FakeTimers(), clock=clock, leadership=leadership)
     registry = default_registry()
     c = Passes(Core(DeathWatches(registry), shards=ShardFilter(spec, lambda: owned)),
                writer=writer, metrics=Metrics(), policies=registry, clock=clock)  # fmt: skip

@@ -413,7 +413,7 @@ async def test_a_slot_this_shard_does_not_own_is_owed_and_written_once_it_is_gai
     and nothing more of it is sent, even a desire already queued."""
     owned: set[int] = {1}
     async with running() as (writer, api, _):
-        writer.owns = lambda slot: slot is None or slot in owned
+        writer.leadership.sharded_by(lambda slot: slot is None or slot in owned)
         a, b = sv("a"), sv("b")
         a.slot, b.slot = 1, 2
         writer.want(a)

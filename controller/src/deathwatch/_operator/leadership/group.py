@@ -42,6 +42,7 @@ class Leadership:
         # writing: a replica kept off by another release (rivals.py) writes nothing
         self._fence: Callable[[], bool] = lambda: self.leading
         self._followers: list[Follower] = []
+        self._owns: Callable[[int | None], bool] = lambda slot: True  # one shard: every slot
         self._leading = asyncio.Event()
         if not elected:
             self._leading.set()
@@ -59,6 +60,16 @@ class Leadership:
 
     def fenced_by(self, fence: Callable[[], bool]) -> None:
         self._fence = fence
+
+    def sharded_by(self, owns: Callable[[int | None], bool]) -> None:
+        """Sharded: which slots this replica's shard holds now (slot_leases.Ownership)."""
+        self._owns = owns
+
+    def writes(self, slot: int | None) -> bool:
+        """The one answer to "does this replica write that slot's objects now" (None: not a
+        sandbox's): it leads, and its shard holds the slot. Asked by the writer, the sender
+        and the node exits' receiver; `may_write` fences each request again as it goes."""
+        return self.leading and self._owns(slot)
 
     def follow(self, *followers: Follower) -> None:
         """Add followers, told of every transition from now on, in this order."""

@@ -141,6 +141,8 @@ class App:
             shard, lease_name, cfg.lease_namespace, metrics, cfg.lease_timings.retry_period,
             leadership,
         )  # fmt: skip
+        if shard.sharded:
+            leadership.sharded_by(ownership.owns)
         if cfg.lease_owner:
             # this replica's Deployment: what another release may share with it is checked at
             # runtime, as `lookup` does at install (ADR 0038), with or without election
@@ -170,7 +172,6 @@ class App:
         self.writer = Writer(
             ApiWrites(self._writes, may_write=leadership.may_write, field_manager=cfg.identity),
             self.metrics, leadership=leadership, term=term,
-            owns=ownership.owns if cfg.shard.sharded else _everything,
         )  # fmt: skip
         ownership.on_give_up = self.writer.gave_up
 
@@ -205,7 +206,7 @@ class App:
             self.sender = Sender(deliveries, passes.bridge.compose, passes.bridge.delivered,
                                  metrics, leadership=self.leadership,
                                  user_agent=f"deathwatch/{version()}", clock=passes.clock,
-                                 sendable=(lambda uid: ownership.owns(slot_of(uid)))
+                                 sendable=(lambda uid: self.leadership.writes(slot_of(uid)))
                                  if cfg.shard.sharded else None)  # fmt: skip
         ownership.on_gain = passes.takeover.gained
         self.leadership.follow(ownership, passes.takeover,
@@ -239,8 +240,8 @@ class App:
             # its own client: a pod read for an exit never queues behind a listing or a write
             exits_rest = self._rest("node-exits", 4)
             self.warm_pools.append((exits_rest, 1))
-            heard = node_exits.NodeExits(passes.node_exits, core.records, self.writer,
-                                         core.shards, self.leadership, exits_rest, metrics,
+            heard = node_exits.NodeExits(passes.node_exits, core.records, core.shards,
+                                         self.leadership, exits_rest, metrics,
                                          self.supervisor, malformed)  # fmt: skip
             s.node_exits.extend(reflector(x, heard) for x in plan.node_exits)
 
@@ -438,7 +439,3 @@ class App:
 
 def _nothing_refused() -> str | None:
     return None
-
-
-def _everything(slot: int | None) -> bool:
-    return True  # one shard writes every slot

@@ -47,7 +47,6 @@ from deathwatch._operator.memory.records import Records
 from deathwatch._operator.passes.node_exits import NodeExitPass
 from deathwatch._operator.shards.filter import ShardFilter
 from deathwatch._operator.sources.reflector import Collection
-from deathwatch._operator.writing.writer import Writer
 
 log = structlog.get_logger("deathwatch.node_exits")
 JUDGE: Final = "node_exit"  # the spawned judgements' name, and their handler_errors label
@@ -98,11 +97,11 @@ def leases(namespace: str) -> Collection[ExitsLease]:
 class NodeExits:
     """The exits Leases' receiver: each exit once, to the controller, with its pod read."""
 
-    def __init__(self, judge: NodeExitPass, records: Records, writer: Writer, shards: ShardFilter,
+    def __init__(self, judge: NodeExitPass, records: Records, shards: ShardFilter,
                  leadership: Leadership, rest: Rest, metrics: Metrics, supervisor: Supervisor,
                  undecodable: Callable[[Undecodable], None],
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:  # fmt: skip
-        self.judge, self.records, self.writer, self.shards = judge, records, writer, shards
+        self.judge, self.records, self.shards = judge, records, shards
         self.leadership, self.rest, self.metrics, self.clock = leadership, rest, metrics, clock
         self.supervisor, self.said_undecodable = supervisor, undecodable
         self.taken: dict[str, datetime] = {}  # container instance -> its exit, once taken
@@ -143,7 +142,7 @@ class NodeExits:
         self.supervisor.spawn(JUDGE, self._judge(node, exit, received), failed)
 
     async def _judge(self, node: str, exit: wire.Exit, received: float) -> None:
-        if not self.writer.writes(self.shards.slot(exit.pod_uid)):
+        if not self.leadership.writes(self.shards.slot(exit.pod_uid)):
             await self.leadership.within(STANDBY_DEFER)
         record = self.records.get(exit.pod_uid)
         if record is None or record.memory is None:

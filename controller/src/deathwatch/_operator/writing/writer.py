@@ -79,14 +79,12 @@ class Writer:
         schedule: Schedule | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         term: int = 0,
-        owns: Callable[[int | None], bool] = lambda slot: True,
     ) -> None:
-        """`leadership`: whether this replica writes, the process's one (process/app.py);
-        `owns(slot)`: whether this shard writes that slot's objects now (sharding: a slot not
-        owned is owed, as a standby owes; one shard owns every slot)."""
+        """`leadership`: whether this replica writes, and which slots (`writes(slot)`: a
+        slot this shard does not hold is owed, as a standby owes), the process's one
+        (process/app.py)."""
         self.metrics = metrics
         self.leadership = leadership
-        self.owns = owns
         self.term = term  # stamped on every status this writer sends (leader.py)
         self.held: dict[ObjectKey, Held] = {}  # what the API holds, as last written or seen
         self.queue = WriteQueue(lambda: self.leading, schedule)
@@ -123,7 +121,7 @@ class Writer:
             return
         if self._refused.get(key) == d.gist and not d.events and d.delete is None:
             return  # the API refused exactly this already: counted and logged once
-        if not self.leading or not self.owns(d.slot):
+        if not self.leadership.writes(d.slot):
             self.debts.owe(d)  # a standby's desire, or one for a slot this shard does not own
             return
         self.queue.want(d)
@@ -158,7 +156,7 @@ class Writer:
         builds and wants each again. Their Events are kept and go out with them."""
         if term is not None:
             self.term = term
-        return self._take_over(self.owns)
+        return self._take_over(self.leadership.writes)
 
     def gained(self, slots: frozenset[int]) -> list[ObjectKey]:
         """This shard writes these slots from now on (sharding): the objects it owes there,
@@ -185,10 +183,6 @@ class Writer:
         owed.sort(key=lambda k: pending[k].priority if k in pending else NORMAL)
         self.queue.update_idle()
         return owed
-
-    def writes(self, slot: int | None) -> bool:
-        """Whether a verdict in `slot` would be sent by this replica now."""
-        return self.leading and self.owns(slot)
 
     def stood_down(self) -> None:
         """No longer leading (its Leadership says so): nothing more is sent; what is wanted
@@ -251,7 +245,7 @@ class Writer:
                 # the elector's own timer says the same at this deadline
                 self.leadership.standby("may no longer write: stopped writing")
                 continue
-            if not self.owns(d.slot):  # given up between want and now: owed, not sent
+            if not self.leadership.writes(d.slot):  # given up meanwhile: owed, not sent
                 self.debts.owe(d)
                 self.queue.update_idle()
                 continue
@@ -272,7 +266,7 @@ class Writer:
         """Right before anything is sent (the API client checks again in its own call)."""
         if not self.leading or not self.may_write():
             raise Fenced("not sent: no longer provably the leader")
-        if not self.owns(slot):
+        if not self.leadership.writes(slot):
             raise Fenced(f"not sent: slot {slot} is no longer this shard's")
 
     def _failed(self, d: Desired, exc: Exception) -> None:
