@@ -544,16 +544,14 @@ async def test_a_status_write_of_a_deathwatch_reads_its_status_only(
 async def test_a_relisting_without_a_deathwatch_forgets_it_and_its_sandboxes() -> None:
     """Deleted while the watch was down: the next complete listing does not show it."""
     async with harness() as h:
-        sink = DeathWatchReceiver(
-            h.controller.owners, h.controller.core.deathwatches, Malformed(), Metrics()
-        )
+        sink = DeathWatchReceiver(h.controller.owners, Malformed(), Metrics())
         sink.listing(NS)
         sink.event(EventType.LISTED, as_deathwatch(deathwatch_body()), 0.0, "1")
         sink.listed(NS)
         h.pod(pod(), 2)
         assert len(h.controller.core.records) == 1
         other = DeathWatchReceiver(
-            h.controller.owners, h.controller.core.deathwatches, Malformed(), Metrics()
+            h.controller.owners, Malformed(), Metrics()
         )  # another namespace's reflector
         other.listing("elsewhere")  # its listing, empty, leaves this one's DeathWatch alone
         other.listed("elsewhere")
@@ -568,9 +566,7 @@ async def test_a_deathwatch_adopts_its_pods_only_after_the_first_listing() -> No
     """The first listing comes before the pods' own (they need no adoption); after it, a new
     selection is adopted, a status write or a deletion is not."""
     async with harness() as h:
-        sink = DeathWatchReceiver(
-            h.controller.owners, h.controller.core.deathwatches, Malformed(), Metrics()
-        )
+        sink = DeathWatchReceiver(h.controller.owners, Malformed(), Metrics())
         adopted: list[Revised] = []
         sink.listing(NS)
         sink.event(EventType.LISTED, as_deathwatch(deathwatch_body()), 0.0, "1")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import msgspec
+import structlog
 
 from deathwatch._api.agent_sandbox import SandboxObject
 from deathwatch._api.objects import DeathWatchObject, EventType
@@ -20,6 +21,8 @@ from deathwatch._operator.passes.tail import Tail
 from deathwatch._operator.reporting.summary import Summaries
 from deathwatch._operator.shards.filter import ShardFilter
 from deathwatch._operator.writing.writer import Writer
+
+log = structlog.get_logger("deathwatch.controller")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +91,22 @@ class OwnerPass:
         self.shards.parts[key] = {
             part.shard: part for part in (parts.shards if parts else []) if part.shard != index
         }
+
+    def deathwatches_listed(self, scope: str | None, seen: set[DeathWatchKey]) -> None:
+        """A complete listing of `scope` (a namespace; None: all) showed `seen`: the others
+        were deleted while the watch was down."""
+        gone = [key for key in self.deathwatches
+                if (scope is None or key[0] == scope) and key not in seen]  # fmt: skip
+        for key in gone:
+            log.info("deathwatch deleted while unwatched", namespace=key[0], deathwatch=key[1])
+            self.drop_deathwatch(key)
+        log.info("deathwatches listed", scope=scope or "all", count=len(seen))
+
+    def sandboxes_listed(self, scope: str | None, seen: set[tuple[str, str]]) -> None:
+        """A complete listing of agent-sandbox's Sandboxes in `scope` showed `seen`: the
+        others were deleted while the watch was down."""
+        self.agent_sandboxes.relisted(scope, seen)
+        log.info("agent-sandbox Sandboxes listed", scope=scope or "all", count=len(seen))
 
     def drop_deathwatch(self, key: DeathWatchKey) -> None:
         """The DeathWatch is gone: its verdicts go with it (ownerReferences), so does the

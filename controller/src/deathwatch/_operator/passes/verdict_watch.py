@@ -115,6 +115,13 @@ class VerdictPass:
         self.wake.set()
         return True
 
+    def relisted(self, scope: str | None, seen: set[tuple[str, str]]) -> None:
+        """A complete relisting of `scope` (a namespace; None: all) showed `seen`: a verdict
+        the writer knew and it did not show was deleted meanwhile."""
+        for plural, namespace, name in self.writer.known(SV_PLURAL, scope):
+            if (namespace, name) not in seen:
+                self.writer.observed(plural, namespace, name, None, "")
+
     def on_verdict(self, kind: EventType, verdict: VerdictObject) -> None:
         """A SandboxVerdict as its watch shows it (the leader's writes, seen by a standby;
         another term's, seen by a leader)."""

@@ -226,14 +226,14 @@ class App:
                              open_deadline=cfg.watch_open_deadline)  # fmt: skip
 
         # a receiver per collection: each listing's own state (restoring, what it saw)
-        verdicts = passes.verdicts, self.writer, malformed, metrics
+        verdicts = passes.verdicts, malformed, metrics
         s.verdicts.extend(reflector(x, VerdictReceiver(*verdicts)) for x in plan.verdicts)
         # a receiver each: each scope's listing says which of its DeathWatches are gone
-        self.deathwatch_receivers = [DeathWatchReceiver(passes.owners, core.deathwatches, malformed,
-                                                metrics) for _ in plan.deathwatches]  # fmt: skip
+        self.deathwatch_receivers = [DeathWatchReceiver(passes.owners, malformed, metrics)
+                                     for _ in plan.deathwatches]  # fmt: skip
         pairs = zip(plan.deathwatches, self.deathwatch_receivers, strict=True)
         s.deathwatches.extend(reflector(x, receiver) for x, receiver in pairs)
-        boxes = passes.owners, core.agent_sandboxes, malformed, metrics
+        boxes = passes.owners, malformed, metrics
         s.agent_sandboxes.extend(reflector(x, AgentSandboxReceiver(*boxes)) for x in plan.sandboxes)
         s.pods.extend(reflector(x, PodReceiver(passes.pods, malformed, metrics)) for x in plan.pods)
         if plan.node_exits:

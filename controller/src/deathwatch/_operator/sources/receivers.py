@@ -13,16 +13,13 @@ import structlog
 
 from deathwatch._api.agent_sandbox import SandboxObject
 from deathwatch._api.objects import DeathWatchObject, EventType, Undecodable, VerdictObject
-from deathwatch._api.resources import SV_PLURAL
 from deathwatch._engine.podview import PodView
 from deathwatch._operator.instruments import gcpauses
 from deathwatch._operator.instruments.metrics import Metrics
-from deathwatch._operator.memory.agent_sandboxes import AgentSandboxes
-from deathwatch._operator.memory.deathwatches import DeathWatches, Revised
+from deathwatch._operator.memory.deathwatches import Revised
 from deathwatch._operator.passes.owners import OwnerPass
 from deathwatch._operator.passes.pods import PodPass
 from deathwatch._operator.passes.verdict_watch import VerdictPass
-from deathwatch._operator.writing.writer import Writer
 
 log = structlog.get_logger("deathwatch.receivers")
 
@@ -76,13 +73,12 @@ class PodReceiver:
 
 
 class VerdictReceiver:
-    """The verdict reflector's: its first listing restores the engine's memory; after that,
-    what the watch shows is what the API holds (writer.observed), and a relisting that does
-    not show a verdict the writer knew says it was deleted meanwhile."""
+    """The verdict reflector's: its first listing to the pass's `restore` (the engine's
+    memory rebuilt); after that each event to `on_verdict`, and each complete relisting, with
+    what it showed, to `relisted` (what it did not show was deleted meanwhile)."""
 
-    def __init__(self, verdicts: VerdictPass, writer: Writer, malformed: Malformed,
-                 metrics: Metrics) -> None:  # fmt: skip
-        self.verdicts, self.writer, self.metrics = verdicts, writer, metrics
+    def __init__(self, verdicts: VerdictPass, malformed: Malformed, metrics: Metrics) -> None:
+        self.verdicts, self.metrics = verdicts, metrics
         self.undecodable = malformed
         self.restoring = True
         self.restored = 0
@@ -105,20 +101,18 @@ class VerdictReceiver:
             self.restoring = False
             log.info("restored verdicts", count=self.restored, scope=scope or "all")
             return
-        for plural, namespace, name in self.writer.known(SV_PLURAL, scope):
-            if (namespace, name) not in self.seen:
-                self.writer.observed(plural, namespace, name, None, "")
+        with contained(self.metrics, "verdict_listing", {}):
+            self.verdicts.relisted(scope, self.seen)
 
 
 class DeathWatchReceiver:
     """A DeathWatch reflector's (one each: a listing's `seen` is its own): each DeathWatch to
-    the controller; a new or changed selection to `adopt` (its namespace's pods listed),
+    the owners' pass; a new or changed selection to `adopt` (its namespace's pods listed),
     once the first listing is complete (the pods' own first listing follows it: nothing to
-    adopt before); a relisting's missing ones were deleted meanwhile."""
+    adopt before); each complete listing, with what it showed, to the pass."""
 
-    def __init__(self, owners: OwnerPass, deathwatches: DeathWatches, malformed: Malformed,
-                 metrics: Metrics) -> None:  # fmt: skip
-        self.owners, self.deathwatches, self.metrics = owners, deathwatches, metrics
+    def __init__(self, owners: OwnerPass, malformed: Malformed, metrics: Metrics) -> None:
+        self.owners, self.metrics = owners, metrics
         self.undecodable = malformed
         self.adopt: Callable[[Revised], None] | None = None  # set once pods may be adopted
         self.seen: set[tuple[str, str]] = set()
@@ -136,22 +130,16 @@ class DeathWatchReceiver:
             self.adopt(change)
 
     def listed(self, scope: str | None) -> None:
-        gone = [key for key in self.deathwatches
-                if (scope is None or key[0] == scope) and key not in self.seen]  # fmt: skip
-        for key in gone:
-            log.info("deathwatch deleted while unwatched", namespace=key[0], deathwatch=key[1])
-            with contained(self.metrics, "deathwatch_listing", {}):
-                self.owners.drop_deathwatch(key)
-        log.info("deathwatches listed", scope=scope or "all", count=len(self.seen))
+        with contained(self.metrics, "deathwatch_listing", {}):
+            self.owners.deathwatches_listed(scope, self.seen)
 
 
 class AgentSandboxReceiver:
-    """The Sandbox reflector's: each Sandbox to the controller; a relisting's missing ones
-    were deleted meanwhile."""
+    """The Sandbox reflector's: each Sandbox to the owners' pass, and each complete listing,
+    with what it showed."""
 
-    def __init__(self, owners: OwnerPass, sandboxes: AgentSandboxes, malformed: Malformed,
-                 metrics: Metrics) -> None:  # fmt: skip
-        self.owners, self.sandboxes, self.metrics = owners, sandboxes, metrics
+    def __init__(self, owners: OwnerPass, malformed: Malformed, metrics: Metrics) -> None:
+        self.owners, self.metrics = owners, metrics
         self.undecodable = malformed
         self.seen: set[tuple[str, str]] = set()
 
@@ -165,5 +153,5 @@ class AgentSandboxReceiver:
             self.owners.on_agent_sandbox(kind, sandbox)
 
     def listed(self, scope: str | None) -> None:
-        self.sandboxes.relisted(scope, self.seen)
-        log.info("agent-sandbox Sandboxes listed", scope=scope or "all", count=len(self.seen))
+        with contained(self.metrics, "sandbox_listing", {}):
+            self.owners.sandboxes_listed(scope, self.seen)
