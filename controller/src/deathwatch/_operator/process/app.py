@@ -250,20 +250,37 @@ class App:
     async def start(self) -> None:
         """kopf's start-up handler: returns once verdicts, DeathWatches and pods are listed.
         A failing list is retried by its reflector (counted, logged); /healthz answers
-        meanwhile."""
+        meanwhile. In order: the ports, the listings, the writers, the election, the timed
+        loops."""
         if not self.built:
             self.build()
-        cfg, s, sup = self.config, self.streams, self.supervisor
+        await self._listen()
+        if self.started:
+            return
+        await self.learn_epoch()  # raises if it cannot: kopf retries the start-up, logged
+        self.started = True
+        await self._list_all()
+        await self._begin_writing()
+        await self._begin_election()
+        self._start_timers()
+        log.info("started", tracked=len(self.core.records),
+                 namespaces=list(self.config.namespaces) or "all")  # fmt: skip
+
+    async def _listen(self) -> None:
+        """The ports and the heartbeat, once, before anything is listed."""
+        cfg, sup = self.config, self.supervisor
         if not self.listening and self.endpoints is not None:
             await self.endpoints.start()
             self.listening = True
             sup.start("heartbeat", lambda: self.heartbeat.beating(self._pulse))
             if cfg.metrics_cert_dir is not None:
                 sup.start("certificates", self.endpoints.certificates)
-        if self.started:
-            return
-        await self.learn_epoch()  # raises if it cannot: kopf retries the start-up, logged
-        self.started = True
+
+    async def _list_all(self) -> None:
+        """Every watch, each waited for in the order the next needs it: the verdicts (memory
+        restored), the DeathWatches (each finds its own pods), agent-sandbox's Sandboxes (at
+        most SANDBOXES_WAIT), the pods; then the node exits, which need the records."""
+        s, sup = self.streams, self.supervisor
         for i, reflector in enumerate(s.verdicts):
             sup.start(f"watch-verdicts-{i}", reflector.run)
         await asyncio.gather(*(r.listed() for r in s.verdicts))
@@ -287,6 +304,11 @@ class App:
         await asyncio.gather(*(r.listed() for r in s.pods))
         for i, reflector in enumerate(s.node_exits):  # after the pods: exits need records
             sup.start(f"watch-node-exits-{i}", reflector.run)
+
+    async def _begin_writing(self) -> None:
+        """The writers and the sender; without election, the only writer leads from here
+        (if no older release serves its DeathWatches)."""
+        cfg, sup = self.config, self.supervisor
         if self.elector is None and self.rivals is not None:
             # the only writer, without an elector to ask: it leads only if no older release
             # serves its DeathWatches (keep_off asks again from here on)
@@ -301,10 +323,15 @@ class App:
             sup.start(f"writer-{i}", self.writer.work)
         pools = self.warm_pools
         sup.start("warm-connections", lambda: timers.warm(pools, self.metrics))
+
+    async def _begin_election(self) -> None:
+        """The Lease's owner and the other releases read before the first election; then the
+        election, the Lease's watch, the shard's slots, and the releases checked for ever."""
+        cfg, sup = self.config, self.supervisor
         if self.elector is not None:
             if self.lease_owner is not None:
                 await self.lease_owner.learn()  # bounded; a failure is said, not fatal
-            if self.rivals is not None:  # before the first election (without one: above)
+            if self.rivals is not None:  # before the first election (without one: _begin_writing)
                 await self._first_rivals(self.rivals)
         if self.rivals is not None:
             rivals, every, leadership = self.rivals, cfg.release_check_interval, self.leadership
@@ -317,6 +344,11 @@ class App:
             if cfg.shard.sharded:
                 rest_ = self.lease_rest
                 sup.start("shard-slots", lambda: self.ownership.run(rest_))
+
+    def _start_timers(self) -> None:
+        """The clock's loops: Suspect deadlines, publishing and retention, the API probe,
+        the firewall's coverage."""
+        cfg, sup = self.config, self.supervisor
         p, m, probe, fw = self.passes, self.metrics, self.probe, cfg.firewall_daemonset
         sup.start("deadlines", lambda: timers.suspects(p.pods, self.core.wake))
         sup.start("publish", lambda: timers.publishing(
@@ -331,8 +363,6 @@ class App:
                 "firewall-coverage",
                 lambda: reads.coverage(p.shielding, probe, m, namespace, cfg.coverage_interval),
             )
-        log.info("started", tracked=len(self.core.records),
-                 namespaces=list(cfg.namespaces) or "all")  # fmt: skip
 
     async def _first_rivals(self, rivals: Rivals) -> None:
         """Before the first election: what another release shares with this one, so a
