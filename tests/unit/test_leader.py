@@ -205,14 +205,16 @@ async def test_a_standby_times_the_holder_from_the_renewal_it_watched() -> None:
     lease.watchers.append(b.seen)  # b follows the lease
     assert await a._try()
     watched_at = clock()
-    assert b._takeable_at() == watched_at + 15  # the lease's own duration, on b's clock
+    assert (
+        b.seen_lease.takeable_at(b.identity) == watched_at + 15
+    )  # the lease's own duration, on b's clock
     clock.t += 1.0
     assert await a._try()  # a renews; b's watch shows it
-    assert b._takeable_at() == clock() + 15
+    assert b.seen_lease.takeable_at(b.identity) == clock() + 15
     # a reading of the same version through another path (a GET) does not restart the count
     clock.t += 5
-    b._observe(copy.deepcopy(lease.lease))
-    assert b._takeable_at() == watched_at + 1.0 + 15
+    b.seen_lease.observe(copy.deepcopy(lease.lease))
+    assert b.seen_lease.takeable_at(b.identity) == watched_at + 1.0 + 15
 
 
 async def test_a_leader_fences_the_moment_the_watch_shows_another_holder() -> None:

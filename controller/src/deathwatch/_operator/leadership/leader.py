@@ -30,7 +30,9 @@ import structlog
 from deathwatch._engine.timeutil import UTC, format_time
 from deathwatch._kube.errors import ApiError, describe, label
 from deathwatch._operator.instruments.metrics import Metrics
+from deathwatch._operator.leadership import lease_record
 from deathwatch._operator.leadership.group import Leadership
+from deathwatch._operator.leadership.lease_record import SeenLease
 from deathwatch._operator.leadership.owner import LeaseOwner
 
 log = structlog.get_logger("deathwatch.leader")
@@ -106,21 +108,21 @@ class Elector:
         self.term_of = term_of
         self.clock, self.wall = clock, wall
         self.is_leader = False
-        self.leader: str | None = None  # the holder as last observed
         self.transitions = 0
         # This replica's term: the Lease's leaseTransitions when it last took the lease. Every
         # acquisition by this process (not a renewal) starts a new term, so no two spells of
         # writing share one; the writer stamps each status with it (writer.py, ADR 0011).
         self.term = 0
         self._renewed_at = float("-inf")  # monotonic: the last successful acquire or renew
-        self._observed: Mapping[str, Any] | None = None  # the lease spec as last seen
-        self._observed_version: str | None = None  # ... and its resourceVersion
-        self._observed_at = float("-inf")  # when we saw it change, on our clock
+        self.seen_lease = SeenLease(clock, self.timings.lease_duration)
         self._wake = asyncio.Event()  # the watch saw the lease change
         self._orphaned = False  # the Lease is gone, and so is its owner: never made again
         metrics.leader.labels(identity).set(0)
 
-    # --- what the writer asks ----------------------------------------------------------
+    @property
+    def leader(self) -> str | None:
+        """The holder as last observed."""
+        return self.seen_lease.holder
 
     def may_write(self) -> bool:
         """Leader, and provably so: renewed within the renew deadline, on our own clock."""
@@ -167,7 +169,7 @@ class Elector:
         waited = False
         while True:
             self._wake.clear()
-            wait = min(until, self._takeable_at()) - self.clock()
+            wait = min(until, self.seen_lease.takeable_at(self.identity)) - self.clock()
             if wait <= 0:
                 break
             waited = True
@@ -175,15 +177,6 @@ class Elector:
                 await asyncio.wait_for(self._wake.wait(), wait)
         if not waited:  # takeable already, yet the last try did not take it: never a busy loop
             await asyncio.sleep(MIN_PAUSE)
-
-    def _takeable_at(self) -> float:
-        """When, on our clock, the lease as last seen may be taken by us."""
-        spec = self._observed or {}
-        holder = spec.get("holderIdentity") or None
-        if self._observed is None or holder in (None, self.identity):
-            return float("-inf")
-        duration = float(spec.get("leaseDurationSeconds") or self.timings.lease_duration)
-        return self._observed_at + duration
 
     async def watch(self) -> None:
         """Follow the Lease as it changes (supervised, alongside `run`): a standby sees a
@@ -200,7 +193,7 @@ class Elector:
 
     def seen(self, event_type: str, lease: Mapping[str, Any] | None) -> None:
         """A watch event: what the Lease is now."""
-        self._observe(None if event_type == "DELETED" else lease)
+        self.seen_lease.observe(None if event_type == "DELETED" else lease)
         if self.is_leader and self.leader not in (None, self.identity):
             self._set(False, f"the lease is held by {self.leader}: stopped writing")
         elif self.is_leader and event_type == "DELETED":
@@ -216,7 +209,6 @@ class Elector:
     def _set(self, leading: bool, why: str) -> None:
         self.is_leader = leading
         if leading:
-            self.leader = self.identity
             self.transitions += 1
             self.leadership.lead(self.term_of(self.term), f"{why} {self.namespace}/{self.name}")
         else:
@@ -237,7 +229,7 @@ class Elector:
             return False
         lease = await self.api.get()
         now = format_time(self.wall())
-        self._observe(lease)
+        self.seen_lease.observe(lease)
         if lease is None:
             if self.is_leader:  # deleted under us: whatever comes next is a new term
                 self._set(False, "the lease was deleted: stopped writing")
@@ -248,67 +240,36 @@ class Elector:
                 self._orphaned = True  # tried again every retry period, said once
                 return False
             self._orphaned = False
-            try:
-                created = await self.api.create(self._body(None, {
-                    "holderIdentity": self.identity,
-                    "leaseDurationSeconds": int(self.timings.lease_duration),
-                    "acquireTime": now, "renewTime": now, "leaseTransitions": 0,
-                }))  # fmt: skip
-            except Exception as exc:
-                if isinstance(exc, ApiError) and exc.conflict:
-                    return False  # someone else created it first
-                raise
-            self._observe(created)
-            self.term = 0
-            return True
+            first = lease_record.first(self.identity, self.timings.lease_duration, now)
+            return await self._write(None, first)
+        if self.seen_lease.held_by_another(self.identity):
+            return False
+        renewing = self.seen_lease.holder == self.identity and self.is_leader
         spec = lease.get("spec") or {}
-        holder = spec.get("holderIdentity") or None
-        duration = float(spec.get("leaseDurationSeconds") or self.timings.lease_duration)
-        if holder not in (None, self.identity) and self.clock() < self._observed_at + duration:
-            return False  # someone else's, and alive as far as we can tell
-        # a renewal continues the term; anything else (taking it over, or taking back a
-        # lease still in our name after we stopped writing, or after a restart) starts one
-        renewing = holder == self.identity and self.is_leader
-        transitions = int(spec.get("leaseTransitions") or 0) + (0 if renewing else 1)
-        new = {
-            "holderIdentity": self.identity,
-            "leaseDurationSeconds": int(self.timings.lease_duration),
-            "acquireTime": spec.get("acquireTime") if renewing else now,
-            "renewTime": now,
-            "leaseTransitions": transitions,
-        }
+        return await self._write(lease, lease_record.holding(
+            spec, self.identity, self.timings.lease_duration, now, renewing=renewing))  # fmt: skip
+
+    async def _write(self, lease: Mapping[str, Any] | None, spec: dict[str, Any]) -> bool:
+        """Create the lease (`lease` None) or replace the one read; False if someone else
+        wrote it first. The term is the record's leaseTransitions from then on."""
         try:
-            replaced = await self.api.replace(self._body(lease, new))
+            if lease is None:
+                written = await self.api.create(self._body(None, spec))
+            else:
+                written = await self.api.replace(self._body(lease, spec))
         except Exception as exc:
             if isinstance(exc, ApiError) and exc.conflict:
-                return False  # someone else wrote it first
+                return False
             raise
-        self._observe(replaced)
-        self.term = transitions
+        self.seen_lease.observe(written)
+        self.term = int(spec["leaseTransitions"])
         return True
 
-    def _observe(self, lease: Mapping[str, Any] | None) -> None:
-        """The lease as read, written or watched. Its record changed if its resourceVersion
-        did (every write changes it; no comparing timestamps that two sources format
-        differently); `_observed_at` is when we first saw this version."""
-        version = None if lease is None else (lease.get("metadata") or {}).get("resourceVersion")
-        if lease is None or version != self._observed_version:
-            self._observed = None if lease is None else dict(lease.get("spec") or {})
-            self._observed_version = version
-            self._observed_at = self.clock()
-        self.leader = (self._observed or {}).get("holderIdentity") or None
-
     def _body(self, lease: Mapping[str, Any] | None, spec: dict[str, Any]) -> dict[str, Any]:
-        meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
-        if self.claim is not None:
-            meta["labels"], meta["annotations"] = self.claim()
+        claim = None if self.claim is None else self.claim()
         reference = None if self.owner is None else self.owner.reference
-        if reference is not None:
-            meta["ownerReferences"] = [reference]
-        if lease is not None:
-            meta["resourceVersion"] = lease["metadata"]["resourceVersion"]
-        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta,
-                "spec": spec}  # fmt: skip
+        return lease_record.body(self.name, self.namespace, spec, lease=lease, claim=claim,
+                                 owner=reference)  # fmt: skip
 
     async def release(self, tries: int = 3) -> None:
         """Give the lease up (shutdown, once the election loop has ended): holder cleared,
@@ -325,9 +286,7 @@ class Elector:
                 holder = None if lease is None else (lease.get("spec") or {}).get("holderIdentity")
                 if lease is None or holder != self.identity:
                     return
-                spec = dict(lease["spec"])
-                spec.update(holderIdentity=None, leaseDurationSeconds=1,
-                            renewTime=format_time(self.wall()))  # fmt: skip
+                spec = lease_record.released(lease["spec"], format_time(self.wall()))
                 await asyncio.wait_for(self.api.replace(self._body(lease, spec)), bound)
             except Exception as exc:
                 if isinstance(exc, ApiError) and exc.conflict and attempt < tries:
