@@ -27,6 +27,17 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument(
         "--kubeconfig", default=None, help="kubeconfig (default: in-cluster, else $KUBECONFIG)"
     )
+    _ports(p)
+    _firewall_and_releases(p)
+    _sources(p)
+    _shards(p)
+    _election(p)
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.set_defaults(run=run)
+
+
+def _ports(p: argparse.ArgumentParser) -> None:
+    """What the controller serves, to whom, and what a client may hold."""
     ports = p.add_argument_group(
         "ports", "what the controller serves, to whom, and what a client may hold (ADR 0020)"
     )
@@ -67,6 +78,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "holding the most makes room, else one that has waited 2 s unanswered is closed for "
         "the newcomer, else the newcomer is (default 1024)",
     )
+
+
+def _firewall_and_releases(p: argparse.ArgumentParser) -> None:
+    """The firewall whose coverage the verdicts report; the other releases weighed against it."""
     p.add_argument(
         "--firewall-daemonset",
         default=None,
@@ -96,6 +111,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="how often the other deathwatch releases are read for what they share with this "
         "one (with --lease-owner: ADR 0038; default 30)",
     )
+
+
+def _sources(p: argparse.ArgumentParser) -> None:
+    """What the controller watches and where it delivers."""
     p.add_argument(
         "--watch-open-deadline",
         type=float,
@@ -142,6 +161,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="the sinks verdicts are delivered to, as signed CloudEvents (YAML: cluster, sinks; "
         "docs/delivery.md); read at start, each sink's keys at every send",
     )
+
+
+def _shards(p: argparse.ArgumentParser) -> None:
+    """Past one replica pair: its shard."""
     shards = p.add_argument_group(
         "shards",
         "past one replica pair: N shards, each a leader and a hot standby on a Lease "
@@ -159,6 +182,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                         "replica's own pod; a reshard's pods are created after the ones they "
                         "replace, however the chart was rendered: helm upgrade, helm template, "
                         "Argo CD)")  # fmt: skip
+
+
+def _election(p: argparse.ArgumentParser) -> None:
+    """Who writes: the Lease and its timings."""
     election = p.add_argument_group(
         "leader election", "replicas elect one writer on a Lease; the others stand by, hot"
     )
@@ -191,8 +218,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         ("--retry-period", 2.0, "how often to try to acquire or renew"),
     ):
         election.add_argument(flag, type=float, default=default, metavar="SECONDS", help=what)
-    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
