@@ -60,3 +60,19 @@ else
   mv "$registry_bin.tmp" "$registry_bin"
   log "registry built in $(dirname "$registry_bin")"
 fi
+# not a peer: the Prometheus Operator's CRDs for the monitors the chart renders (the Helm lane
+# applies them first, as a cluster with the Operator has them); files only, nothing built
+operator=github.com/prometheus-operator/prometheus-operator
+crds=$cache/peers/${operator//\//_}@$PROMETHEUS_OPERATOR_VERSION/crds
+if [ -s "$crds/monitoring.coreos.com_servicemonitors.yaml" ]; then
+  log "the Prometheus Operator's CRDs cached in $crds"
+else
+  dir=$(go mod download -json "$operator@$PROMETHEUS_OPERATOR_VERSION" | sed -n 's/^\s*"Dir": "\(.*\)",$/\1/p')
+  [ -d "$dir" ] || { log "go mod download gave no directory for $operator@$PROMETHEUS_OPERATOR_VERSION"; exit 1; }
+  mkdir -p "$crds.tmp"
+  for kind in servicemonitors podmonitors prometheusrules; do
+    cp "$dir/example/prometheus-operator-crd/monitoring.coreos.com_$kind.yaml" "$crds.tmp/"
+  done
+  chmod -R u+w "$crds.tmp" && rm -rf "$crds" && mv "$crds.tmp" "$crds"
+  log "the Prometheus Operator's CRDs in $crds"
+fi

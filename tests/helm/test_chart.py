@@ -6,9 +6,11 @@ date, and the one-source-of-truth rule: rendered with default values the chart i
 
 from __future__ import annotations
 
+import base64
 import re
 import subprocess
 import tarfile
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +153,10 @@ def test_the_namespaced_scope_is_the_namespaced_overlay() -> None:
         # a probe's timing is a value; its check is the chart's (never an open port)
         (["controller.livenessProbe.httpGet.port=8081"], "additional properties 'httpGet'"),
         (["controller.shardEpoch=soon"], "at '/controller/shardEpoch'"),
+        (
+            ["metrics.serviceMonitor.enabled=true", "metrics.tls.generated.renewDays=365"],
+            "metrics.tls.generated.renewDays: 365 is not below days (365)",
+        ),
     ],
 )
 def test_a_bad_value_is_refused_naming_its_field(sets: list[str], message: str) -> None:
@@ -290,6 +296,46 @@ def test_who_reads_the_metrics_and_how_they_are_served() -> None:
     assert ("Issuer", NAMESPACE, "deathwatch-metrics") not in issued
     assert issued[("Certificate", NAMESPACE, "deathwatch-metrics")]["spec"]["issuerRef"] == {
         "kind": "ClusterIssuer", "name": "corp-ca"}  # fmt: skip
+
+
+def test_without_cert_manager_the_monitors_verify_the_charts_own_ca() -> None:
+    """#59 item 6: a ServiceMonitor or PodMonitor without cert-manager trusts a CA the chart
+    makes (a Secret both components mount), by the name the certificate carries; without a
+    monitor nothing is made and each process signs its own; off, the monitors skip verifying.
+    The lane proves it on a real Prometheus (test_helm_lane.py)."""
+    assert not any(k[0] == "Secret" and k[2] == "deathwatch-metrics-tls" for k in template())
+    for monitor in ("serviceMonitor", "podMonitor"):
+        rendered = template(f"metrics.{monitor}.enabled=true")
+        secret = rendered[("Secret", NAMESPACE, "deathwatch-metrics-tls")]
+        assert secret["type"] == "kubernetes.io/tls"
+        ca, cert = (base64.b64decode(secret["data"][k]) for k in ("ca.crt", "tls.crt"))
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "ca.crt").write_bytes(ca)
+            (Path(tmp) / "tls.crt").write_bytes(cert)
+            verified = subprocess.run(["openssl", "verify", "-CAfile", "ca.crt", "tls.crt"],
+                                      cwd=tmp, capture_output=True, text=True, check=False)  # fmt: skip
+            assert verified.returncode == 0, verified.stderr
+            names = subprocess.run(["openssl", "x509", "-in", "tls.crt", "-noout", "-ext",
+                                    "subjectAltName"], cwd=tmp, capture_output=True, text=True,
+                                   check=True).stdout  # fmt: skip
+        kind = "ServiceMonitor" if monitor == "serviceMonitor" else "PodMonitor"
+        spec = rendered[(kind, NAMESPACE, "deathwatch")]["spec"]
+        for endpoint in spec.get("endpoints") or spec["podMetricsEndpoints"]:
+            tls = endpoint["tlsConfig"]
+            assert tls["ca"] == {"secret": {"name": "deathwatch-metrics-tls", "key": "ca.crt"}}
+            assert f"DNS:{tls['serverName']}" in names, (tls, names)
+            assert "insecureSkipVerify" not in tls
+        for kind, name in (("Deployment", "deathwatch-controller"),
+                           ("DaemonSet", "deathwatch-firewall")):  # fmt: skip
+            pod = rendered[(kind, NAMESPACE, name)]["spec"]["template"]["spec"]
+            for container in pod["containers"]:
+                assert "--metrics-cert-dir=/etc/deathwatch/tls" in container["args"], container
+    skipping = template(
+        "metrics.serviceMonitor.enabled=true", "metrics.tls.generated.enabled=false"
+    )
+    assert ("Secret", NAMESPACE, "deathwatch-metrics-tls") not in skipping
+    for endpoint in skipping[("ServiceMonitor", NAMESPACE, "deathwatch")]["spec"]["endpoints"]:
+        assert endpoint["tlsConfig"] == {"insecureSkipVerify": True}
 
 
 def test_network_policies_admit_the_scrapers_and_reach_only_the_api_server() -> None:
@@ -968,6 +1014,27 @@ def test_the_crds_come_first_under_argo_cd_and_the_test_hook_stays_out_of_a_skip
     # helmTest.enabled: the test's pod, DeathWatch and RBAC
     assert "Pod" in hooks(helm("template", "deathwatch", str(CHART), "-n", NAMESPACE))
     assert hooks(helm("template", "deathwatch", str(CHART), "-n", NAMESPACE, "--skip-tests")) == []
+
+
+def test_argo_cd_keeps_the_metrics_ca_it_synced_first() -> None:
+    """docs/gitops.md: with the Application's values the chart makes the metrics CA (a new one
+    at every `helm template`), and the Application ignores that Secret's data and respects
+    it at sync, so a sync never swaps the CA its Prometheus trusts (ADR 0043)."""
+    page = (ROOT / "docs" / "gitops.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", page, re.DOTALL)
+    [app] = [d for b in blocks for d in yaml.safe_load_all(b) if d and d["kind"] == "Application"]
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        yaml.safe_dump(app["spec"]["source"]["helm"]["valuesObject"], f)
+        f.flush()
+        rendered = objects(helm("template", app["spec"]["source"]["helm"]["releaseName"],
+                                str(CHART), "-n", app["spec"]["destination"]["namespace"],
+                                "--skip-tests", "-f", f.name))  # fmt: skip
+    made = [
+        name for kind, _, name in rendered if kind == "Secret" and name.endswith("-metrics-tls")
+    ]
+    ignored = [(d["kind"], d["name"], d["jsonPointers"]) for d in app["spec"]["ignoreDifferences"]]
+    assert [("Secret", name, ["/data"]) for name in made] == ignored, (made, ignored)
+    assert "RespectIgnoreDifferences=true" in app["spec"]["syncPolicy"]["syncOptions"]
 
 
 def test_the_runtime_collision_checks_get_their_identities_and_only_read_access() -> None:

@@ -22,6 +22,19 @@ longest suffix (-controller-firewall-coverage) keeps a name within 63. */}}
 {{- end -}}
 {{- end }}
 
+{{/* Where the metrics ports' certificate comes from: "cert-manager" (a Certificate), "chart"
+(the CA and certificate this chart makes: monitoring/generated-tls.yaml), or nothing (each
+process signs its own at start, and scrapers skip verifying it). Both components mount the
+Secret FULLNAME-metrics-tls whenever it is not nothing. */}}
+{{- define "deathwatch.metricsTLS" -}}
+{{- $tls := .Values.metrics.tls -}}
+{{- if $tls.certManager.enabled -}}
+cert-manager
+{{- else if and $tls.generated.enabled (or .Values.metrics.serviceMonitor.enabled .Values.metrics.podMonitor.enabled) -}}
+chart
+{{- end -}}
+{{- end }}
+
 {{/* A part's ServiceAccount: FULLNAME-PART, or its serviceAccount.name (with create false,
 one the platform made). (list $ PART) */}}
 {{- define "deathwatch.serviceAccountName" -}}
