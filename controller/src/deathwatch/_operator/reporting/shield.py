@@ -101,22 +101,42 @@ def assess(
     """The Shielded condition of one sandbox: `labels`, its pod's (checked against the
     agent's sandbox selector); `addressed_at`, when this process first saw its addresses
     (monotonic: checked against the addresses the inbound rule holds, once the agent has
-    renewed its claim a whole validity later)."""
-    t, f, u = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOWN
+    renewed its claim a whole validity later). Asked in order: is an agent reporting for its
+    node, is that agent's table in force as configured, does it cover this sandbox."""
+    u, f = ConditionStatus.UNKNOWN, ConditionStatus.FALSE
     if not observed:
         return Shield(u, ShieldReason.NOT_OBSERVED, "the firewall coverage Leases were not read")
     if not node:
         return Shield(u, ShieldReason.NOT_SCHEDULED, "not on a node yet")
     if coverage is None or sighting is None:
         return Shield(f, ShieldReason.NO_AGENT, f"no firewall agent reports for node {node}")
+    ips = list(pod_ips)
+    return (
+        _agent_stale(node, coverage, sighting, now_mono)
+        or _table_not_in_force(node, coverage)
+        or _sandbox_left_out(node, coverage, sighting, ips, agent_ports, labels, addressed_at)
+        or _in_force(node, coverage)
+    )
+
+
+def _agent_stale(node: str, coverage: NodeCoverage, sighting: Sighting,
+                 now_mono: float) -> Shield | None:  # fmt: skip
     age = sighting.age_then + (now_mono - sighting.seen_at)
-    if age > coverage.valid_for:
-        return Shield(
-            f,
-            ShieldReason.AGENT_STALE,
-            f"the firewall agent on {node} ({coverage.holder}) last reported at "
-            f"{coverage.renew_time}, valid for {coverage.valid_for:.0f}s",
-        )
+    if age <= coverage.valid_for:
+        return None
+    return Shield(
+        ConditionStatus.FALSE,
+        ShieldReason.AGENT_STALE,
+        f"the firewall agent on {node} ({coverage.holder}) last reported at "
+        f"{coverage.renew_time}, valid for {coverage.valid_for:.0f}s",
+    )
+
+
+def _table_not_in_force(node: str, coverage: NodeCoverage) -> Shield | None:
+    """Why the node's table does not refuse as configured: another release holds it, it is
+    rewritten under the agent, missing, bypassed by the datapath, auditing, on an old config,
+    or its inbound rule waits for the pod ranges."""
+    f = ConditionStatus.FALSE
     if coverage.held_by:
         return Shield(
             f,
@@ -174,6 +194,15 @@ def assess(
             f"the firewall agent on {node} holds the inbound rule back: the pod ranges are not "
             f"known to be complete ({which}); set firewall.podCIDRs to the cluster's pod ranges",
         )
+    return None
+
+
+def _sandbox_left_out(node: str, coverage: NodeCoverage, sighting: Sighting, pod_ips: list[str],
+                      agent_ports: Iterable[int], labels: Mapping[str, str] | None,
+                      addressed_at: float | None) -> Shield | None:  # fmt: skip
+    """Why the table in force does not cover this sandbox: an address outside the pod ranges,
+    an agent port it does not guard, a pod its rules leave out, hosts it cannot tell."""
+    f = ConditionStatus.FALSE
     outside = [ip for ip in pod_ips if not _within(ip, coverage.pod_cidrs)]
     if outside:
         known = ", ".join(str(n) for n in coverage.pod_cidrs) or "none"
@@ -191,7 +220,7 @@ def assess(
             f"agent port {unguarded[0]} is not among the firewall's agentPorts on {node}",
         )
     if coverage.inbound:
-        left_out = _left_out(coverage, list(pod_ips), labels, addressed_at, sighting)
+        left_out = _left_out(coverage, pod_ips, labels, addressed_at, sighting)
         if left_out is not None:
             return Shield(f, ShieldReason.NOT_GUARDED, f"the firewall agent on {node} {left_out}")
     if coverage.inbound and coverage.hosts_unknown:
@@ -206,6 +235,10 @@ def assess(
             f"the firewall agent on {node} does not know every host's address in the pod "
             f"ranges ({which}): a host there could reach this sandbox from a tunnel address",
         )
+    return None
+
+
+def _in_force(node: str, coverage: NodeCoverage) -> Shield:
     inbound = "both rules" if coverage.inbound else "the output rule (inbound is off)"
     measured = (
         "; a host connection to a sandbox was refused by it (measured)"
@@ -219,7 +252,7 @@ def assess(
         else ""
     )
     return Shield(
-        t,
+        ConditionStatus.TRUE,
         ShieldReason.IN_FORCE,
         f"the firewall agent on {node} enforces {inbound} in table inet {coverage.table} "
         f"(config {coverage.config}){measured}{repaired}",
