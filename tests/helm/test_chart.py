@@ -896,7 +896,7 @@ def test_the_conventions_an_umbrella_chart_and_a_monitoring_stack_expect(tmp_pat
              for r in g["rules"]]  # fmt: skip
     names = {r["alert"] for r in rules}
     assert "DeathwatchFirewallWouldRefuse" not in names and "DeathwatchControllerDown" in names
-    assert len(names) == 26
+    assert len(names) == 27
     for rule in rules:  # the team added to every alert; an alert's own severity kept
         assert rule["labels"]["team"] == "sre" and rule["labels"]["severity"] != "page", rule
         assert rule["annotations"]["runbook_url"].startswith("https://wiki.example.com/deathwatch#")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import socket
 import ssl
 import struct
@@ -17,9 +18,11 @@ import time
 import tracemalloc
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
 
+from deathwatch._kube.ports import PortsCollector
 from deathwatch._kube.serving import (
     Handler,
     Limits,
@@ -303,6 +306,33 @@ async def test_tls_with_a_self_signed_certificate() -> None:
         reader, writer = await connect(port)
         writer.write(b"\x16\x03\x01")  # the start of a ClientHello, and nothing more
         assert await closed(reader) == b""
+
+
+def test_the_certificate_in_force_says_when_it_expires_and_a_renewal_moves_it(
+    tmp_path: Path,
+) -> None:
+    """ADR 0043: what DeathwatchCertificateExpiring reads. A self-signed one lasts a year; a
+    mounted one is read from its file, and read again when the file changes."""
+    made = Serving(None, ["127.0.0.1"])
+    assert made.not_after is not None
+    assert 364 * 86400 < made.not_after - time.time() <= 365 * 86400
+    for days in (3, 30):
+        key, cert = tmp_path / "tls.key", tmp_path / "tls.crt"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                        "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key), "-out",
+                        str(cert), "-subj", "/CN=x", "-days", str(days)],
+                       check=True, capture_output=True, timeout=30)  # fmt: skip
+        if days == 3:
+            mounted = Serving(tmp_path)
+        else:
+            os.utime(cert, (time.time() + 5, time.time() + 5))  # a renewal's new file
+            assert mounted.refresh()
+        assert mounted.not_after is not None
+        assert abs(mounted.not_after - (time.time() + days * 86400)) < 120
+    collector = PortsCollector("deathwatch", {}, None, None, lambda: mounted.not_after)
+    [family] = [f for f in collector.collect()
+                if f.name == "deathwatch_serving_certificate_expiry_timestamp_seconds"]  # fmt: skip
+    assert family.samples[0].value == mounted.not_after
 
 
 def test_a_self_signed_certificate_leaves_cryptography_out_of_the_process() -> None:

@@ -393,6 +393,23 @@ groups:
             connections a second that held it without asking (slowloris) or past its cap.
             Its work and its liveness probe are unaffected by design; its metrics may not be.
           runbook_url: {{ $runbook }}#deathwatchportunderpressure
+      - alert: DeathwatchCertificateExpiring
+        # a metrics port's serving certificate that nothing renews in time: scrapers that
+        # verify it (the chart's monitors: ADR 0043) refuse it once it expires
+        expr: >-
+          min by (namespace, job, instance) (
+          deathwatch_serving_certificate_expiry_timestamp_seconds{ {{- $C -}} }
+          or deathwatch_firewall_serving_certificate_expiry_timestamp_seconds{ {{- $F -}} }
+          ) - time() < {{ $r.certificateExpiryDays }} * 86400
+        for: {{ $for.certificateExpiring }}
+        labels: {severity: warning}
+        annotations:
+          summary: A deathwatch metrics certificate expires soon
+          description: >-
+            The serving certificate of {{`{{ $labels.instance }}`}} expires in
+            {{`{{ $value | humanizeDuration }}`}}. Once it has, a scraper that verifies it
+            refuses it, and the alerts that read its metrics go blind.
+          runbook_url: {{ $runbook }}#deathwatchcertificateexpiring
 {{- end }}
 
 {{/* The alerts about a part the chart can leave out, by that part: a release without it renders

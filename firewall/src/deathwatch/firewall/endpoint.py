@@ -97,5 +97,5 @@ def listener(
     tls = Serving(cert_dir, list(names) or ["localhost"])
     made = Listener(port_handler.handle, host, port, limits, tls.context, name="metrics-port")
     registry.register(PortsCollector("deathwatch_firewall", {"metrics": lambda: made.server},
-                                     access, scrapes))  # fmt: skip
+                                     access, scrapes, lambda: tls.not_after))  # fmt: skip
     return made

@@ -260,8 +260,11 @@ class PortsCollector(Collector):
     one step under the GIL: safe from the render's worker thread)."""
 
     def __init__(self, prefix: str, listeners: Mapping[str, Callable[[], Server | None]],
-                 access: Access | None, scrapes: Scrapes | None) -> None:  # fmt: skip
+                 access: Access | None, scrapes: Scrapes | None,
+                 certificate: Callable[[], float | None] | None = None) -> None:  # fmt: skip
+        """`certificate`: when the TLS port's serving certificate expires (tls.Serving)."""
         self.prefix, self.listeners, self.access, self.scrapes = prefix, listeners, access, scrapes
+        self.certificate = certificate
 
     def collect(self) -> Iterable[Metric]:
         p = self.prefix
@@ -292,6 +295,13 @@ class PortsCollector(Collector):
             for decision, count in dict.copy(self.access.decisions).items():
                 decisions.add_metric([decision], count)
             yield decisions
+        expires = self.certificate() if self.certificate is not None else None
+        if expires is not None:
+            yield GaugeMetricFamily(
+                f"{p}_serving_certificate_expiry_timestamp_seconds",
+                "When the metrics port's serving certificate expires (unix time); a renewal "
+                "(cert-manager's, or a helm upgrade within metrics.tls.generated.renewDays) "
+                "moves it, a restart moves a self-signed one", value=expires)  # fmt: skip
         if self.scrapes is not None:
             yield CounterMetricFamily(f"{p}_metrics_renders", "Renders of the metrics page",
                                       value=self.scrapes.renders)  # fmt: skip

@@ -4,7 +4,8 @@ controller-runtime's metrics server does when it is given none.
 
 A self-signed certificate proves nothing about who serves it (Prometheus scrapes it with
 `insecure_skip_verify`); it keeps the token a scraper sends from being read on the way,
-which is what matters here: the token is what grants reading. A mounted one is read again
+which is what matters here: the token is what grants reading. A mounted one (cert-manager's,
+or the chart's own CA's: ADR 0043) is verified by the scraper. A mounted one is read again
 when its files change (`Serving.refresh`, called on a period), as cert-manager renews it.
 """
 
@@ -56,6 +57,9 @@ class Serving:
     directory: Path | None
     names: Sequence[str] = ()
     context: ssl.SSLContext = field(init=False)
+    # when the certificate in force expires (unix time; None: it could not be read): a
+    # metric, so that one nothing renews is said before scrapers refuse it
+    not_after: float | None = field(init=False, default=None)
     _stamp: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
@@ -63,7 +67,7 @@ class Serving:
         self.context.minimum_version = ssl.TLSVersion.TLSv1_2
         if self.directory is None:
             cert, key = self_signed(self.names)
-            _load_pem(self.context, cert, key)
+            self.not_after = _load_pem(self.context, cert, key)
         else:
             self.refresh()
 
@@ -84,10 +88,24 @@ class Serving:
         except (ssl.SSLError, OSError) as exc:
             raise CertificateError(f"{cert}, {key}: {exc}") from None
         self._stamp = stamp
+        self.not_after = expiry(cert)
         return True
 
 
-def _load_pem(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
+def expiry(cert: Path) -> float | None:
+    """When the PEM certificate at `cert` expires (unix time), or None if it cannot be read.
+    CPython's own decoder (what its ssl tests use), not the cryptography package, for the
+    same reason `self_signed` runs in a child: its 7.5 MiB for one date."""
+    decode = getattr(ssl._ssl, "_test_decode_cert", None)  # type: ignore[attr-defined]
+    if decode is None:
+        return None
+    try:
+        return float(ssl.cert_time_to_seconds(decode(str(cert))["notAfter"]))
+    except Exception:  # an interpreter without it, or a file it cannot read: said as None
+        return None
+
+
+def _load_pem(context: ssl.SSLContext, cert: bytes, key: bytes) -> float | None:
     """ssl loads a chain from files only: written to a private directory, loaded, removed.
     A read-only root filesystem needs a writable temporary directory (the charts mount an
     in-memory /tmp): said as a CertificateError naming it, not an OSError traceback."""
@@ -99,6 +117,7 @@ def _load_pem(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
             key_path.touch(0o600)
             key_path.write_bytes(key)
             context.load_cert_chain(cert_path, key_path)
+            return expiry(cert_path)
     except OSError as exc:
         raise CertificateError(
             f"cannot stage the serving certificate in {tempfile.gettempdir()}: "

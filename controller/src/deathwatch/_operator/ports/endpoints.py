@@ -80,7 +80,7 @@ class Endpoints:
         self.health = health_port(heartbeat, *health_address)
         metrics.registry.register(PortsCollector(
             "deathwatch", {"metrics": lambda: self.server, "health": lambda: self.health.server},
-            self.access, self.scrapes,
+            self.access, self.scrapes, certificate=lambda: self.tls.not_after,
         ))  # fmt: skip
 
     async def _review(self, path: str, body: Mapping[str, Any]) -> Mapping[str, Any]:
