@@ -406,6 +406,13 @@ def test_an_absurd_deathwatch_is_refused_then_contained(chaos: Chaos) -> None:
     c.env.cp.kubectl_run(
         "apply", "--server-side", "--force-conflicts", "-f", "-", input=loosened_crd()
     )
+    # the API server takes a CRD's new schema in a moment, not at once (seen on a loaded
+    # machine: the create right after the apply was refused by the old one)
+    absurd = json.dumps({"apiVersion": f"{GROUP}/{VERSION}", "kind": "DeathWatch",
+                         "metadata": {"name": "absurd"}, "spec": {"verdictRetention": "100000000h"}})  # fmt: skip
+    wait_for(lambda: c.env.cp.kubectl_run("apply", "--dry-run=server", "-n", c.env.ns, "-f", "-",
+                                          check=False, input=absurd).returncode == 0,
+             timeout=30, what="the loosened CRD in force")  # fmt: skip
     try:
         c.env.deathwatch("absurd", verdictRetention="100000000h",
                          podSelector={"matchLabels": {"app": "nothing"}})  # fmt: skip

@@ -270,7 +270,8 @@ def test_a_warm_pool_sandbox_claimed_keeps_its_verdict_and_gains_the_claim(aenv:
         if name is None or pod is None or pod.metadata.deletion_timestamp:
             return None
         verdict = e.sv(pod.metadata.name)
-        if verdict is None or verdict["status"].get("state") != "Alive":
+        # created before its status is written: a verdict without one yet is not Alive yet
+        if verdict is None or (verdict.get("status") or {}).get("state") != "Alive":
             return None
         return (name, verdict) if warm_sandbox() == name else None
 
