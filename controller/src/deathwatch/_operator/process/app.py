@@ -87,24 +87,16 @@ class App:
         """SIGTERM: a leader finishes what it decided (bounded), stops writing, then releases
         the Lease so a standby takes over at its next try instead of after the lease runs out."""
         p = self.parts
-        if p is not None and p.sender is not None:
-            await p.sender.close()  # what is in flight stays owed: the next leader sends it
-        if p is not None and p.leadership.leading:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(p.writer.idle(), 10)
-            p.leadership.standby("shutting down: stopped writing")
-        if p is not None and p.elector is not None:
-            # the election ends first: a renewal sent after the release would take the Lease
-            # back (seen: a release's PUT refused 409, the loop's renewal 21 ms later taken)
-            await self.supervisor.cancel("leader-election", "lease-watch", "shard-slots")
-            await p.elector.release()
+        if p is not None:
+            await _hand_over(p)
         await self.supervisor.stop()
         if self.gc_pauses is not None:
             gcpauses.uninstall(self.gc_pauses)
-        if p is not None and self.listening:
-            await p.endpoints.stop()
-        for client in p.rests if p is not None else ():
-            await client.close()
+        if p is not None:
+            if self.listening:
+                await p.endpoints.stop()
+            for client in p.rests:
+                await client.close()
 
     def _adopt(self, change: Revised) -> None:
         """A DeathWatch new or selecting differently: its namespace's pods listed (bounded
@@ -140,6 +132,21 @@ class App:
             }
 
         return readiness.report(self.readiness, self.streams, parts)
+
+
+async def _hand_over(p: Parts) -> None:
+    """What is owed stays owed, what was decided is written (bounded), writing stops, and the
+    election ends before the Lease is released: a renewal sent after the release would take it
+    back (seen: a release's PUT refused 409, the loop's renewal 21 ms later taken)."""
+    if p.sender is not None:
+        await p.sender.close()  # what is in flight stays owed: the next leader sends it
+    if p.leadership.leading:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(p.writer.idle(), 10)
+        p.leadership.standby("shutting down: stopped writing")
+    if p.elector is not None:
+        await p.supervisor.cancel("leader-election", "lease-watch", "shard-slots")
+        await p.elector.release()
 
 
 def _releases(p: Parts | None) -> dict[str, Any] | None:
