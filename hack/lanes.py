@@ -33,6 +33,8 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
+from hack import deferred
+
 ROOT = Path(__file__).resolve().parent.parent
 NODE_LANES = ("tests/node", "tests/deploy")
 GROUPS: dict[str, list[str]] = {
@@ -114,6 +116,7 @@ def main(extra: list[str]) -> int:
 
     def interrupted(signum: int, _frame: FrameType | None) -> None:
         print(f"[lanes] signal {signum}: interrupting both groups", flush=True)
+        deferred.stop()
         for group in groups:
             group.interrupt()
         for group in groups:
@@ -139,7 +142,14 @@ def main(extra: list[str]) -> int:
             f" (JUnit {group.junit})",
             flush=True,
         )
-    return 0 if all(code == 0 for code in codes.values()) else 1
+    # the builds beside the lanes (hack/deferred.py): a failed one fails the run even where no
+    # test selected waited for it; one still running is ended, as no test is left to need it
+    built = [deferred.status(name) for name in deferred.BUILDS]
+    for line in deferred.report():
+        print(f"[lanes] built beside the lanes: {line}", flush=True)
+    deferred.stop()
+    failed = any(rc not in (None, 0) for rc in built)
+    return 0 if all(code == 0 for code in codes.values()) and not failed else 1
 
 
 if __name__ == "__main__":

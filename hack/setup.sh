@@ -44,23 +44,31 @@ fi
 if command -v go >/dev/null; then
   "$root/hack/build-k8s.sh" etcd kube-apiserver kube-controller-manager kubectl kubelet \
     kube-scheduler kube-proxy
-  # the shard lanes' API server, with KEP-5866's sharded list and watch, and the version
-  # lane's releases: each one's control plane (versions.env)
+  # the shard lanes' API server, with KEP-5866's sharded list and watch (versions.env)
   # shellcheck source=versions.env
   "$root/hack/build-k8s.sh" --version "$(. "$root/hack/versions.env"; echo "$SHARDS_APISERVER_VERSION")" \
     kube-apiserver
-  # shellcheck source=versions.env
-  for version in $(. "$root/hack/versions.env"; echo "$K8S_MATRIX"); do
-    "$root/hack/build-k8s.sh" --version "$version" kube-apiserver kube-controller-manager kube-scheduler
-  done
   # the tools bench/peers.py measures deathwatch against (its smoke check, out of CI: python3 -m pytest bench), and peers the lanes run
   "$root/hack/build-peers.sh"
   # Helm: the chart's lint, render and install lanes
   "$root/hack/build-helm.sh"
-  # cosign and syft: a release's signature and SBOMs (the deploy lane makes the newest tag's)
-  "$root/hack/build-release-tools.sh"
-  # gVisor's runsc and its containerd shim: the node lane's gvisor RuntimeClass (issue #54)
-  "$root/hack/build-gvisor.sh"
+  # what a few tests alone need (hack/deferred.py): gVisor's runsc and its containerd shim (the
+  # node lane's gvisor RuntimeClass, issue #54), cosign and syft (a release's signature and
+  # SBOMs), and the version lane's releases (each one's control plane, versions.env K8S_MATRIX).
+  # In a CI run of every lane (hack/test.sh sets DEATHWATCH_DEFERRED) they build beside the
+  # lanes, in a session of their own; the tests that need one wait for it.
+  deferred=(gvisor release-tools k8s-matrix)
+  if [ -n "${DEATHWATCH_DEFERRED:-}" ] && [ -f "$DEATHWATCH_DEFERRED/pid" ]; then
+    log "already building beside the lanes: ${deferred[*]} (pid $(cat "$DEATHWATCH_DEFERRED/pid"))"
+  elif [ -n "${DEATHWATCH_DEFERRED:-}" ]; then
+    mkdir -p "$DEATHWATCH_DEFERRED"
+    log "building beside the lanes: ${deferred[*]} (logs in $DEATHWATCH_DEFERRED)"
+    setsid "$root/hack/build-deferred.sh" --record "$DEATHWATCH_DEFERRED" "${deferred[@]}" \
+      </dev/null >"$DEATHWATCH_DEFERRED/builds.log" 2>&1 &
+    echo $! >"$DEATHWATCH_DEFERRED/pid"
+  else
+    "$root/hack/build-deferred.sh" "${deferred[@]}"
+  fi
 else
   log "go not found: the real control plane cannot be built; apiserver tests will skip outside CI"
 fi

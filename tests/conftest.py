@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from hack import deferred
+
 ENFORCED_IN_CI = (
     "apiserver",
     "netns",
@@ -32,7 +34,11 @@ _skipped_real: list[str] = []
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The folder says the lane, and the markers agree: a unit test needs no real component,
-    a test in tests/<lane>/ is marked <lane> (so `-m` and the folder select the same tests)."""
+    a test in tests/<lane>/ is marked <lane> (so `-m` and the folder select the same tests).
+    The modules that wait for a build beside the lanes run last (hack/deferred.py: LAST), each
+    whole and in its order, so the build has the rest of the run's time."""
+    last = {(TESTS.parent / module).resolve() for module in deferred.LAST}
+    items.sort(key=lambda item: Path(item.path).resolve() in last)  # stable: the rest in order
     wrong = []
     for item in items:
         try:

@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hack import deferred
 from hack.localcluster import images
 from hack.localcluster.controlplane import (
     ControlPlane,
@@ -94,7 +95,9 @@ def gvisor_bin() -> Path:
 
 
 def gvisor_available() -> str | None:
-    """None if the node can run gVisor sandboxes here (on containerd 2.x), else why not."""
+    """None if the node can run gVisor sandboxes here (on containerd 2.x), else why not. In a CI
+    run of every lane, once its build beside the lanes has ended (hack/deferred.py)."""
+    deferred.wait("gvisor")
     for tool in ("runsc", "containerd-shim-runsc-v1"):
         if not (gvisor_bin() / tool).exists():
             return f"{tool} not built (hack/build-gvisor.sh)"

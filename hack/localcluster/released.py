@@ -12,6 +12,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from hack import deferred
 from hack.localcluster.controlplane import cache_dir
 from hack.release import tool
 
@@ -54,6 +55,7 @@ def made(tag: str) -> Path:
     out = cache_dir() / "releases" / f"{tag}-{commit[:12]}"
     if (out / "SHA256SUMS.sigstore.json").exists():
         return out
+    deferred.wait("release-tools")  # cosign and syft, when they build beside the lanes
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)

@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from hack import deferred
 from hack.localcluster import agentsandbox, controlplane
 from hack.localcluster.fakenodes import NodeKeeper, Terminator
 from hack.localcluster.sandbox_script import Fate, SandboxScript, pod_manifest, timeline
@@ -90,6 +91,7 @@ class Cluster:
 def cluster(request: pytest.FixtureRequest,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:  # fmt: skip
     release: str = request.param
+    deferred.wait("k8s-matrix")  # in a CI run, built beside the lanes (this module runs last)
     parts = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
     missing = [p for p in parts if not (controlplane.bin_dir(release) / p).exists()]
     if missing:
