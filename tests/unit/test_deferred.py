@@ -43,13 +43,16 @@ def test_a_test_waits_until_its_build_has_ended_well(
     rc = tmp_path / "gvisor.rc"
     # the build ends when the test says so: a file it creates, then the status written whole
     go = tmp_path / "go"
-    process = _beside(tmp_path, f"""
+    process = _beside(
+        tmp_path,
+        f"""
 import pathlib, time
 while not pathlib.Path({str(go)!r}).exists():
     time.sleep(0.01)
 pathlib.Path({str(rc)!r} + ".tmp").write_text("0\\n")
 pathlib.Path({str(rc)!r} + ".tmp").rename({str(rc)!r})
-""")
+""",
+    )
     try:
         assert deferred.status("gvisor") is None
         assert deferred.report()[0].startswith("gvisor: running")
