@@ -7,6 +7,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+import msgspec
+
 from deathwatch._engine import memory
 from deathwatch._engine.contract import Policies, PolicySettings
 from deathwatch._engine.engine import SignalKind, Step, Track
@@ -68,6 +70,11 @@ class Pods:
                 for deadline, uid in due]  # fmt: skip
 
 
+def _noticed(obj: dict[str, Any], notice: str | None) -> PodView:
+    view = read_pod(obj)
+    return view if notice is None else msgspec.structs.replace(view, eviction_notice=notice)
+
+
 class Judge:
     """One pod (uid-1) through `Pods`, as the operator and replay drive it."""
 
@@ -87,14 +94,15 @@ class Judge:
                                        sandbox_containers=sandbox, vital_sidecars=vital)  # fmt: skip
         self.signals: list[SignalKind] = []
 
-    def see(self, obj: dict[str, Any], now: float) -> Track:
-        step = self.fleet.observe(read_pod(obj), at(now), self.policy, self.settings)
+    def see(self, obj: dict[str, Any], now: float, notice: str | None = None) -> Track:
+        """`notice`: the message of the kubelet's Evicted Event the controller has read."""
+        step = self.fleet.observe(_noticed(obj, notice), at(now), self.policy, self.settings)
         return self._record(step)
 
     def exit(self, obj: dict[str, Any], exit: NodeExit, now: float,
-             deletion: Cause = Cause.DELETED) -> Track | None:  # fmt: skip
+             deletion: Cause = Cause.DELETED, notice: str | None = None) -> Track | None:  # fmt: skip
         """A node's exit, `obj` the pod as the API holds it then; None: not judged."""
-        step = self.fleet.exited(read_pod(obj), exit, at(now), deletion)
+        step = self.fleet.exited(_noticed(obj, notice), exit, at(now), deletion)
         return self._record(step) if step is not None else None
 
     def tick(self, now: float) -> None:

@@ -142,23 +142,34 @@ def test_an_exit_under_a_pending_disruption_is_the_container_s_death() -> None:
         ("Always", 0, State.DEAD, Cause.CONTAINER_EXITED),  # restarted: its life ended
     ],
 )
-def test_a_clean_exit_completes_where_the_kubelet_would_say_succeeded(
+def test_a_clean_exit_the_kubelet_will_call_succeeded_is_left_to_its_report(
     restart_policy: str, code: int, state: State, cause: Cause
 ) -> None:
+    """A death is the node's at once; a completion is the kubelet's report's (issue #61): the
+    clean exit may be the end of an eviction whose word is not read yet, and Gone is final."""
     j = Judge()
     j.see(live(restart_policy=restart_policy), 2)
     t = j.exit(live(restart_policy=restart_policy), exit_of(code), 50.3)
+    if state is State.GONE:
+        assert t is None and j.track.state is State.ALIVE
+        reported = kubelet_report(code, reason="Completed", restart_policy=restart_policy,
+                                  phase="Succeeded")  # fmt: skip
+        t = j.see(reported, 51)
+        assert t.evidence is None or t.evidence.observed_by is Observer.KUBELET
     assert t is not None and (t.state, t.cause) == (state, cause)
 
 
 def test_under_a_container_s_own_restart_rules_the_rules_decide_completion_or_death() -> None:
     """Its rule restarts it on 42; on anything else its own policy (Never) holds: an exit 0
-    no rule restarts is a completion, Gone at once as the kubelet's report will make it
-    (issue #51: judged Gone on one path and Dead on the other). A restart is a death."""
+    no rule restarts is a completion, as the kubelet's report makes it (issue #51: judged Gone
+    on one path and Dead on the other; the node leaves a completion to that report, #61). A
+    restart is a death."""
     j = Judge()
     j.see(live(own_restart_rules=True), 2)
-    t = j.exit(live(own_restart_rules=True), exit_of(0), 50.3)
-    assert t is not None and (t.state, t.cause) == (State.GONE, Cause.COMPLETED)
+    assert j.exit(live(own_restart_rules=True), exit_of(0), 50.3) is None  # the kubelet's to say
+    done = kubelet_report(0, reason="Completed", own_restart_rules=True)
+    completed = j.see(done, 51)
+    assert (completed.state, completed.cause) == (State.GONE, Cause.COMPLETED)
     j = Judge()
     j.see(live(own_restart_rules=True), 2)
     t = j.exit(live(own_restart_rules=True), exit_of(42), 50.3)

@@ -87,6 +87,35 @@ _BY_KUBELET_REASON = {
 }
 
 
+# How the kubelet's eviction manager words an eviction for the pod's own limits (Kubernetes
+# 1.35: pkg/kubelet/eviction/helpers.go, containerEphemeralStorageMessageFmt,
+# podEphemeralStorageMessageFmt, emptyDirMessageFmt). Node pressure is worded "The node was low
+# on resource: ..." (nodeLowMessageFmt). The limits are the workload's, as its memory limit is
+# under an OOM kill; the node's pressure is the infrastructure's.
+_NODE_LOW = "The node was low on resource"
+_OWN_LIMIT_WORDING = (
+    "exceeded its local ephemeral storage limit",
+    "Pod ephemeral local storage usage exceeds the total limit",
+    "Usage of EmptyDir volume",
+)
+
+
+def _eviction_wording(message: str | None) -> bool:
+    """The kubelet's eviction manager wrote this message."""
+    if not message:
+        return False
+    return message.startswith(_NODE_LOW) or any(w in message for w in _OWN_LIMIT_WORDING)
+
+
+def eviction_cause(message: str | None) -> Cause:
+    """What a kubelet's eviction makes a death, by its message: StorageLimitExceeded for the
+    pod's own storage limits (the workload's doing), Evicted for node pressure and any wording
+    this version does not know (the infrastructure's)."""
+    if message and any(words in message for words in _OWN_LIMIT_WORDING):
+        return Cause.STORAGE_LIMIT_EXCEEDED
+    return Cause.EVICTED
+
+
 class ClusterDisruption(msgspec.Struct, frozen=True, gc=False):
     """A pod's DisruptionTarget condition, read: which component is taking it, and whether
     that can still be undone (a pending one may be cleared, and the pod lives on)."""
@@ -95,7 +124,7 @@ class ClusterDisruption(msgspec.Struct, frozen=True, gc=False):
     reason: str  # the condition's reason, as the component wrote it
     message: str | None  # the component's own sentence
     since: datetime | None  # when the condition was set
-    final: bool  # the pod's deletion is requested, or its phase is Failed
+    final: bool  # the pod's deletion is requested, or its phase is terminal
 
 
 def disruption_of(pod: PodView) -> ClusterDisruption | None:
@@ -104,14 +133,21 @@ def disruption_of(pod: PodView) -> ClusterDisruption | None:
     if d is None:
         return None
     if d.reason == KUBELET:
-        cause = _BY_KUBELET_REASON.get(pod.reason or "", Cause.DISRUPTED)
+        cause = _BY_KUBELET_REASON.get(pod.reason or "")
+        if cause is None and (pod.eviction_notice is not None or _eviction_wording(d.message)):
+            cause = Cause.EVICTED  # the pod's reason lost (left Succeeded): its words say it
+        if cause is Cause.EVICTED:
+            cause = eviction_cause(d.message or pod.kubelet_eviction)
+        cause = cause or Cause.DISRUPTED
     elif d.reason == TAINT_MANAGER and pod.node_lost:
         # the node controller had taken Ready away (its kubelet silent): the taint is
         # node.kubernetes.io/unreachable or not-ready, not one a person put there
         cause = Cause.NODE_UNREACHABLE
     else:
         cause = _BY_REASON.get(d.reason, Cause.DISRUPTED)
-    final = pod.deletion_requested_at is not None or pod.phase == "Failed"
+    # a terminal phase cannot be undone either: Succeeded too (a process that exits 0 when
+    # the kubelet's SIGTERM comes leaves its evicted pod Succeeded)
+    final = pod.deletion_requested_at is not None or pod.phase in ("Failed", "Succeeded")
     return ClusterDisruption(cause, d.reason, d.message, d.since, final)
 
 

@@ -12,7 +12,12 @@ Order of judgement for each observation (the first that applies wins; docs/adr/0
    always, named for the disruption: Drained, Preempted, TaintEvicted, NodeUnreachable,
    NodeDeleted, NodeShutdown, Evicted; `contract.by_disruption`); one it does not call a
    death is Gone with that cause. Before the first Ready: Gone with that cause.
-4. Eviction by the kubelet with no DisruptionTarget (kubelets before 1.26): Dead (Evicted).
+4. Eviction by the kubelet (the pod's reason Evicted, or the kubelet's Evicted Event the
+   controller read: `PodView.kubelet_eviction`), once the sandbox stopped: Dead, whatever
+   the exit code and the phase left (a clean exit on the SIGTERM leaves it Succeeded), named
+   by the kubelet's message (`contract.eviction_cause`): StorageLimitExceeded for the pod's
+   own storage limits, the workload's; Evicted for node pressure, the infrastructure's. An
+   eviction for a limit carries no DisruptionTarget.
 5. Deletion requested: Gone (Deleted, or what its owner says), unless the pod had already
    died before the request.
 6. phase Succeeded, or every container of the sandbox ended cleanly for good (exit 0, no
@@ -56,6 +61,7 @@ from deathwatch._engine.contract import (
     by_containers,
     by_disruption,
     disruption_of,
+    eviction_cause,
 )
 from deathwatch._engine.nodeexit import NodeExit
 from deathwatch._engine.podview import (
@@ -300,11 +306,13 @@ def _kill(
     death: ContainerDeath | None,
     disruption: ClusterDisruption | None = None,
     observer: Observer = Observer.KUBELET,
+    message: str | None = None,
 ) -> Track:
     """Dead. By a disruption of the cluster's, the condition's reason and message are the
     evidence, beside a container's exit where there is one (an exit 137 under a node
     shutdown is the kill, not an OOM: only the kubelet's word OOMKilled makes that), and the
-    drop is dated by the disruption, not by the exit."""
+    drop is dated by the disruption, not by the exit. `message`: the kubelet's eviction's,
+    where no condition carries it."""
     since = disruption.since if disruption is not None else (death.finished_at if death else None)
     evidence = Evidence(
         state=State.DEAD,
@@ -321,7 +329,7 @@ def _kill(
         ready_drop_at=track.ready_drop_at or since or now,
         declared_at=now,
         disruption=disruption.reason if disruption is not None else None,
-        message=disruption.message if disruption is not None else None,
+        message=disruption.message if disruption is not None else message,
         observed_by=observer,
         container_id=_instance(pod, death),
     )
@@ -645,7 +653,11 @@ def _judge_lifecycle(
         if track.ever_ready:
             return None  # step 3: the policy says whether it was a death
         return _bury(track, now, disruption.cause, pod, disruption)
-    evicted = pod.phase == "Failed" and pod.reason == "Evicted"
+    # the kubelet's eviction (its word in the pod's status or in its Evicted Event): a death
+    # once the sandbox stopped, whatever its exit code and the phase it left (ADR 0044)
+    eviction = pod.kubelet_eviction
+    stopped = _stopped(parts) if eviction is not None else None
+    evicted = eviction is not None and (pod.phase in _TERMINAL_PHASES or stopped is not None)
     if pod.deletion_requested_at is not None and not evicted:
         died_at = track.ready_drop_at or (death.finished_at if death else None)
         if track.ever_ready and not pod.ready and _died_before(died_at, pod.deletion_requested_at):
@@ -653,7 +665,9 @@ def _judge_lifecycle(
         return _bury(track, now, deletion, pod)
     if evicted:
         if track.ever_ready:
-            return _kill(track, pod, now, Cause.EVICTED, death, observer=observer)
+            cause = eviction_cause(eviction)
+            return _kill(track, pod, now, cause, death or stopped, observer=observer,
+                         message=eviction or None)  # fmt: skip
         return _bury(track, now, Cause.FAILED_BEFORE_READY, pod)
     if pod.phase == "Succeeded" or _completed(pod, parts):
         return _bury(track, now, Cause.COMPLETED, pod)
@@ -668,6 +682,19 @@ def _judge_lifecycle(
         return (
             track if counts == track.restart_baseline else replace(track, restart_baseline=counts)
         )
+    return None
+
+
+_TERMINAL_PHASES = ("Failed", "Succeeded")
+
+
+def _stopped(parts: Parts) -> ContainerDeath | None:
+    """The first container of the sandbox that has terminated, a clean exit too (under an
+    eviction it is the kill's, not a completion)."""
+    for c in (*parts[0], *parts[1]):
+        t = c.terminated
+        if t is not None:
+            return ContainerDeath(c.name, t.exit_code, t.reason, t.finished_at, c.restart_count)
     return None
 
 
@@ -756,6 +783,11 @@ def exited(
     if after is None:
         return None
     judged = step(track, after, now, policy, settings, deletion=deletion, observer=Observer.NODE)
+    if judged.track.state is State.GONE and judged.track.cause is Cause.COMPLETED:
+        # a completion is the kubelet's to say: a clean exit may be the kill of an eviction
+        # whose word the controller has not read yet (a process that exits 0 on the kubelet's
+        # SIGTERM), and Gone cannot be taken back; the kubelet's report follows within seconds
+        return None
     return judged, after
 
 

@@ -15,8 +15,9 @@ pod's status names now (by its runtime id), while it runs, counts. An init conta
 helper, a sidecar not named vital, an ephemeral container, an exec probe's process, an
 earlier instance: the node abstains, and the kubelet's report judges what it meant. What an
 exit leads to (a restart, a completion) is the kubelet's own rule (`PodView.restarts_after`:
-the container's restart rules, its policy, the pod's), so a clean exit with no restart to
-follow is a completion on both paths.
+the container's restart rules, its policy, the pod's). A clean exit with no restart to
+follow is a completion, and the node leaves it to the kubelet's report (`engine.exited`):
+it may be the end of an eviction whose word has not been read yet, and Gone is final.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from datetime import datetime
 
 import msgspec
 
+from deathwatch._engine.contract import disruption_of, eviction_cause
 from deathwatch._engine.podview import ContainerView, PodView, Termination
 from deathwatch._engine.verdict import Evidence
 
@@ -135,6 +137,9 @@ def disputes(pod: PodView, evidence: Evidence) -> str | None:
         )
     d = pod.disruption
     reported_at = _finished(pod, evidence)
+    taken = disruption_of(pod) if d is not None else None
+    if taken is not None and taken.cause is evidence.cause:
+        return None  # the node's verdict already named what the cluster did (a kubelet's eviction)
     if d is not None and d.since is not None and at is not None:
         finished = reported_at or at
         if not finished < d.since:  # the engine's rule (contract.by_disruption), in seconds
@@ -142,8 +147,15 @@ def disputes(pod: PodView, evidence: Evidence) -> str | None:
                 f"the cluster took it ({d.reason}, since {d.since.isoformat()}): the node saw "
                 f"exit code {evidence.exit_code} and called it {evidence.cause}"
             )
-    if pod.phase == "Failed" and pod.reason == "Evicted":
-        return f"the kubelet evicted it: the node saw exit code {evidence.exit_code}"
+    eviction = pod.kubelet_eviction
+    if eviction is not None and pod.phase in ("Failed", "Succeeded"):
+        cause = eviction_cause(eviction)
+        if cause is not evidence.cause:
+            return (
+                f"the kubelet evicted it ({cause}): the node saw exit code "
+                f"{evidence.exit_code} and called it {evidence.cause}"
+            )
+        return None
     term = _reported(pod, evidence)
     if term is not None:
         if term.exit_code != evidence.exit_code:

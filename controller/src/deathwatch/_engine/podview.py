@@ -78,6 +78,8 @@ class ContainerView(msgspec.Struct, frozen=True, gc=False):
 # The reason the kubelet gives a container it stopped because another one's exit matched a
 # RestartAllContainers rule (KEP-5532, pkg/kubelet/kubelet_pods.go): a restart follows.
 RESTARTING_ALL_CONTAINERS: Final = "RestartingAllContainers"
+# The pod's status reason the kubelet writes when it evicts the pod, and its Event's reason
+EVICTED = "Evicted"
 # The Ready condition's reason when only the pod's readiness gates hold it back: every
 # container is ready (pkg/kubelet/status/generate.go).
 READINESS_GATES_NOT_READY: Final = "ReadinessGatesNotReady"
@@ -159,10 +161,23 @@ class PodView(msgspec.Struct, frozen=True, gc=False):
     # the Ready condition's reason as the kubelet wrote it (ContainersNotReady,
     # ReadinessGatesNotReady, PodCompleted, ...): the node controller leaves it as it was
     ready_reason: str | None = None
+    # the kubelet's Evicted Event for this pod, its message, where the controller has read
+    # one: the kubelet posts it before it kills, and withholds the pod's own reason Evicted
+    # until every container has stopped (status_manager.go, mergePodStatus), or loses it (a
+    # process that exits 0 on SIGTERM leaves the pod Succeeded)
+    eviction_notice: str | None = None
 
     @property
     def ready(self) -> bool:
         return self.ready_status == "True"
+
+    @property
+    def kubelet_eviction(self) -> str | None:
+        """The kubelet's word that it evicts or evicted the pod, its message ("" when it gave
+        none): the pod's status (reason Evicted), else its Evicted Event. None: no word."""
+        if self.reason == EVICTED:
+            return self.message or self.eviction_notice or ""
+        return self.eviction_notice
 
     @property
     def node_lost(self) -> bool:

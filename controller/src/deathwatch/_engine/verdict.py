@@ -31,6 +31,9 @@ class Cause(StrEnum):
     CONTAINER_EXITED = "ContainerExited"
     OOM_KILLED = "OOMKilled"
     UNRESPONSIVE = "Unresponsive"
+    # evicted by its kubelet for its own limit: ephemeral storage (a container's, the pod's) or
+    # an emptyDir's sizeLimit, as an OOM kill is for its own memory limit (docs/verdicts.md)
+    STORAGE_LIMIT_EXCEEDED = "StorageLimitExceeded"
     # causes of Dead the cluster inflicted (a DisruptionTarget condition, or the node lost)
     EVICTED = "Evicted"  # node-pressure eviction by the kubelet
     NODE_LOST = "NodeLost"  # the node controller took Ready away: its kubelet went silent
@@ -61,8 +64,8 @@ DISRUPTION_CAUSES = (
     Cause.NODE_UNREACHABLE, Cause.NODE_DELETED, Cause.NODE_SHUTDOWN, Cause.DISRUPTED,
 )  # fmt: skip
 DEAD_CAUSES = (
-    Cause.CONTAINER_EXITED, Cause.OOM_KILLED, Cause.UNRESPONSIVE, *DISRUPTION_CAUSES,
-    Cause.UNKNOWN,
+    Cause.CONTAINER_EXITED, Cause.OOM_KILLED, Cause.UNRESPONSIVE, Cause.STORAGE_LIMIT_EXCEEDED,
+    *DISRUPTION_CAUSES, Cause.UNKNOWN,
 )  # fmt: skip
 
 
@@ -79,6 +82,7 @@ _ORIGINS = {
     Cause.CONTAINER_EXITED: Origin.WORKLOAD,
     Cause.OOM_KILLED: Origin.WORKLOAD,
     Cause.UNRESPONSIVE: Origin.WORKLOAD,
+    Cause.STORAGE_LIMIT_EXCEEDED: Origin.WORKLOAD,
     Cause.FAILED_BEFORE_READY: Origin.WORKLOAD,
     **dict.fromkeys(DISRUPTION_CAUSES, Origin.INFRASTRUCTURE),
     Cause.DELETED: Origin.PLATFORM,
