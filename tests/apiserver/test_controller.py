@@ -161,6 +161,62 @@ def test_oom_and_eviction(env: Env) -> None:
     assert (ev["cause"], ev["exitCode"]) == ("Evicted", 137)
 
 
+POD_LIMIT = "Pod ephemeral local storage usage exceeds the total limit of containers 20Mi. "
+
+
+def _kubelets_eviction(env: Env, name: str, source: str = "kubelet") -> None:
+    """The Event the kubelet's eviction manager posts before it kills (eviction_manager.go)."""
+    pod = env.core.read_namespaced_pod(name, env.ns, _request_timeout=10)
+    env.core.create_namespaced_event(env.ns, {
+        "metadata": {"generateName": f"{name}."},
+        "involvedObject": {"kind": "Pod", "apiVersion": "v1", "namespace": env.ns, "name": name,
+                           "uid": pod.metadata.uid},
+        "reason": "Evicted", "message": POD_LIMIT, "type": "Warning",
+        "source": {"component": source, "host": "node-a"},
+        "firstTimestamp": datetime.now(UTC).isoformat(), "count": 1,
+    }, _request_timeout=30)  # fmt: skip
+
+
+def test_the_kubelets_evicted_event_makes_a_clean_exit_a_death_the_workloads(env: Env) -> None:
+    """Issue #61, ADR 0044: the kubelet posts Evicted before its kill, and a process that exits
+    0 on the SIGTERM leaves the pod Succeeded with no reason of the eviction. Read from its
+    Event, it is Dead StorageLimitExceeded (Workload) with the kubelet's message; the same
+    reason from another component's Event is not the kubelet's word, and the clean exit beside
+    it stays a completion."""
+    env.start_controller()
+    env.deathwatch()
+    graceful = env.script("sbx-graceful", fate=Fate.COMPLETES)
+    killed = env.script("sbx-killed", fate=Fate.EXITS, exit_code=137)
+    other = env.script("sbx-other-source", fate=Fate.COMPLETES)
+    for s in (graceful, killed, other):
+        env.create(s)
+        env.kubelet.status(env.ns, s.name, ready_status(s))
+    for s in (graceful, killed, other):
+        env.wait_state(s.name, "Alive")
+    _kubelets_eviction(env, graceful.name)
+    _kubelets_eviction(env, killed.name)
+    _kubelets_eviction(env, other.name, source="descheduler")
+    controller = env.controller
+    assert controller is not None
+    # two are the kubelet's (counted), the descheduler's is not: each read once its own is
+    wait_for(lambda: controller.metric("deathwatch_kubelet_evictions_total",
+                                       cause="StorageLimitExceeded") == 2,
+             timeout=30, what="the controller reading the kubelet's Evicted Events")  # fmt: skip
+    for s in (graceful, killed, other):
+        env.kubelet.status(env.ns, s.name, fate_status(s))
+    for s in (graceful, killed):
+        status = env.wait_state(s.name, "Dead")["status"]
+        assert (status["cause"], status["origin"]) == ("StorageLimitExceeded", "Workload"), status
+        said = [c["message"] for c in status["conditions"] if c["type"] == "Alive"]
+        assert said and f"the kubelet evicted it: {POD_LIMIT.strip()}" in said[0], status
+    assert env.wait_state(graceful.name, "Dead")["status"]["exitCode"] == 0
+    done = env.wait_state(other.name, "Gone")["status"]
+    assert done["cause"] == "Completed", done
+    (event,) = env.events(graceful.name, "SandboxDead")
+    assert "StorageLimitExceeded" in event.message and "workload" in event.message.lower()
+    assert POD_LIMIT.strip() in event.message, event.message
+
+
 def test_exec_probe_flap_recovers_and_a_hang_dies_after_the_window(env: Env) -> None:
     env.start_controller()
     # W = 1 x (1 x 1 s + 1 s) = 2 s

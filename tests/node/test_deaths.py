@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from hack.localcluster import agentpods, controlplane
+from hack.localcluster import agentpods, controlplane, images
 from hack.localcluster.netns_tool import connect_once
 from hack.localcluster.node import (
     BRIDGE,
@@ -330,6 +330,94 @@ def test_a_container_restart_rule_restarts_it_in_place_dead_and_no_false_positiv
     assert len(e.events(name, "SandboxDead")) == 1
     assert e.events(name, "NodeExitDisputed") == [] and "disputed" not in sv
     recording.keep("restart-rule.json")
+
+
+# --- the kubelet's evictions for a pod's own storage limits (issue #61, ADR 0044) ----------------
+
+FILL = "dd if=/dev/zero of={path} bs=1M count=60 2>/dev/null; sync"
+EVICTIONS = {
+    # name: (how it fills past its limit, a TERM trap or none, the exit it should end with)
+    "over-limit": (FILL.format(path="/fill"), "", 137),  # pid 1 ignores TERM: the kill's 137
+    "empty-dir": (FILL.format(path="/scratch/fill"), "", 137),
+    "graceful": (FILL.format(path="/fill"), "trap 'exit 0' TERM; ", 0),  # the pod ends Succeeded
+}
+
+
+def storage_pod(e: Env, name: str) -> str:
+    """A sandbox that is Ready for a moment, then writes 60 MiB past a 20 MiB limit (its own
+    ephemeral-storage, or its emptyDir's sizeLimit)."""
+    fill, trap, _ = EVICTIONS[name]
+    container: dict[str, Any] = {
+        "name": "agent", "image": images.AGENT, "imagePullPolicy": "Never",
+        "command": ["sh", "-c", f"{trap}sleep 3; {fill}; while :; do sleep 1; done"],
+        "resources": {"requests": {"cpu": "10m", "memory": "8Mi"},
+                      "limits": {"memory": "64Mi", "ephemeral-storage": "20Mi"}},
+    }  # fmt: skip
+    volumes: list[dict[str, Any]] = []
+    if name == "empty-dir":
+        del container["resources"]["limits"]["ephemeral-storage"]
+        container["volumeMounts"] = [{"name": "scratch", "mountPath": "/scratch"}]
+        volumes = [{"name": "scratch", "emptyDir": {"sizeLimit": "20Mi"}}]
+    e.core.create_namespaced_pod(e.ns, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": "sandbox"}},
+        "spec": {"nodeName": NODE_NAME, "restartPolicy": "Never", "terminationGracePeriodSeconds": 2,
+                 "automountServiceAccountToken": False, "containers": [container],
+                 "volumes": volumes},
+    }, _request_timeout=30)  # fmt: skip
+    return name
+
+
+@pytest.mark.parametrize("observed_by", ["kubelet", "node"])
+def test_the_kubelets_storage_limit_evictions_are_the_workloads_and_a_clean_exit_is_no_completion(
+    nenv: Env, heard: Exits, observed_by: str
+) -> None:
+    """The kubelet evicts a pod over its own ephemeral-storage limit, or over its emptyDir's
+    sizeLimit, within its 10 s housekeeping: Dead StorageLimitExceeded, the workload's, with the
+    kubelet's message, on both paths and with no dispute: the controller reads the kubelet's
+    Evicted Event, posted before the kill (ADR 0044). A process that exits 0 on the SIGTERM
+    leaves the pod Succeeded: Dead too, never Gone Completed (the node leaves a clean exit to
+    the kubelet's report)."""
+    e = nenv
+    e.start_controller(extra=NODE_EXITS if observed_by == "node" else [])
+    e.deathwatch()
+    for name in EVICTIONS:
+        storage_pod(e, name)
+    for name in EVICTIONS:
+        e.wait_state(name, "Alive", timeout=60)
+    started = time.monotonic()
+    fates = {}
+    for name, (_, _, code) in EVICTIONS.items():
+        status = e.wait_state(name, "Dead", timeout=90)["status"]
+        RESULTS[f"storage_eviction_dead_after_s_{name}_{observed_by}"] = round(
+            time.monotonic() - started, 1
+        )
+        pod = wait_for(functools.partial(_terminal, e, name), timeout=60,
+                       what=f"{name}: its terminal phase")  # fmt: skip
+        assert pod.status.container_statuses[0].state.terminated.exit_code == code, pod.status
+        fates[name] = (status["cause"], status["origin"], status.get("observedBy"),
+                       pod.status.phase, pod.status.reason)  # fmt: skip
+        evicted = e.events(name, "Evicted")
+        assert evicted, f"{name}: no Evicted Event from the kubelet"
+        if status["cause"] == "StorageLimitExceeded":  # the kubelet's own words, in the verdict
+            said = " ".join(c["message"] for c in status["conditions"] if c["type"] == "Alive")
+            assert "the kubelet evicted it" in said and "exceeds" in said, status
+    RESULTS[f"storage_evictions_{observed_by}"] = {
+        k: "/".join(map(str, v)) for k, v in fates.items()
+    }
+    print(f"\nstorage evictions ({observed_by}):", json.dumps(fates))
+    for name, (cause, origin, by, _, _) in fates.items():
+        assert (cause, origin) == ("StorageLimitExceeded", "Workload"), (name, fates)
+        if observed_by == "node" and EVICTIONS[name][2] != 0:
+            assert by == "node", (name, fates)  # heard on the node, named for the eviction
+    for name in EVICTIONS:  # the kubelet's report, once terminal, agrees
+        assert "disputed" not in (e.sv(name) or {}).get("status", {}), name
+        assert e.events(name, "NodeExitDisputed") == [], name
+    assert all((e.sv(n) or {})["status"]["state"] == "Dead" for n in EVICTIONS)  # never taken back
+
+
+def _terminal(e: Env, name: str) -> Any:
+    pod = e.core.read_namespaced_pod(name, e.ns, _request_timeout=10)
+    return pod if pod.status.phase in ("Failed", "Succeeded") else None
 
 
 # --- node-pressure eviction by the real kubelet (runs last: it restarts the kubelet) -------------

@@ -5,6 +5,7 @@ controller reads (msgspec, in C, only the fields declared), and what a watch say
 - DeathWatches into `DeathWatchObject` (who and which revision, its status still in bytes,
   the whole object decoded only when its spec is a new revision);
 - pods straight into the engine's `PodView`, agent-sandbox's Sandboxes into `SandboxObject`;
+- the kubelet's Evicted Events into `EvictionNotice` (the pod's uid and the kubelet's message);
 - `EventType`: what a watch (or a listing) says happened to one; `Undecodable`: an object a
   decoder refuses, named as far as it could be read.
 
@@ -163,6 +164,54 @@ def decode_deathwatch(raw: msgspec.Raw | bytes) -> DeathWatchObject:
     return DeathWatchObject(m.namespace, m.name, m.uid, m.generation, m.resource_version,
                             m.deletion_timestamp is not None, dw.status, raw,
                             controller)  # fmt: skip
+
+
+class _Involved(msgspec.Struct, rename="camel"):
+    kind: str = ""
+    namespace: str = ""
+    name: str = ""
+    uid: str = ""
+
+
+class _Source(msgspec.Struct):
+    component: str = ""
+
+
+class _Event(msgspec.Struct, rename="camel"):
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+    involved_object: _Involved = msgspec.field(default_factory=_Involved)
+    reason: str = ""
+    message: str = ""
+    source: _Source = msgspec.field(default_factory=_Source)
+    reporting_component: str = ""
+
+
+class EvictionNotice(msgspec.Struct, frozen=True, gc=False):
+    """The kubelet's Evicted Event of a pod (core/v1): which pod, and the kubelet's message
+    ("Pod ephemeral local storage usage exceeds ...", "The node was low on resource: ...").
+    `from_kubelet`: the kubelet's, of a Pod, reason Evicted (another component may use the
+    reason; the field selector says the reason, the source is checked here)."""
+
+    pod_uid: str
+    namespace: str
+    name: str
+    message: str
+    from_kubelet: bool
+
+
+KUBELET = "kubelet"
+_event = msgspec.json.Decoder(_Event).decode
+
+
+def decode_eviction(raw: msgspec.Raw) -> EvictionNotice:
+    try:
+        e = _event(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise Undecodable(who(raw), str(exc)) from None
+    o = e.involved_object
+    kubelet = KUBELET in (e.source.component, e.reporting_component)
+    return EvictionNotice(o.uid, o.namespace, o.name, e.message,
+                          kubelet and o.kind == "Pod" and e.reason == "Evicted")  # fmt: skip
 
 
 def decode_sandbox(raw: msgspec.Raw) -> SandboxObject:

@@ -97,6 +97,13 @@ class NodeFamilies:
         "NodeExitDisputed Event says how)",
         labels=("policy",),
     )
+    kubelet_evictions: Counter = counter(
+        "deathwatch_kubelet_evictions",
+        "The kubelet's Evicted Events read for a tracked sandbox, before its kill (ADR 0044), by "
+        "the cause they give a death: StorageLimitExceeded (its own limits), Evicted (node "
+        "pressure)",
+        labels=("cause",),
+    )
     node_sandboxes: Gauge = gauge(
         "deathwatch_node_sandboxes",
         "Live sandboxes per node, by their Shielded status (True, False, Unknown; Audit: False "

@@ -5,7 +5,8 @@ its latest view while Suspect: `_engine.memory`), its DeathWatch's key, its node
 addresses, its shield, what its DeathWatch's status counts for it, whether its policy is in
 a failing spell, whether its verdict exists, when its pod was found gone, the newest
 resourceVersion of it judged, the agent-sandbox Sandbox that owns it, how many times its
-verdict changed state and what each sink was last sent of it. `Records` keeps
+verdict changed state, what each sink was last sent of it, and the kubelet's word that it
+evicts the pod (its Evicted Event). `Records` keeps
 them and the few indexes into them (by name, by agent-sandbox Sandbox, the ended ones, which
 listing showed each); `Records.remove` is the one place a record is forgotten, indexes and
 all (kopf's ResourceMemory, as this controller needs it). State and bookkeeping only: no I/O,
@@ -19,6 +20,8 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
+
+import msgspec
 
 from deathwatch._api.resources import SV_PLURAL, DeathWatchKey, DeliveryMark
 from deathwatch._engine.engine import Track
@@ -35,7 +38,8 @@ class Record:
     """One sandbox pod, as the controller knows it."""
 
     __slots__ = (
-        "addressed_at", "agent_sandbox", "counted", "deathwatch", "deleted_at", "failing", "ips",
+        "addressed_at", "agent_sandbox", "counted", "deathwatch", "deleted_at", "eviction",
+        "failing", "ips",
         "judged_for", "labels", "listing", "marks", "memory", "name", "namespace", "node",
         "persisted", "shield", "shield_since", "transitions", "uid", "version",
     )  # fmt: skip
@@ -69,10 +73,19 @@ class Record:
         self.transitions = 0  # how many times its verdict's state changed (events' sequence)
         # per sink, the last event of it sent to an end, as its verdict says (delivery/)
         self.marks: dict[str, DeliveryMark] = _NO_MARKS
+        # the kubelet's Evicted Event of its pod, the message: what the pod's own status
+        # withholds until its containers have stopped (ADR 0044)
+        self.eviction: str | None = None
 
     @property
     def track(self) -> Track | None:
         return self.memory.track if self.memory is not None else None
+
+    def told(self, pod: PodView) -> PodView:
+        """The pod as its status shows it, with the kubelet's Evicted Event beside it."""
+        if self.eviction is None or pod.eviction_notice is not None:
+            return pod
+        return msgspec.structs.replace(pod, eviction_notice=self.eviction)
 
     @property
     def verdict(self) -> tuple[str, str, str]:

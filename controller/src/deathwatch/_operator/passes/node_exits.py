@@ -46,6 +46,7 @@ class NodeExitPass:
         self.records.newer(pod.uid, version)
         self.records.observe(pod, listed=False)
         deletion = self.pods.deletion_cause(record, pod, deleted=False)
+        pod = record.told(pod)  # with the kubelet's Evicted Event, read before the kill
         step = memory.exited(record.memory, pod, exit, self.clock(), self.policies,
                              self.deadlines, deletion)  # fmt: skip
         if step is None:

@@ -6,9 +6,10 @@
         memory         the engine: the next Track and what happened (signals)
         Tail.settle    shield, decisions, counts, the verdict's document, the writer
 
-Also the pod inputs that are not events: a new DeathWatch's pods listed and adopted
+Also the pod inputs that are not its events: a new DeathWatch's pods listed and adopted
 (`adopt`), a listing's missing pods (`listed`: gone while nobody watched), a Suspect window
-closing on the clock (`expire`). Free functions on what the pass uses (`PodPass`); no I/O.
+closing on the clock (`expire`), the kubelet's Evicted Event kept for the pod's next
+observations (`evicted`). Free functions on what the pass uses (`PodPass`); no I/O.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from datetime import datetime
 
 import structlog
 
-from deathwatch._api.objects import EventType
+from deathwatch._api.objects import EventType, EvictionNotice
 from deathwatch._api.resources import DeathWatchKey
 from deathwatch._api.rules import Rules
 from deathwatch._engine import memory
-from deathwatch._engine.contract import Policies
+from deathwatch._engine.contract import Policies, eviction_cause
 from deathwatch._engine.memory import Deadlines
 from deathwatch._engine.podview import PodView
 from deathwatch._engine.verdict import Cause
@@ -103,6 +104,7 @@ class PodPass:
              changed: bool, received: float | None) -> None:  # fmt: skip
         """The engine's step for this observation, and its tail."""
         now = self.clock()
+        pod = record.told(pod)
         deletion = self.deletion_cause(record, pod, kind is EventType.DELETED)
         if kind is EventType.DELETED:
             if record.memory is None:
@@ -116,6 +118,23 @@ class PodPass:
         if not result.changed and not result.signals and not changed:
             return  # nothing it says changed (a heartbeat of the kubelet): nothing to do
         self.tail.settle(result, record, rules, received)
+
+    def evicted(self, notice: EvictionNotice) -> None:
+        """The kubelet's Evicted Event of a pod: kept with its record, beside every later
+        observation of it (the node's exit, the kubelet's relist before its terminal status),
+        so a death is named for the eviction on both paths (ADR 0044). It comes before the
+        kill; a pod with no record is not a sandbox judged here (or not seen yet: its own
+        status says Evicted once its containers have stopped)."""
+        if not notice.from_kubelet or not self.tail.mine(notice.pod_uid, "pods"):
+            return
+        record = self.records.get(notice.pod_uid)
+        if record is None or record.eviction == notice.message:
+            return
+        record.eviction = notice.message
+        cause = eviction_cause(notice.message)
+        self.metrics.kubelet_evictions.labels(str(cause)).inc()
+        log.info("the kubelet evicts a sandbox", namespace=record.namespace, pod=record.name,
+                 uid=record.uid, cause=str(cause), message=notice.message)  # fmt: skip
 
     def adopt(self, key: DeathWatchKey, revision: Revision, pods: Iterable[PodView],
               versions: Mapping[str, str] | None = None) -> int:  # fmt: skip

@@ -35,6 +35,7 @@ from deathwatch._operator.sources.readiness import Readiness, Streams
 from deathwatch._operator.sources.receivers import (
     AgentSandboxReceiver,
     DeathWatchReceiver,
+    EvictionReceiver,
     Malformed,
     PodReceiver,
     VerdictReceiver,
@@ -200,6 +201,8 @@ class Parts:
         boxes = passes.owners, malformed, metrics
         s.agent_sandboxes.extend(reflector(x, AgentSandboxReceiver(*boxes)) for x in plan.sandboxes)
         s.pods.extend(reflector(x, PodReceiver(passes.pods, malformed, metrics)) for x in plan.pods)
+        evictions = EvictionReceiver(passes.pods, malformed, metrics)
+        s.evictions.extend(reflector(x, evictions) for x in plan.evictions)
         if plan.node_exits:
             # its own client: a pod read for an exit never queues behind a listing or a write
             exits_rest = self._rest("node-exits", 4)

@@ -29,7 +29,8 @@ SANDBOXES_WAIT = 30.0  # seconds start-up waits for the Sandboxes' first listing
 async def list_all(p: Parts, adopt: Callable[[Revised], None]) -> None:
     """Every watch, each waited for in the order the next needs it: the verdicts (memory
     restored), the DeathWatches (each finds its own pods), agent-sandbox's Sandboxes (at
-    most SANDBOXES_WAIT), the pods; then the node exits, which need the records."""
+    most SANDBOXES_WAIT), the pods; then the node exits and the kubelet's Evicted Events,
+    which need the records."""
     s, sup = p.streams, p.supervisor
     for i, reflector in enumerate(s.verdicts):
         sup.start(f"watch-verdicts-{i}", reflector.run)
@@ -54,6 +55,8 @@ async def list_all(p: Parts, adopt: Callable[[Revised], None]) -> None:
     await asyncio.gather(*(r.listed() for r in s.pods))
     for i, reflector in enumerate(s.node_exits):  # after the pods: exits need records
         sup.start(f"watch-node-exits-{i}", reflector.run)
+    for i, reflector in enumerate(s.evictions):  # after the pods: a notice needs its record
+        sup.start(f"watch-evictions-{i}", reflector.run)
 
 
 async def begin_writing(p: Parts) -> None:

@@ -24,6 +24,8 @@ def evidence_details(e: Evidence | None) -> list[str]:
     parts = []
     if e.disruption:
         parts.append(f"DisruptionTarget {e.disruption}" + (f": {e.message}" if e.message else ""))
+    elif e.message:  # with no condition, only the kubelet's eviction has words (ADR 0044)
+        parts.append(f"the kubelet evicted it: {e.message.strip()}")
     if e.container:
         parts.append(f"container {e.container}")
     if e.exit_code is not None:

@@ -35,6 +35,7 @@ class Streams:
     deathwatches: list[Reflector[Any]] = field(default_factory=list)
     agent_sandboxes: list[Reflector[Any]] = field(default_factory=list)
     node_exits: list[Reflector[Any]] = field(default_factory=list)  # the nodes' exits Leases
+    evictions: list[Reflector[Any]] = field(default_factory=list)  # the kubelet's Evicted Events
 
     def fresh(self) -> bool | None:
         """Every pod stream delivered something (an event or a bookmark) lately; None before
@@ -46,7 +47,7 @@ class Streams:
     @property
     def every(self) -> list[Reflector[Any]]:
         return [*self.verdicts, *self.deathwatches, *self.agent_sandboxes, *self.pods,
-                *self.node_exits]  # fmt: skip
+                *self.node_exits, *self.evictions]  # fmt: skip
 
     def not_open(self) -> dict[str, str]:
         """The collections not listed within their deadline, each with its last error."""
@@ -57,7 +58,7 @@ class Streams:
         ages: dict[str, float] = {}
         present = [r for r in self.agent_sandboxes if not r.absent]
         for reflector in (*self.pods, *self.verdicts, *self.deathwatches, *present,
-                          *self.node_exits):  # fmt: skip
+                          *self.node_exits, *self.evictions):  # fmt: skip
             name = reflector.collection.resource
             ages[name] = round(max(ages.get(name, 0.0), reflector.age()), 1)
         return ages

@@ -1,7 +1,7 @@
-"""Where each reflector's objects go: pods, SandboxVerdicts, DeathWatches and agent-sandbox's
-Sandboxes to their passes, a bug in handling one of them contained (logged with its
-traceback, counted, and the next object handled afresh: never a stream torn down and listed
-again for one)."""
+"""Where each reflector's objects go: pods, SandboxVerdicts, DeathWatches, agent-sandbox's
+Sandboxes and the kubelet's Evicted Events to their passes, a bug in handling one of them
+contained (logged with its traceback, counted, and the next object handled afresh: never a
+stream torn down and listed again for one)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,13 @@ from typing import Any
 import structlog
 
 from deathwatch._api.agent_sandbox import SandboxObject
-from deathwatch._api.objects import DeathWatchObject, EventType, Undecodable, VerdictObject
+from deathwatch._api.objects import (
+    DeathWatchObject,
+    EventType,
+    EvictionNotice,
+    Undecodable,
+    VerdictObject,
+)
 from deathwatch._engine.podview import PodView
 from deathwatch._operator.instruments import gcpauses
 from deathwatch._operator.instruments.metrics import Metrics
@@ -155,3 +161,23 @@ class AgentSandboxReceiver:
     def listed(self, scope: str | None) -> None:
         with contained(self.metrics, "sandbox_listing", {}):
             self.owners.sandboxes_listed(scope, self.seen)
+
+
+class EvictionReceiver:
+    """The kubelet's Evicted Events' reflector: each to the pod pass (a deletion of one says
+    nothing: the pod keeps the word), a bug in one contained."""
+
+    def __init__(self, pods: PodPass, malformed: Malformed, metrics: Metrics) -> None:
+        self.pods, self.undecodable, self.metrics = pods, malformed, metrics
+
+    def listing(self, scope: str | None) -> None:
+        pass
+
+    def event(self, kind: EventType, notice: EvictionNotice, received: float, version: str) -> None:
+        if kind is EventType.DELETED:
+            return
+        with contained(self.metrics, "eviction_event", notice):
+            self.pods.evicted(notice)
+
+    def listed(self, scope: str | None) -> None:
+        pass

@@ -70,6 +70,7 @@ class Collection(Generic[T]):
     scope: str | None = None  # the namespace the path is in (None: all)
     label_selector: str | None = None
     shard_selector: str | None = None  # KEP-5866 (sharding.selector): this shard's pods only
+    field_selector: str | None = None  # the API server's filter: "reason=Evicted" (Events)
     # another project's CRD, which may be installed after we start: a 404 from its list is
     # not an error but "not installed (yet)", checked again every ABSENT_RETRY seconds
     optional: bool = False
@@ -101,7 +102,8 @@ class Reflector(Generic[T]):
         c = self.collection
         self.protocol = ListWatch(
             label_selector=c.label_selector, shard_selector=c.shard_selector,
-            server_timeout=self.server_timeout, optional=c.optional, absent_retry=ABSENT_RETRY,
+            field_selector=c.field_selector, server_timeout=self.server_timeout,
+            optional=c.optional, absent_retry=ABSENT_RETRY,
         )  # fmt: skip
 
     @property
@@ -119,7 +121,8 @@ class Reflector(Generic[T]):
         """What /readyz and the logs call it: `pods in team-a`, `sandboxverdicts (all)`."""
         c = self.collection
         where = f"in {c.scope}" if c.scope else "(all)"
-        selector = f" [{c.label_selector}]" if c.label_selector else ""
+        chosen = c.label_selector or c.field_selector
+        selector = f" [{chosen}]" if chosen else ""
         return f"{c.resource} {where}{selector}"
 
     async def run(self) -> None:

@@ -5,6 +5,9 @@ each of their objects is decoded, once, from its bytes:
 - SandboxVerdicts, into `VerdictObject` (name, version, owner, status): listed at start they rebuild
   the engine's memory, watched they keep a standby level with the leader;
 - agent-sandbox's Sandboxes, into `SandboxObject` (agent_sandboxes.py), when installed;
+- the kubelet's Evicted Events (reason=Evicted, filtered by the API server), into
+  `EvictionNotice`: the word of an eviction the pod's own status withholds until its
+  containers have stopped (ADR 0044);
 - DeathWatches, into `DeathWatchObject`: their metadata read, their status kept as bytes and
   the whole object decoded only when its spec is a new revision. Most of their events are
   the controller's own status writes (each shard's part, shard 0's totals: about one a
@@ -20,8 +23,10 @@ from deathwatch._api import agent_sandbox as agent_sandboxes
 from deathwatch._api.agent_sandbox import SandboxObject
 from deathwatch._api.objects import (
     DeathWatchObject,
+    EvictionNotice,
     VerdictObject,
     decode_deathwatch,
+    decode_eviction,
     decode_pod_view,
     decode_sandbox,
     decode_verdict,
@@ -61,6 +66,13 @@ def sandboxes(namespace: str | None) -> Collection[SandboxObject]:
     return Collection(agent_sandboxes.PLURAL, path, decode_sandbox, namespace, optional=True)
 
 
+def evictions(namespace: str | None) -> Collection[EvictionNotice]:
+    """The Events of reason Evicted (the kubelet's, checked when decoded): few, kept an hour."""
+    path = f"/api/v1/namespaces/{namespace}/events" if namespace else "/api/v1/events"
+    return Collection("events", path, decode_eviction, namespace,
+                      field_selector="reason=Evicted")  # fmt: skip
+
+
 ADOPTING = 2  # listings of a new DeathWatch's pods that run at once beside the reflectors
 
 
@@ -75,6 +87,7 @@ class Watched:
     pods: tuple[Collection[PodView], ...]
     pods_by_slot: str | None  # sharded: KEP-5866's selector of this shard's pods
     node_exits: tuple[Collection[ExitsLease], ...] = ()  # the nodes' exits Leases (ADR 0028)
+    evictions: tuple[Collection[EvictionNotice], ...] = ()  # the kubelet's Evicted Events
 
     @classmethod
     def of(cls, scopes: tuple[str | None, ...], shard: Spec, *, agent_sandbox: bool = True,
@@ -98,12 +111,13 @@ class Watched:
             pods_by_slot=pods_by_slot,
             node_exits=(exits.leases(node_exits_namespace),)
             if node_exits_namespace else (),
+            evictions=tuple(evictions(scope) for scope in scopes),
         )  # fmt: skip
 
     @property
     def reflectors(self) -> int:
         return (len(self.verdicts) + len(self.deathwatches) + len(self.sandboxes)
-                + len(self.pods) + len(self.node_exits))  # fmt: skip
+                + len(self.pods) + len(self.node_exits) + len(self.evictions))  # fmt: skip
 
     @property
     def list_connections(self) -> int:
