@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from deathwatch._api.objects import (
     DeathWatchObject,
     EventType,
+    EvictionNotice,
     Undecodable,
     VerdictObject,
     decode_deathwatch,
@@ -921,3 +922,45 @@ def test_a_restart_at_any_point_changes_no_verdict(
     for t, body in steps[split + 1 :]:
         after.observe(read_pod(body), at(t), policy, SETTINGS)
     assert _outcome(after) == _outcome(whole)
+
+
+POD_LIMIT = "Pod ephemeral local storage usage exceeds the total limit of containers 20Mi. "
+CID = "containerd://" + "c" * 64
+
+
+async def test_the_kubelets_evicted_event_names_the_exit_heard_on_the_node() -> None:
+    """ADR 0044: the pod pass keeps the kubelet's Evicted Event with the pod's record (once,
+    the kubelet's alone, a tracked sandbox's alone), and the exit heard on the node next is
+    Dead StorageLimitExceeded; the kubelet's report then agrees: no dispute."""
+    async with harness() as h:
+        h.deathwatch()
+        live = pod(ready=True, ready_at=2, node="node-1", restart_policy="Never",
+                   containers=[running(cid=CID)])  # fmt: skip
+        h.pod(live, 2)
+        await h.settle()
+        read = h.controller.metrics.registry.get_sample_value
+        counted = {"cause": "StorageLimitExceeded"}
+        h.controller.pods.evicted(EvictionNotice("uid-9", NS, "not-tracked", POD_LIMIT, True))
+        h.controller.pods.evicted(EvictionNotice("uid-1", NS, "sbx-1", POD_LIMIT, False))
+        assert (read("deathwatch_kubelet_evictions_total", counted) or 0) == 0
+        for _ in range(2):  # a relisting delivers it again: kept and counted once
+            h.controller.pods.evicted(EvictionNotice("uid-1", NS, "sbx-1", POD_LIMIT, True))
+        assert read("deathwatch_kubelet_evictions_total", counted) == 1
+        h.clock.now = at(50.4)
+        exit = NodeExit(CID, 137, False, at(50.3), "node-1")
+        assert h.controller.node_exits.exited(exit, read_pod(live), "9") == "judged"
+        await h.settle()
+        dead = h.sv()
+        assert dead is not None
+        assert (dead["state"], dead["cause"], dead["origin"], dead["observedBy"]) == (
+            "Dead", "StorageLimitExceeded", "Workload", "node"
+        )  # fmt: skip
+        report = pod(ready=False, ready_at=51, node="node-1", phase="Failed", reason="Evicted",
+                     message=POD_LIMIT, restart_policy="Never",
+                     containers=[terminated(code=137, finished=50, cid=CID)])  # fmt: skip
+        h.pod(report, 52)
+        await h.settle()
+    after = h.sv()
+    assert after is not None and after.get("disputed") is None, after
+    (event,) = h.api.events.values()
+    assert "the kubelet evicted it: " + POD_LIMIT.strip() in event["message"], event["message"]

@@ -234,8 +234,9 @@ class ProcessFamilies:
     )
     shard_filtered: Counter = counter(
         "deathwatch_shard_filtered",
-        "Objects of another shard's slots dropped here (where: pods, verdicts): none when the API "
-        "server filters the pod watch (KEP-5866); all of them when it does not",
+        "Objects of another shard's slots dropped here (where: pods, verdicts, events: the "
+        "kubelet's Evicted Events): no pods when the API server filters the pod watch "
+        "(KEP-5866); all of them when it does not",
         labels=("where",),
     )
     shard_server_filtered: Gauge = gauge(

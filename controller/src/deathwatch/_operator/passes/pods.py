@@ -125,7 +125,7 @@ class PodPass:
         so a death is named for the eviction on both paths (ADR 0044). It comes before the
         kill; a pod with no record is not a sandbox judged here (or not seen yet: its own
         status says Evicted once its containers have stopped)."""
-        if not notice.from_kubelet or not self.tail.mine(notice.pod_uid, "pods"):
+        if not notice.from_kubelet or not self.tail.mine(notice.pod_uid, "events"):
             return
         record = self.records.get(notice.pod_uid)
         if record is None or record.eviction == notice.message:
