@@ -3,11 +3,13 @@
 On a cold machine the version lane's four control planes, gVisor and the release's tools are
 about half an hour of setup that the lanes would otherwise wait for before their first test.
 `hack/test.sh` with no arguments names a directory in DEATHWATCH_DEFERRED; `hack/setup.sh`
-then starts `hack/build-deferred.sh --record DIR ...` in a session of its own, which writes
-each build's NAME.log and, when it ends, NAME.rc. A test that needs one calls `wait(NAME)`
-first, and the modules that wait run last in their group (`LAST`, tests/conftest.py), so a
-build has the lane's time. Without DEATHWATCH_DEFERRED, setup built them in turn and `wait`
-returns at once. A failed build fails its tests with the build's last lines, never a skip."""
+then starts `hack/build-deferred.sh --record DIR NAME` for each, at once, each in a session of
+its own at the lowest priority, which writes NAME.pid, NAME.log and, when it ends, NAME.rc. The
+modules that need one (`NEEDED_BY`) wait for it before their first test, outside its timeout
+(tests/conftest.py), and the version lane's module runs last in its group (`LAST`), so the
+longest build has the lane's time. Without DEATHWATCH_DEFERRED, setup built them in turn and
+`wait` returns at once. A failed build fails its tests with the build's last lines, never a
+skip."""
 
 from __future__ import annotations
 
@@ -18,10 +20,17 @@ import time
 from pathlib import Path
 
 ENV = "DEATHWATCH_DEFERRED"
-BUILDS = ("gvisor", "release-tools", "k8s-matrix")  # hack/setup.sh: started in this order
-# the test modules that wait for a build that is last in the chain: each runs last in its group
-LAST = ("tests/apiserver/test_versions.py",)
-WAIT_SECONDS = 75 * 60.0  # a cold machine's k8s-matrix beside both lanes: about 40 minutes
+# each build, and the test modules that need it (their first test waits)
+NEEDED_BY: dict[str, tuple[str, ...]] = {
+    "gvisor": ("tests/node/test_agent_sandbox.py", "tests/node/test_gvisor.py"),
+    "release-tools": ("tests/deploy/test_helm_lane.py", "tests/deploy/test_quickstart.py",
+                      "tests/deploy/test_release.py"),
+    "k8s-matrix": ("tests/apiserver/test_versions.py",),
+}  # fmt: skip
+BUILDS = tuple(NEEDED_BY)
+# the modules that wait for the longest build: each runs last in its group
+LAST = NEEDED_BY["k8s-matrix"]
+WAIT_SECONDS = 75 * 60.0  # a cold machine's k8s-matrix beside both lanes: about 25 minutes
 POLL_SECONDS = 2.0
 
 
@@ -44,9 +53,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _pid(directory: Path) -> int | None:
+def _pid(directory: Path, name: str) -> int | None:
     try:
-        return int((directory / "pid").read_text().strip())
+        return int((directory / f"{name}.pid").read_text().strip())
     except (OSError, ValueError):
         return None
 
@@ -87,7 +96,7 @@ def wait(name: str, timeout: float = WAIT_SECONDS) -> float:
         if rc is not None:
             raise DeferredBuildFailed(f"the {name} build beside the lanes failed (exit {rc}); "
                                       f"the end of {log}:\n{_tail(log)}")  # fmt: skip
-        pid = _pid(directory)
+        pid = _pid(directory, name)
         # read the status again after the liveness check: it may have ended between the two
         if (pid is None or not _alive(pid)) and status(name) is None:
             raise DeferredBuildFailed(f"the {name} build beside the lanes is not running and "
@@ -111,10 +120,23 @@ def report() -> list[str]:
     return lines
 
 
+def needed(module: Path, root: Path) -> tuple[str, ...]:
+    """The builds the test module at `module` needs (paths under `root`)."""
+    try:
+        relative = module.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return ()
+    return tuple(name for name, modules in NEEDED_BY.items() if relative in modules)
+
+
 def stop() -> None:
-    """Ends builds still running (their session), as an interrupted run leaves nothing behind."""
+    """Ends builds still running (each one's session), as an interrupted run leaves nothing
+    behind."""
     directory = _directory()
-    pid = None if directory is None else _pid(directory)
-    if pid is not None and any(status(name) is None for name in BUILDS):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGTERM)
+    if directory is None:
+        return
+    for name in BUILDS:
+        pid = _pid(directory, name)
+        if pid is not None and status(name) is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGTERM)

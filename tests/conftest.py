@@ -6,6 +6,7 @@ component is a failure: a missing install step must not hide behind a skip."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Generator
 from pathlib import Path
@@ -56,6 +57,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             wrong.append(f"{item.nodeid}: in tests/{folder}/ but not marked {folder}")
     if wrong:
         raise pytest.UsageError("tests in the wrong lane:\n  " + "\n  ".join(wrong))
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, None, None]:
+    """A module that needs a build made beside the lanes (hack/deferred.py) waits for it here,
+    before its test's timeout starts (pytest-timeout's wrapper is inside this one): the wait is
+    the build's, not the test's. A failed build is said by the test's own `deferred.wait`."""
+    for name in deferred.needed(Path(item.path), TESTS.parent):
+        with contextlib.suppress(deferred.DeferredBuildFailed):
+            deferred.wait(name)
+    yield
 
 
 def in_ci() -> bool:

@@ -28,10 +28,10 @@ def test_an_unknown_build_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: 
         deferred.wait("helm")
 
 
-def _beside(tmp_path: Path, script: str) -> subprocess.Popen[bytes]:
-    """A process in a session of its own, as hack/setup.sh starts the builds."""
+def _beside(tmp_path: Path, name: str, script: str) -> subprocess.Popen[bytes]:
+    """A build's process in a session of its own, as hack/setup.sh starts each."""
     process = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
-    (tmp_path / "pid").write_text(f"{process.pid}\n")
+    (tmp_path / f"{name}.pid").write_text(f"{process.pid}\n")
     return process
 
 
@@ -45,6 +45,7 @@ def test_a_test_waits_until_its_build_has_ended_well(
     go = tmp_path / "go"
     process = _beside(
         tmp_path,
+        "gvisor",
         f"""
 import pathlib, time
 while not pathlib.Path({str(go)!r}).exists():
@@ -77,7 +78,7 @@ def test_a_build_gone_without_a_status_fails_the_wait(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv(deferred.ENV, str(tmp_path))
-    _beside(tmp_path, "pass").wait(10)
+    _beside(tmp_path, "release-tools", "pass").wait(10)
     with pytest.raises(deferred.DeferredBuildFailed, match="not running and left no status"):
         deferred.wait("release-tools", timeout=5)
 
@@ -87,7 +88,7 @@ def test_a_build_that_overruns_its_wait_fails_it_and_stop_ends_it(
 ) -> None:
     monkeypatch.setenv(deferred.ENV, str(tmp_path))
     monkeypatch.setattr(deferred, "POLL_SECONDS", 0.05)
-    process = _beside(tmp_path, "import time; time.sleep(60)")
+    process = _beside(tmp_path, "k8s-matrix", "import time; time.sleep(60)")
     with pytest.raises(deferred.DeferredBuildFailed, match="has not ended in 0 s"):
         deferred.wait("k8s-matrix", timeout=0.2)
     deferred.stop()
@@ -105,3 +106,15 @@ def test_the_script_records_each_builds_status_and_refuses_an_unknown_one(tmp_pa
         assert (tmp_path / f"{name}.rc").read_text().strip() == "2"
         log = (tmp_path / f"{name}.log").read_text()
         assert f"unknown build: {name}" in log and f"{name}: exit 2 after" in log
+
+
+def test_each_module_that_needs_a_build_is_named_and_the_version_lane_runs_last() -> None:
+    """tests/conftest.py waits, before a test's timeout starts, for what its module needs."""
+    assert deferred.needed(ROOT / "tests/apiserver/test_versions.py", ROOT) == ("k8s-matrix",)
+    assert deferred.needed(ROOT / "tests/node/test_agent_sandbox.py", ROOT) == ("gvisor",)
+    assert deferred.needed(ROOT / "tests/deploy/test_release.py", ROOT) == ("release-tools",)
+    assert deferred.needed(ROOT / "tests/unit/test_engine.py", ROOT) == ()
+    assert deferred.needed(Path("/elsewhere/test_x.py"), ROOT) == ()
+    for modules in deferred.NEEDED_BY.values():
+        assert all((ROOT / m).is_file() for m in modules), modules
+    assert deferred.LAST == ("tests/apiserver/test_versions.py",)
