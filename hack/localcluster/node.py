@@ -576,6 +576,9 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {{{self._eviction_hard()}}}
 evictionPressureTransitionPeriod: 5s
+# an emptyDir's usage is measured (du) once a period (1m by default): its sizeLimit eviction
+# within seconds, as a container's ephemeral-storage one (tests/node/test_deaths.py)
+volumeStatsAggPeriod: 10s
 registerNode: true
 resolvConf: ""
 """

@@ -387,7 +387,9 @@ def test_the_kubelets_storage_limit_evictions_are_the_workloads_and_a_clean_exit
     started = time.monotonic()
     fates = {}
     for name, (_, _, code) in EVICTIONS.items():
-        status = e.wait_state(name, "Dead", timeout=90)["status"]
+        # the kubelet's housekeeping every 10 s, its volume stats every 10 s (node.py): slack
+        # for a loaded machine's du
+        status = e.wait_state(name, "Dead", timeout=120)["status"]
         RESULTS[f"storage_eviction_dead_after_s_{name}_{observed_by}"] = round(
             time.monotonic() - started, 1
         )
