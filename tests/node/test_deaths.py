@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from hack.localcluster import agentpods, controlplane, images
+from hack.localcluster.controller_process import ControllerProcess
 from hack.localcluster.netns_tool import connect_once
 from hack.localcluster.node import (
     BRIDGE,
@@ -415,10 +416,20 @@ def test_the_kubelets_storage_limit_evictions_are_the_workloads_and_a_clean_exit
         assert (cause, origin) == ("StorageLimitExceeded", "Workload"), (name, fates)
         if observed_by == "node" and EVICTIONS[name][2] != 0:
             assert by == "node", (name, fates)  # heard on the node, named for the eviction
-    # the kubelet's terminal reports (read above) are judged once a later event of each pod
-    # has reached the controller: its pod watch delivers in order, each handled in turn
-    read_at = time.time()
+    controller = judged_after(e, *EVICTIONS)
+    assert controller.metric("deathwatch_node_exit_disputes_total") == 0  # the reports agree
     for name in EVICTIONS:
+        assert "disputed" not in (e.sv(name) or {}).get("status", {}), name
+        assert e.events(name, "NodeExitDisputed") == [], name
+    assert all((e.sv(n) or {})["status"]["state"] == "Dead" for n in EVICTIONS)  # never taken back
+
+
+def judged_after(e: Env, *names: str) -> ControllerProcess:
+    """Once the pods' states read so far are judged: a later event of each (an annotation the
+    test writes) has reached the controller, whose pod watch delivers in order, each handled
+    in turn. The controller, for its metrics."""
+    read_at = time.time()
+    for name in names:
         e.core.patch_namespaced_pod(name, e.ns, {"metadata": {"annotations": {
             "test.deathwatch.dev/after": "the kubelet's report"}}}, _request_timeout=10)  # fmt: skip
     controller = e.controller
@@ -426,11 +437,7 @@ def test_the_kubelets_storage_limit_evictions_are_the_workloads_and_a_clean_exit
     wait_for(lambda: controller.metric("deathwatch_watch_last_event_timestamp_seconds",
                                        resource="pods") > read_at, timeout=30,
              what="later events of the pods delivered")  # fmt: skip
-    assert controller.metric("deathwatch_node_exit_disputes_total") == 0  # the reports agree
-    for name in EVICTIONS:
-        assert "disputed" not in (e.sv(name) or {}).get("status", {}), name
-        assert e.events(name, "NodeExitDisputed") == [], name
-    assert all((e.sv(n) or {})["status"]["state"] == "Dead" for n in EVICTIONS)  # never taken back
+    return controller
 
 
 def _terminal(e: Env, name: str) -> Any:
@@ -500,16 +507,7 @@ def test_zz_node_pressure_eviction_by_the_kubelet_is_evicted_by_the_infrastructu
             return
         assert (dead["cause"], dead["origin"]) == ("Evicted", "Infrastructure"), dead
         assert dead["observedBy"] == "node", dead
-        # the kubelet's terminal report (read above) is judged once a later event of the pod
-        # has reached the controller: its pod watch delivers in order, each handled in turn
-        read_at = time.time()
-        e.core.patch_namespaced_pod(name, e.ns, {"metadata": {"annotations": {
-            "test.deathwatch.dev/after": "the kubelet's report"}}}, _request_timeout=10)  # fmt: skip
-        controller = e.controller
-        assert controller is not None
-        wait_for(lambda: controller.metric("deathwatch_watch_last_event_timestamp_seconds",
-                                           resource="pods") > read_at, timeout=30,
-                 what="a later event of the pod delivered")  # fmt: skip
+        controller = judged_after(e, name)
         # counted as it is judged (the status and the Event follow through the writer)
         assert controller.metric("deathwatch_node_exit_disputes_total") == 0
         status = (e.sv(name) or {})["status"]
